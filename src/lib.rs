@@ -1,0 +1,13 @@
+//! recserve: a low-latency inference server for recommendation models.
+
+pub mod api;
+pub mod config;
+pub mod embedding;
+pub mod error;
+pub mod executor;
+pub mod metrics;
+pub mod ranking;
+pub mod repository;
+pub mod server;
+pub mod service;
+pub mod telemetry;

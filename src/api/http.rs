@@ -1,0 +1,200 @@
+//! The axum router: `/v1` JSON routes, health, metrics. Handlers are thin: decode, call the service, encode.
+//! [`status_of`] is the one mapping from service errors to HTTP statuses.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use super::v1;
+use crate::error::ServiceError;
+use crate::metrics::UNKNOWN_MODEL;
+use crate::service::{Readiness, ServedModel, Service};
+
+/// The HTTP status for each service error. Exhaustive: a new variant must be mapped here.
+pub fn status_of(error: &ServiceError) -> StatusCode {
+    match error {
+        ServiceError::InvalidInput { .. }
+        | ServiceError::Malformed(_)
+        | ServiceError::WrongKind { .. } => StatusCode::BAD_REQUEST,
+        ServiceError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        ServiceError::ModelNotFound { .. } | ServiceError::VersionNotFound { .. } => {
+            StatusCode::NOT_FOUND
+        }
+        ServiceError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+        ServiceError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `{"error": "..."}` with the mapped status; internal detail goes to the log, not to the client.
+pub fn error_response(error: &ServiceError) -> Response {
+    let status = status_of(error);
+    if let ServiceError::Internal(detail) = error {
+        tracing::error!(%detail, "internal error");
+    }
+    let mut response = (status, axum::Json(json!({ "error": error.to_string() }))).into_response();
+    if let ServiceError::Overloaded { retry_after, .. } = error {
+        let seconds = retry_after.as_secs().max(1);
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+    }
+    response
+}
+
+/// Builds the router. `--max-body-bytes` bounds every request body.
+pub fn router(service: Arc<Service>) -> Router {
+    let max_body_bytes = service.limits.max_body_bytes;
+    Router::new()
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}/rank", post(rank))
+        .route(
+            "/v1/models/{model}/versions/{version}/rank",
+            post(rank_version),
+        )
+        .route("/health/live", get(live))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(service)
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ServiceError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ServiceError::PayloadTooLarge { limit }
+        } else {
+            ServiceError::Malformed(rejection.body_text())
+        }
+    })
+}
+
+fn parse_version(version: Option<String>) -> Result<Option<u64>, ServiceError> {
+    version
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ServiceError::invalid(
+                    "version",
+                    format!("{v:?} in the URL is not a version number"),
+                )
+            })
+        })
+        .transpose()
+}
+
+async fn rank(
+    State(service): State<Arc<Service>>,
+    Path(model): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    rank_call(service, model, None, body).await
+}
+
+async fn rank_version(
+    State(service): State<Arc<Service>>,
+    Path((model, version)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    rank_call(service, model, Some(version), body).await
+}
+
+async fn rank_call(
+    service: Arc<Service>,
+    model: String,
+    version: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let start = Instant::now();
+    let served = parse_version(version).and_then(|version| service.model(&model, version));
+    let label = served.as_ref().map_or(UNKNOWN_MODEL, |m| m.name.as_str());
+    let result = match &served {
+        Ok(served) => rank_served(&service, served, body).await,
+        Err(e) => Err(e.clone()),
+    };
+    let response = result.unwrap_or_else(|e| error_response(&e));
+    service.metrics.observe_request(
+        label,
+        "rank",
+        "http",
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+async fn rank_served(
+    service: &Service,
+    served: &ServedModel,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ServiceError> {
+    let contract = &served.ranking()?.contract;
+    let body = body_bytes(body, service.limits.max_body_bytes)?;
+    let request: v1::RankRequest = v1::parse_json(&body)?;
+    let input = v1::rank_input(contract, &request)?;
+    let scores = service.rank(served, input).await?;
+    Ok(axum::Json(v1::rank_response(
+        &served.name,
+        served.version,
+        &request,
+        &scores,
+    ))
+    .into_response())
+}
+
+async fn list_models(State(service): State<Arc<Service>>) -> Response {
+    let models = service.models().map(|m| v1::model_info(m)).collect();
+    axum::Json(v1::ModelList { models }).into_response()
+}
+
+async fn live() -> Response {
+    axum::Json(json!({ "status": "live" })).into_response()
+}
+
+async fn ready(State(service): State<Arc<Service>>) -> Response {
+    match service.readiness() {
+        Readiness::Ready => {
+            (StatusCode::OK, axum::Json(json!({ "status": "ready" }))).into_response()
+        }
+        Readiness::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "loading" })),
+        )
+            .into_response(),
+        Readiness::ShuttingDown => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "status": "shutting down" })),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    match service.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => error_response(&ServiceError::Internal(format!("render metrics: {e}"))),
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({ "error": format!("no route for {method} {}", uri.path()) })),
+    )
+        .into_response()
+}

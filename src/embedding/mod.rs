@@ -1,0 +1,263 @@
+//! Embedding tables: their storage formats, the id → (shard, row) mapping, the out-of-vocabulary policy, and the
+//! device-agnostic [`EmbeddingStore`] trait that the executors gather through.
+//!
+//! The CPU store ([`cpu::CpuStore`]) is always built and is the one the GPU store is tested against; the naive
+//! [`reference::gather`] is in turn the reference for the CPU store.
+
+pub mod cpu;
+mod file;
+pub mod reference;
+pub mod synthetic;
+
+use std::fmt;
+
+use serde::Deserialize;
+
+pub use cpu::CpuStore;
+pub use file::{TableBytes, open_tables};
+
+/// How a table's rows are stored. Documented byte for byte in `docs/model-repository.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    Fp32,
+    Fp16,
+    /// FBGEMM's fused row-wise layout: `dim` u8 codes, then the row's f32 scale and f32 bias.
+    Int8,
+}
+
+impl Storage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Storage::Fp32 => "fp32",
+            Storage::Fp16 => "fp16",
+            Storage::Int8 => "int8",
+        }
+    }
+
+    /// Bytes of one stored row of `dim` values.
+    pub fn row_bytes(self, dim: usize) -> usize {
+        match self {
+            Storage::Fp32 => 4 * dim,
+            Storage::Fp16 => 2 * dim,
+            Storage::Int8 => dim + 8,
+        }
+    }
+}
+
+/// What an id outside `[0, rows)` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OovPolicy {
+    /// Read this row instead, and count it.
+    Default { row: u64 },
+    /// Refuse the request.
+    Reject,
+}
+
+impl OovPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OovPolicy::Default { .. } => "default",
+            OovPolicy::Reject => "reject",
+        }
+    }
+}
+
+/// One table as `model.toml` declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSpec {
+    pub name: String,
+    pub rows: u64,
+    pub dim: usize,
+    pub storage: Storage,
+    pub oov: OovPolicy,
+}
+
+impl TableSpec {
+    /// The row an id reads under this table's policy, or `None` when the policy rejects it.
+    #[inline]
+    pub fn resolve(&self, id: i64) -> Option<u64> {
+        match u64::try_from(id) {
+            Ok(row) if row < self.rows => Some(row),
+            _ => match self.oov {
+                OovPolicy::Default { row } => Some(row),
+                OovPolicy::Reject => None,
+            },
+        }
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        u64::try_from(id).is_ok_and(|row| row < self.rows)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.rows * self.storage.row_bytes(self.dim) as u64
+    }
+}
+
+/// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,
+/// `row_in_shard = id % rows_per_shard`. Identical on every device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardLayout {
+    pub rows_per_shard: u64,
+    pub shards: usize,
+}
+
+impl ShardLayout {
+    /// Splits `rows` rows into at most `requested` shards (at least one row each). Because ranges are equal
+    /// (`ceil(rows / requested)` rows, the last one shorter), fewer shards than requested can result, e.g.
+    /// 10 rows in 6 shards of 2.
+    pub fn new(rows: u64, requested: usize) -> ShardLayout {
+        let requested = (requested.max(1) as u64).min(rows.max(1));
+        let rows_per_shard = rows.div_ceil(requested).max(1);
+        let shards = rows.div_ceil(rows_per_shard).max(1) as usize;
+        ShardLayout {
+            rows_per_shard,
+            shards,
+        }
+    }
+
+    #[inline]
+    pub fn locate(&self, row: u64) -> (usize, u64) {
+        (
+            (row / self.rows_per_shard) as usize,
+            row % self.rows_per_shard,
+        )
+    }
+
+    /// The global row range held by `shard`.
+    pub fn range(&self, shard: usize, rows: u64) -> std::ops::Range<u64> {
+        let start = shard as u64 * self.rows_per_shard;
+        start..(start + self.rows_per_shard).min(rows)
+    }
+}
+
+/// Why a gather could not be done. Request validation checks ids against `reject` tables before a request is
+/// queued, so a `Rejected` here means a caller skipped validation.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GatherError {
+    #[error(
+        "id {id} at row {row} is outside the vocabulary of table {table:?}, which rejects unknown ids"
+    )]
+    Rejected { table: String, row: usize, id: i64 },
+    #[error("gather shape mismatch: {0}")]
+    Shape(String),
+}
+
+/// The embedding tables of one model, on some device, read by gathering rows.
+///
+/// `fields[f]` is the table index that column `f` of `ids` reads; every such table must have the same `dim`.
+/// `ids` is `[rows, fields.len()]` row-major and `out` is `[rows, fields.len(), dim]`.
+pub trait EmbeddingStore: Send + Sync + fmt::Debug {
+    /// The tables, in `model.toml` order.
+    fn tables(&self) -> &[TableSpec];
+    /// Shard layout of each table.
+    fn shard_layouts(&self) -> &[ShardLayout];
+    /// Device label for metrics and logs, e.g. `cpu` or `cuda:0`.
+    fn device(&self) -> &str;
+    /// Gathers rows into host memory, applying each table's OOV policy and counting defaults.
+    fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError>;
+}
+
+/// Checks `ids`/`out` against `fields` and returns the shared `dim`.
+pub(crate) fn check_gather_shape(
+    tables: &[TableSpec],
+    fields: &[usize],
+    ids: &[i64],
+    out: &[f32],
+) -> Result<usize, GatherError> {
+    let Some(&first) = fields.first() else {
+        return Err(GatherError::Shape("no fields".to_owned()));
+    };
+    let table = |t: usize| {
+        tables.get(t).ok_or_else(|| {
+            GatherError::Shape(format!("field reads table {t}, which does not exist"))
+        })
+    };
+    let dim = table(first)?.dim;
+    for &t in fields {
+        if table(t)?.dim != dim {
+            return Err(GatherError::Shape(format!(
+                "tables {:?} and {:?} have different dims",
+                tables[first].name, tables[t].name
+            )));
+        }
+    }
+    if ids.len() % fields.len() != 0 {
+        return Err(GatherError::Shape(format!(
+            "{} ids are not a whole number of rows of {} fields",
+            ids.len(),
+            fields.len()
+        )));
+    }
+    if out.len() != ids.len() * dim {
+        return Err(GatherError::Shape(format!(
+            "output holds {} values, expected {} ids × dim {dim}",
+            out.len(),
+            ids.len()
+        )));
+    }
+    Ok(dim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_layout_covers_every_row_once() {
+        for rows in [1u64, 2, 7, 10, 64, 1000, 1001] {
+            for requested in [1usize, 2, 3, 4, 6, 16, 2000] {
+                let layout = ShardLayout::new(rows, requested);
+                assert!(layout.shards >= 1 && layout.shards <= requested.max(1));
+                let mut seen = 0;
+                for shard in 0..layout.shards {
+                    let range = layout.range(shard, rows);
+                    assert!(
+                        !range.is_empty(),
+                        "rows {rows} requested {requested} shard {shard} is empty"
+                    );
+                    for row in range.clone() {
+                        assert_eq!(layout.locate(row), (shard, row - range.start));
+                        seen += 1;
+                    }
+                }
+                assert_eq!(seen, rows);
+            }
+        }
+        assert_eq!(
+            ShardLayout::new(10, 6),
+            ShardLayout {
+                rows_per_shard: 2,
+                shards: 5
+            }
+        );
+        assert_eq!(
+            ShardLayout::new(10, 4),
+            ShardLayout {
+                rows_per_shard: 3,
+                shards: 4
+            }
+        );
+    }
+
+    #[test]
+    fn resolve_applies_the_policy() {
+        let mut spec = TableSpec {
+            name: "t".into(),
+            rows: 5,
+            dim: 2,
+            storage: Storage::Fp32,
+            oov: OovPolicy::Default { row: 3 },
+        };
+        assert_eq!(spec.resolve(0), Some(0));
+        assert_eq!(spec.resolve(4), Some(4));
+        assert_eq!(spec.resolve(5), Some(3));
+        assert_eq!(spec.resolve(-1), Some(3));
+        assert_eq!(spec.resolve(i64::MIN), Some(3));
+        spec.oov = OovPolicy::Reject;
+        assert_eq!(spec.resolve(5), None);
+        assert_eq!(spec.resolve(-1), None);
+        assert_eq!(spec.resolve(4), Some(4));
+    }
+}

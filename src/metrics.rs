@@ -1,0 +1,259 @@
+//! Prometheus metrics: every metric is described once here, with its unit in its name. Label values are bounded:
+//! model and table names come from the repository, endpoints and protocols from the code.
+//!
+//! The full list, with what each is for, is in `docs/metrics.md`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets from 10 µs to 10 s, three per decade.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// Row-count buckets: powers of two up to 8192.
+pub const ROW_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+];
+
+/// The `model` label of requests for a model that is not served: bounded, unlike the name in the URL.
+pub const UNKNOWN_MODEL: &str = "";
+
+/// Every metric the server exports.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    request_rows: HistogramVec,
+    gather_duration: HistogramVec,
+    inference_duration: HistogramVec,
+    oov: IntCounterVec,
+    rejected: IntCounterVec,
+    abandoned: IntCounterVec,
+    model_info: IntGaugeVec,
+    table_bytes: IntGaugeVec,
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("metric definitions are static and valid")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels)
+        .expect("metric definitions are static and valid")
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels)
+        .expect("metric definitions are static and valid")
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let m = Metrics {
+            registry: Registry::new(),
+            requests: counter(
+                "recserve_requests_total",
+                "Requests answered, by model, endpoint, protocol and status code.",
+                &["model", "endpoint", "protocol", "code"],
+            ),
+            request_duration: histogram(
+                "recserve_request_duration_seconds",
+                "Time from receiving a request to having its response ready, by model, endpoint and protocol.",
+                LATENCY_BUCKETS,
+                &["model", "endpoint", "protocol"],
+            ),
+            request_rows: histogram(
+                "recserve_request_rows",
+                "Rows (candidates) per ranking request.",
+                ROW_BUCKETS,
+                &["model"],
+            ),
+            gather_duration: histogram(
+                "recserve_gather_duration_seconds",
+                "Time to gather the embedding rows of one batch, by model and device.",
+                LATENCY_BUCKETS,
+                &["model", "device"],
+            ),
+            inference_duration: histogram(
+                "recserve_inference_duration_seconds",
+                "Time ONNX Runtime takes to run the dense network on one batch.",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            oov: counter(
+                "recserve_embedding_oov_total",
+                "Ids outside a table's vocabulary that were read from the table's default row.",
+                &["model", "table"],
+            ),
+            rejected: counter(
+                "recserve_rejected_total",
+                "Requests refused without being executed, by model and reason.",
+                &["model", "reason"],
+            ),
+            abandoned: counter(
+                "recserve_abandoned_total",
+                "Queued requests dropped before execution because their client had gone.",
+                &["model"],
+            ),
+            model_info: gauge(
+                "recserve_model_info",
+                "Always 1 for each served model; the labels say which version, kind, precision and device.",
+                &["model", "version", "kind", "precision", "device"],
+            ),
+            table_bytes: gauge(
+                "recserve_embedding_table_bytes",
+                "Bytes of each embedding table as stored, by model, table, storage type and device.",
+                &["model", "table", "storage", "device"],
+            ),
+        };
+        let collectors: [Box<dyn prometheus::core::Collector>; 11] = [
+            Box::new(m.requests.clone()),
+            Box::new(m.request_duration.clone()),
+            Box::new(m.request_rows.clone()),
+            Box::new(m.gather_duration.clone()),
+            Box::new(m.inference_duration.clone()),
+            Box::new(m.oov.clone()),
+            Box::new(m.rejected.clone()),
+            Box::new(m.abandoned.clone()),
+            Box::new(m.model_info.clone()),
+            Box::new(m.table_bytes.clone()),
+            Box::new(build_info()),
+        ];
+        for c in collectors {
+            m.registry
+                .register(c)
+                .expect("each metric is registered once");
+        }
+        m
+    }
+
+    /// The text exposition format of every metric.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        String::from_utf8(buf).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+
+    /// Counts one answered request and its duration.
+    pub fn observe_request(
+        &self,
+        model: &str,
+        endpoint: &str,
+        protocol: &str,
+        code: u16,
+        seconds: f64,
+    ) {
+        let code = code.to_string();
+        self.requests
+            .with_label_values(&[model, endpoint, protocol, code.as_str()])
+            .inc();
+        self.request_duration
+            .with_label_values(&[model, endpoint, protocol])
+            .observe(seconds);
+    }
+
+    /// The handles one model's hot path uses, resolved once so no label lookup happens per request.
+    pub fn model(&self, model: &str, device: &str) -> ModelMetrics {
+        ModelMetrics {
+            request_rows: self.request_rows.with_label_values(&[model]),
+            gather_duration: self.gather_duration.with_label_values(&[model, device]),
+            inference_duration: self.inference_duration.with_label_values(&[model]),
+            rejected_queue_full: self.rejected.with_label_values(&[model, "queue_full"]),
+            abandoned: self.abandoned.with_label_values(&[model]),
+        }
+    }
+
+    pub fn oov_counter(&self, model: &str, table: &str) -> IntCounter {
+        self.oov.with_label_values(&[model, table])
+    }
+
+    pub fn set_model_info(
+        &self,
+        model: &str,
+        version: u64,
+        kind: &str,
+        precision: &str,
+        device: &str,
+    ) {
+        self.model_info
+            .with_label_values(&[model, &version.to_string(), kind, precision, device])
+            .set(1);
+    }
+
+    pub fn set_table_bytes(
+        &self,
+        model: &str,
+        table: &str,
+        storage: &str,
+        device: &str,
+        bytes: u64,
+    ) {
+        self.table_bytes
+            .with_label_values(&[model, table, storage, device])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// Per-model metric handles for the request path.
+#[derive(Debug, Clone)]
+pub struct ModelMetrics {
+    pub request_rows: Histogram,
+    pub gather_duration: Histogram,
+    pub inference_duration: Histogram,
+    pub rejected_queue_full: IntCounter,
+    pub abandoned: IntCounter,
+}
+
+fn build_info() -> IntGauge {
+    let gauge = IntGauge::with_opts(
+        Opts::new(
+            "recserve_build_info",
+            "Always 1; the label says which recserve version is running.",
+        )
+        .const_label("version", env!("CARGO_PKG_VERSION")),
+    )
+    .expect("metric definitions are static and valid");
+    gauge.set(1);
+    gauge
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_with_units_in_names() {
+        let m = Metrics::new();
+        m.observe_request("deepfm", "rank", "http", 200, 0.001);
+        m.model("deepfm", "cpu").gather_duration.observe(1e-4);
+        m.oov_counter("deepfm", "C1").inc();
+        m.set_model_info("deepfm", 3, "deepfm", "int8", "cpu");
+        let text = m.render().expect("render");
+        for needle in [
+            "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",protocol=\"http\"} 1",
+            "recserve_request_duration_seconds_bucket{endpoint=\"rank\",model=\"deepfm\",protocol=\"http\",le=\"0.001\"} 1",
+            "recserve_gather_duration_seconds_bucket{device=\"cpu\",model=\"deepfm\",le=\"0.0001\"} 1",
+            "recserve_embedding_oov_total{model=\"deepfm\",table=\"C1\"} 1",
+            "recserve_model_info{device=\"cpu\",kind=\"deepfm\",model=\"deepfm\",precision=\"int8\",version=\"3\"} 1",
+            "recserve_build_info{version=",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        assert!(LATENCY_BUCKETS.first() == Some(&1e-5) && LATENCY_BUCKETS.last() == Some(&10.0));
+    }
+}

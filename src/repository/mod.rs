@@ -1,0 +1,201 @@
+//! The model repository on disk: `<repository>/<model>/<version>/model.toml`. Finds the models, picks the version
+//! to serve (the highest, unless pinned), and reads each `model.toml` into a checked [`ModelSpec`].
+
+mod spec;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+pub use spec::{
+    DenseGraphSpec, FORMAT_VERSION, FieldSpec, ModelKind, ModelSpec, Precision, RankingSpec,
+    RecallSpec, Side, TableEntry,
+};
+
+use crate::error::LoadError;
+
+/// One model of the repository and the version chosen for serving.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelVersion {
+    pub name: String,
+    pub version: u64,
+    /// The version directory.
+    pub dir: PathBuf,
+    /// Every version present on disk, ascending.
+    pub available: Vec<u64>,
+}
+
+/// A model name clients can put in a URL: `[A-Za-z0-9_-]+`, at most 128 characters.
+pub fn is_valid_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Lists the models under `root` and picks each one's version: `pins[name]` when pinned, else the highest.
+pub fn discover(root: &Path, pins: &HashMap<String, u64>) -> Result<Vec<ModelVersion>, LoadError> {
+    let entries = std::fs::read_dir(root)
+        .map_err(|e| LoadError::new(root, format!("cannot read the model repository: {e}")))?;
+    let mut models = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| LoadError::new(root, format!("cannot list: {e}")))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !path.is_dir() {
+            continue;
+        }
+        if !is_valid_model_name(&name) {
+            return Err(LoadError::new(
+                &path,
+                "model directory names may contain only letters, digits, '_' and '-' (at most 128)",
+            ));
+        }
+        let versions = list_versions(&path)?;
+        if versions.is_empty() {
+            return Err(LoadError::new(
+                &path,
+                "has no version directory (expected <model>/<version>/model.toml with an integer version ≥ 1)",
+            ));
+        }
+        models.insert(name, (path, versions));
+    }
+    if models.is_empty() {
+        return Err(LoadError::new(
+            root,
+            "holds no model (expected <repository>/<model>/<version>/model.toml)",
+        ));
+    }
+    for pinned in pins.keys() {
+        if !models.contains_key(pinned) {
+            return Err(LoadError::new(
+                root,
+                format!("a version is pinned for model {pinned:?}, which is not in the repository"),
+            ));
+        }
+    }
+    let mut out = Vec::with_capacity(models.len());
+    for (name, (path, available)) in models {
+        let version = match pins.get(&name) {
+            Some(&v) if available.contains(&v) => v,
+            Some(&v) => {
+                return Err(LoadError::new(
+                    &path,
+                    format!("version {v} is pinned but not present (present: {available:?})"),
+                ));
+            }
+            None => *available.last().expect("versions is not empty"),
+        };
+        out.push(ModelVersion {
+            dir: path.join(version.to_string()),
+            name,
+            version,
+            available,
+        });
+    }
+    Ok(out)
+}
+
+fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
+    let entries = std::fs::read_dir(model_dir)
+        .map_err(|e| LoadError::new(model_dir, format!("cannot list: {e}")))?;
+    let mut versions = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| LoadError::new(model_dir, format!("cannot list: {e}")))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !entry.path().is_dir() {
+            continue;
+        }
+        match name.parse::<u64>() {
+            Ok(v) if v >= 1 && !name.starts_with('0') => versions.push(v),
+            _ => tracing::info!(
+                path = %entry.path().display(),
+                "ignoring a directory whose name is not a version number"
+            ),
+        }
+    }
+    versions.sort_unstable();
+    Ok(versions)
+}
+
+/// Reads and checks `<dir>/model.toml`.
+pub fn read_spec(dir: &Path) -> Result<ModelSpec, LoadError> {
+    let path = dir.join("model.toml");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| LoadError::new(&path, format!("cannot read: {e}")))?;
+    ModelSpec::parse(&text).map_err(|problem| LoadError::new(&path, problem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mkdirs(root: &Path, dirs: &[&str]) {
+        for d in dirs {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+    }
+
+    #[test]
+    fn serves_the_highest_version_unless_pinned() {
+        let root = tempfile::tempdir().expect("tempdir");
+        mkdirs(
+            root.path(),
+            &["a/1", "a/2", "a/10", "a/tmp", "a/01", "b/3", ".hidden/1"],
+        );
+        std::fs::write(root.path().join("README"), "not a model").expect("write");
+        let found = discover(root.path(), &HashMap::new()).expect("discover");
+        let summary: Vec<_> = found
+            .iter()
+            .map(|m| (m.name.as_str(), m.version, m.available.clone()))
+            .collect();
+        assert_eq!(summary, vec![("a", 10, vec![1, 2, 10]), ("b", 3, vec![3])]);
+        assert_eq!(found[0].dir, root.path().join("a/10"));
+
+        let pins = HashMap::from([("a".to_owned(), 2)]);
+        let found = discover(root.path(), &pins).expect("discover");
+        assert_eq!(found[0].version, 2);
+        assert_eq!(found[0].dir, root.path().join("a/2"));
+    }
+
+    #[test]
+    fn refuses_bad_layouts_with_the_path() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let err = discover(root.path(), &HashMap::new()).expect_err("empty");
+        assert!(err.problem.contains("holds no model"), "{err}");
+
+        mkdirs(root.path(), &["a/1", "b/notaversion"]);
+        let err = discover(root.path(), &HashMap::new()).expect_err("b has no versions");
+        assert_eq!(err.path, root.path().join("b"));
+        std::fs::remove_dir_all(root.path().join("b")).expect("rm");
+
+        let err =
+            discover(root.path(), &HashMap::from([("a".to_owned(), 7)])).expect_err("missing pin");
+        assert!(
+            err.problem.contains("version 7 is pinned but not present"),
+            "{err}"
+        );
+        let err =
+            discover(root.path(), &HashMap::from([("zz".to_owned(), 1)])).expect_err("unknown pin");
+        assert!(err.problem.contains("\"zz\""), "{err}");
+
+        mkdirs(root.path(), &["bad name/1"]);
+        let err = discover(root.path(), &HashMap::new()).expect_err("bad name");
+        assert!(err.problem.contains("only letters, digits"), "{err}");
+    }
+
+    #[test]
+    fn read_spec_names_the_file() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let err = read_spec(root.path()).expect_err("missing");
+        assert_eq!(err.path, root.path().join("model.toml"));
+        std::fs::write(
+            root.path().join("model.toml"),
+            "format_version = 1\nkind = \"xgboost\"\n",
+        )
+        .expect("write");
+        let err = read_spec(root.path()).expect_err("bad kind");
+        assert!(err.to_string().contains("model.toml"), "{err}");
+        assert!(err.problem.contains("unknown variant `xgboost`"), "{err}");
+    }
+}

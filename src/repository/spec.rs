@@ -1,0 +1,648 @@
+//! `model.toml`: the typed description of one model version, and the checks that need nothing but the file
+//! itself (names unique, fields pointing at tables, dims agreeing). Checks against the table and graph files
+//! live with the code that opens them (`embedding`, `executor`); `repository` ties them together.
+//!
+//! Every key is documented in `docs/model-repository.md`; unknown keys are refused so a typo cannot silently
+//! change behaviour.
+
+use std::collections::HashSet;
+use std::path::{Component, Path};
+
+use serde::Deserialize;
+
+use crate::embedding::{OovPolicy, Storage, TableSpec};
+
+/// The only `format_version` this build reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// What a model does, and so which routes serve it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Ranking: score candidates for a user (`/rank`).
+    Deepfm,
+    /// Recall: top-K items for a user by inner product (`/recall`).
+    Lightgcn,
+}
+
+impl ModelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Deepfm => "deepfm",
+            ModelKind::Lightgcn => "lightgcn",
+        }
+    }
+}
+
+/// The numeric precision the dense graph computes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Int8,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Int8 => "int8",
+        }
+    }
+}
+
+/// Whether a categorical field is sent once per request or once per candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    User,
+    Item,
+}
+
+/// `model.toml`, parsed and checked for internal consistency.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub kind: ModelKind,
+    pub description: String,
+    pub tables: Vec<TableEntry>,
+    /// DeepFM only: the categorical inputs, in graph order.
+    pub fields: Vec<FieldSpec>,
+    pub ranking: Option<RankingSpec>,
+    pub dense_graph: Option<DenseGraphSpec>,
+    pub recall: Option<RecallSpec>,
+}
+
+/// A table and the file it lives in.
+#[derive(Clone, Debug)]
+pub struct TableEntry {
+    pub spec: TableSpec,
+    /// Relative to the version directory.
+    pub file: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct FieldSpec {
+    pub name: String,
+    pub side: Side,
+    /// Index into `ModelSpec::tables`.
+    pub table: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct RankingSpec {
+    pub dense_features: Vec<String>,
+    /// Index into `ModelSpec::fields` of the item-side field fed by a candidate's `id`.
+    pub item_id_field: Option<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DenseGraphSpec {
+    pub file: String,
+    pub precision: Precision,
+    pub embeddings_input: String,
+    pub dense_input: String,
+    pub output: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecallSpec {
+    /// Indices into `ModelSpec::tables`.
+    pub user_table: usize,
+    pub item_table: usize,
+    pub history_table: Option<usize>,
+}
+
+impl ModelSpec {
+    /// The row width shared by every table the fields read (the `D` axis of `embeddings`).
+    pub fn field_dim(&self) -> usize {
+        self.fields
+            .first()
+            .map_or(0, |f| self.tables[f.table].spec.dim)
+    }
+
+    pub fn precision(&self) -> Precision {
+        match (&self.dense_graph, &self.recall) {
+            (Some(graph), _) => graph.precision,
+            // A recall model has no dense graph: its precision is that of its item table.
+            (None, Some(recall)) => match self.tables[recall.item_table].spec.storage {
+                Storage::Int8 => Precision::Int8,
+                Storage::Fp32 | Storage::Fp16 => Precision::Fp32,
+            },
+            (None, None) => Precision::Fp32,
+        }
+    }
+
+    pub fn table_index(&self, name: &str) -> Option<usize> {
+        self.tables.iter().position(|t| t.spec.name == name)
+    }
+
+    /// Parses and checks `model.toml` text. Errors are sentences about the file's content; the caller adds the
+    /// path.
+    pub fn parse(text: &str) -> Result<ModelSpec, String> {
+        let raw: RawModel = toml::from_str(text).map_err(|e| e.to_string())?;
+        raw.check()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    format_version: u32,
+    kind: ModelKind,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    tables: Vec<RawTable>,
+    #[serde(default)]
+    fields: Vec<RawField>,
+    ranking: Option<RawRanking>,
+    dense_graph: Option<RawDenseGraph>,
+    recall: Option<RawRecall>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    name: String,
+    file: String,
+    rows: u64,
+    dim: usize,
+    storage: Storage,
+    #[serde(default = "default_oov")]
+    oov: RawOov,
+    default_row: Option<u64>,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawOov {
+    Default,
+    Reject,
+}
+
+fn default_oov() -> RawOov {
+    RawOov::Default
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawField {
+    name: String,
+    side: Side,
+    table: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRanking {
+    #[serde(default)]
+    dense_features: Vec<String>,
+    item_id_field: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDenseGraph {
+    file: String,
+    precision: Precision,
+    #[serde(default = "default_embeddings_input")]
+    embeddings_input: String,
+    #[serde(default = "default_dense_input")]
+    dense_input: String,
+    #[serde(default = "default_output")]
+    output: String,
+}
+
+fn default_embeddings_input() -> String {
+    "embeddings".to_owned()
+}
+fn default_dense_input() -> String {
+    "dense".to_owned()
+}
+fn default_output() -> String {
+    "probability".to_owned()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRecall {
+    user_table: String,
+    item_table: String,
+    history_table: Option<String>,
+}
+
+/// A file name inside the version directory: relative, no `..`, not empty.
+fn check_relative_file(key: &str, file: &str) -> Result<(), String> {
+    let path = Path::new(file);
+    let inside = !file.is_empty()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    if inside {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key} = {file:?} must be a relative path inside the version directory"
+        ))
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("{what} name must not be empty"));
+    }
+    Ok(())
+}
+
+impl RawModel {
+    fn check(self) -> Result<ModelSpec, String> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "format_version = {} is not supported (this server reads {FORMAT_VERSION})",
+                self.format_version
+            ));
+        }
+        let mut tables = Vec::with_capacity(self.tables.len());
+        let mut table_names = HashSet::new();
+        for (i, t) in self.tables.into_iter().enumerate() {
+            check_name(&format!("tables[{i}]"), &t.name)?;
+            if !table_names.insert(t.name.clone()) {
+                return Err(format!("table {:?} is declared twice", t.name));
+            }
+            check_relative_file(&format!("tables[{i}].file"), &t.file)?;
+            if t.rows == 0 {
+                return Err(format!("table {:?}: rows must be at least 1", t.name));
+            }
+            if t.dim == 0 {
+                return Err(format!("table {:?}: dim must be at least 1", t.name));
+            }
+            let oov = match (t.oov, t.default_row) {
+                (RawOov::Default, row) => {
+                    let row = row.unwrap_or(0);
+                    if row >= t.rows {
+                        return Err(format!(
+                            "table {:?}: default_row = {row} must be below rows = {}",
+                            t.name, t.rows
+                        ));
+                    }
+                    OovPolicy::Default { row }
+                }
+                (RawOov::Reject, None) => OovPolicy::Reject,
+                (RawOov::Reject, Some(_)) => {
+                    return Err(format!(
+                        "table {:?}: default_row is only meaningful with oov = \"default\"",
+                        t.name
+                    ));
+                }
+            };
+            tables.push(TableEntry {
+                spec: TableSpec {
+                    name: t.name,
+                    rows: t.rows,
+                    dim: t.dim,
+                    storage: t.storage,
+                    oov,
+                },
+                file: t.file,
+            });
+        }
+        let table_index = |name: &str| tables.iter().position(|t| t.spec.name == name);
+
+        let mut fields = Vec::with_capacity(self.fields.len());
+        let mut field_names = HashSet::new();
+        for (i, f) in self.fields.into_iter().enumerate() {
+            check_name(&format!("fields[{i}]"), &f.name)?;
+            if !field_names.insert(f.name.clone()) {
+                return Err(format!("field {:?} is declared twice", f.name));
+            }
+            let table_name = f.table.unwrap_or_else(|| f.name.clone());
+            let table = table_index(&table_name).ok_or_else(|| {
+                format!(
+                    "field {:?} reads table {table_name:?}, which no [[tables]] entry declares",
+                    f.name
+                )
+            })?;
+            fields.push(FieldSpec {
+                name: f.name,
+                side: f.side,
+                table,
+            });
+        }
+
+        let spec = match self.kind {
+            ModelKind::Deepfm => {
+                if self.recall.is_some() {
+                    return Err("[recall] is for kind = \"lightgcn\", not \"deepfm\"".to_owned());
+                }
+                let graph = self
+                    .dense_graph
+                    .ok_or("kind = \"deepfm\" needs a [dense_graph] section")?;
+                check_relative_file("dense_graph.file", &graph.file)?;
+                let ranking = self.ranking.unwrap_or(RawRanking {
+                    dense_features: Vec::new(),
+                    item_id_field: None,
+                });
+                if fields.is_empty() {
+                    return Err("kind = \"deepfm\" needs at least one [[fields]] entry".to_owned());
+                }
+                let dim = tables[fields[0].table].spec.dim;
+                for f in &fields {
+                    let t = &tables[f.table].spec;
+                    if t.dim != dim {
+                        return Err(format!(
+                            "field {:?} reads table {:?} with dim {}, but field {:?} reads dim {dim}; \
+                             all fields must share one dim (the D axis of the embeddings input)",
+                            f.name, t.name, t.dim, fields[0].name
+                        ));
+                    }
+                }
+                let mut dense_names = HashSet::new();
+                for d in &ranking.dense_features {
+                    check_name("ranking.dense_features", d)?;
+                    if !dense_names.insert(d) {
+                        return Err(format!("dense feature {d:?} is listed twice"));
+                    }
+                }
+                let item_id_field = match ranking.item_id_field {
+                    None => None,
+                    Some(name) => {
+                        let i = fields.iter().position(|f| f.name == name).ok_or_else(|| {
+                            format!("ranking.item_id_field = {name:?} is not a declared field")
+                        })?;
+                        if fields[i].side != Side::Item {
+                            return Err(format!(
+                                "ranking.item_id_field = {name:?} must be a side = \"item\" field"
+                            ));
+                        }
+                        Some(i)
+                    }
+                };
+                ModelSpec {
+                    kind: self.kind,
+                    description: self.description,
+                    tables,
+                    fields,
+                    ranking: Some(RankingSpec {
+                        dense_features: ranking.dense_features,
+                        item_id_field,
+                    }),
+                    dense_graph: Some(DenseGraphSpec {
+                        file: graph.file,
+                        precision: graph.precision,
+                        embeddings_input: graph.embeddings_input,
+                        dense_input: graph.dense_input,
+                        output: graph.output,
+                    }),
+                    recall: None,
+                }
+            }
+            ModelKind::Lightgcn => {
+                if self.dense_graph.is_some() || self.ranking.is_some() || !fields.is_empty() {
+                    return Err(
+                        "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking] or [[fields]])"
+                            .to_owned(),
+                    );
+                }
+                let recall = self
+                    .recall
+                    .ok_or("kind = \"lightgcn\" needs a [recall] section")?;
+                let lookup = |key: &str, name: &str| {
+                    table_index(name)
+                        .ok_or_else(|| format!("recall.{key} = {name:?} is not a declared table"))
+                };
+                let user_table = lookup("user_table", &recall.user_table)?;
+                let item_table = lookup("item_table", &recall.item_table)?;
+                let history_table = recall
+                    .history_table
+                    .as_deref()
+                    .map(|h| lookup("history_table", h))
+                    .transpose()?;
+                let dim = tables[item_table].spec.dim;
+                for (key, t) in [
+                    ("user_table", Some(user_table)),
+                    ("history_table", history_table),
+                ] {
+                    if let Some(t) = t
+                        && tables[t].spec.dim != dim
+                    {
+                        return Err(format!(
+                            "recall.{key} {:?} has dim {}, but item_table {:?} has dim {dim}",
+                            tables[t].spec.name, tables[t].spec.dim, tables[item_table].spec.name
+                        ));
+                    }
+                }
+                if let Some(h) = history_table
+                    && tables[h].spec.rows != tables[item_table].spec.rows
+                {
+                    return Err(format!(
+                        "recall.history_table {:?} has {} rows, but item_table {:?} has {}: one history vector per item",
+                        tables[h].spec.name,
+                        tables[h].spec.rows,
+                        tables[item_table].spec.name,
+                        tables[item_table].spec.rows
+                    ));
+                }
+                ModelSpec {
+                    kind: self.kind,
+                    description: self.description,
+                    tables,
+                    fields,
+                    ranking: None,
+                    dense_graph: None,
+                    recall: Some(RecallSpec {
+                        user_table,
+                        item_table,
+                        history_table,
+                    }),
+                }
+            }
+        };
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEEPFM: &str = r#"
+format_version = 1
+kind = "deepfm"
+
+[ranking]
+dense_features = ["I1", "I2"]
+item_id_field = "item"
+
+[dense_graph]
+file = "dense.onnx"
+precision = "fp32"
+
+[[tables]]
+name = "user"
+file = "t.safetensors"
+rows = 10
+dim = 5
+storage = "fp32"
+
+[[tables]]
+name = "item"
+file = "t.safetensors"
+rows = 20
+dim = 5
+storage = "int8"
+oov = "reject"
+
+[[fields]]
+name = "user"
+side = "user"
+
+[[fields]]
+name = "item"
+side = "item"
+
+[[fields]]
+name = "last_item"
+side = "user"
+table = "item"
+"#;
+
+    fn parse_err(text: &str) -> String {
+        ModelSpec::parse(text).expect_err("spec should be refused")
+    }
+
+    #[test]
+    fn parses_a_deepfm_spec() {
+        let spec = ModelSpec::parse(DEEPFM).expect("valid spec");
+        assert_eq!(spec.kind, ModelKind::Deepfm);
+        assert_eq!(spec.fields.len(), 3);
+        assert_eq!(spec.fields[2].table, 1);
+        assert_eq!(spec.field_dim(), 5);
+        assert_eq!(spec.tables[0].spec.oov, OovPolicy::Default { row: 0 });
+        assert_eq!(spec.tables[1].spec.oov, OovPolicy::Reject);
+        let ranking = spec.ranking.expect("ranking");
+        assert_eq!(ranking.item_id_field, Some(1));
+        let graph = spec.dense_graph.expect("graph");
+        assert_eq!(graph.embeddings_input, "embeddings");
+        assert_eq!(graph.output, "probability");
+    }
+
+    #[test]
+    fn refuses_unknown_keys() {
+        let err = parse_err(&DEEPFM.replace(
+            "dim = 5\nstorage = \"fp32\"",
+            "dim = 5\nstorage = \"fp32\"\nshards = 2",
+        ));
+        assert!(err.contains("unknown field `shards`"), "{err}");
+    }
+
+    #[test]
+    fn refuses_inconsistent_specs() {
+        let cases = [
+            (
+                DEEPFM.replace("format_version = 1", "format_version = 2"),
+                "format_version = 2 is not supported",
+            ),
+            (
+                DEEPFM.replace("rows = 10", "rows = 0"),
+                "rows must be at least 1",
+            ),
+            (
+                DEEPFM.replace("rows = 20\ndim = 5", "rows = 20\ndim = 6"),
+                "all fields must share one dim",
+            ),
+            (
+                DEEPFM.replace("table = \"item\"", "table = \"nope\""),
+                "reads table \"nope\", which no [[tables]] entry declares",
+            ),
+            (
+                DEEPFM.replace("item_id_field = \"item\"", "item_id_field = \"user\""),
+                "must be a side = \"item\" field",
+            ),
+            (
+                DEEPFM.replace("item_id_field = \"item\"", "item_id_field = \"x\""),
+                "is not a declared field",
+            ),
+            (
+                DEEPFM.replace("\"I1\", \"I2\"", "\"I1\", \"I1\""),
+                "dense feature \"I1\" is listed twice",
+            ),
+            (
+                DEEPFM.replace("file = \"dense.onnx\"", "file = \"../dense.onnx\""),
+                "must be a relative path inside the version directory",
+            ),
+            (
+                DEEPFM.replace(
+                    "file = \"t.safetensors\"\nrows = 10",
+                    "file = \"/etc/t\"\nrows = 10",
+                ),
+                "must be a relative path",
+            ),
+            (
+                DEEPFM.replace("storage = \"fp32\"", "storage = \"fp32\"\ndefault_row = 10"),
+                "default_row = 10 must be below rows = 10",
+            ),
+            (
+                DEEPFM.replace("oov = \"reject\"", "oov = \"reject\"\ndefault_row = 1"),
+                "only meaningful with oov = \"default\"",
+            ),
+            (
+                DEEPFM.replace("storage = \"int8\"", "storage = \"int4\""),
+                "unknown variant `int4`",
+            ),
+            (
+                DEEPFM.replace("name = \"last_item\"", "name = \"user\""),
+                "field \"user\" is declared twice",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse_err(&text);
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+        }
+    }
+
+    #[test]
+    fn parses_a_lightgcn_spec() {
+        let text = r#"
+format_version = 1
+kind = "lightgcn"
+
+[recall]
+user_table = "user"
+item_table = "item"
+history_table = "history"
+
+[[tables]]
+name = "user"
+file = "t.safetensors"
+rows = 3
+dim = 4
+storage = "fp32"
+
+[[tables]]
+name = "item"
+file = "t.safetensors"
+rows = 5
+dim = 4
+storage = "int8"
+
+[[tables]]
+name = "history"
+file = "t.safetensors"
+rows = 5
+dim = 4
+storage = "fp32"
+"#;
+        let spec = ModelSpec::parse(text).expect("valid");
+        let recall = spec.recall.as_ref().expect("recall");
+        assert_eq!(
+            (recall.user_table, recall.item_table, recall.history_table),
+            (0, 1, Some(2))
+        );
+        assert_eq!(spec.precision(), Precision::Int8);
+        let err = parse_err(&text.replace(
+            "rows = 5\ndim = 4\nstorage = \"fp32\"",
+            "rows = 6\ndim = 4\nstorage = \"fp32\"",
+        ));
+        assert!(err.contains("one history vector per item"), "{err}");
+    }
+}

@@ -1,0 +1,240 @@
+//! The transport-agnostic service: which models are served, whether the server is ready, and the calls every
+//! transport (HTTP `/v1`, and later KServe v2 and gRPC) makes after decoding its request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::config::Config;
+use crate::error::{LoadError, ServiceError};
+use crate::executor::{Runtime, RuntimeError, SessionOptions};
+use crate::metrics::Metrics;
+use crate::ranking::{RankInput, RankingModel};
+use crate::repository::{self, ModelKind, ModelSpec};
+
+/// Why the server could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("cannot load model: {0}")]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What loading a model needs besides the model itself.
+#[derive(Debug, Clone)]
+pub struct LoadContext {
+    pub runtime: Runtime,
+    pub metrics: Metrics,
+    pub session: SessionOptions,
+    pub executors: usize,
+    pub shards: usize,
+    pub queue_capacity: usize,
+    pub max_candidates: usize,
+    /// Batch sizes each session runs before the model counts as ready.
+    pub warmup_rows: Vec<usize>,
+}
+
+impl LoadContext {
+    pub fn new(config: &Config, runtime: Runtime, metrics: Metrics) -> LoadContext {
+        let mut warmup_rows = vec![1, config.max_candidates];
+        warmup_rows.dedup();
+        LoadContext {
+            runtime,
+            metrics,
+            session: SessionOptions {
+                intra_op_threads: config.intra_op_threads,
+            },
+            executors: config.executors,
+            shards: config.shards,
+            queue_capacity: config.queue_capacity,
+            max_candidates: config.max_candidates,
+            warmup_rows,
+        }
+    }
+}
+
+/// A loaded model of one of the supported kinds.
+#[derive(Debug)]
+pub enum ModelHandle {
+    Ranking(RankingModel),
+}
+
+impl ModelHandle {
+    pub fn device(&self) -> &str {
+        match self {
+            ModelHandle::Ranking(m) => m.device(),
+        }
+    }
+
+    pub fn shard_counts(&self) -> Vec<usize> {
+        match self {
+            ModelHandle::Ranking(m) => m.shard_counts(),
+        }
+    }
+}
+
+/// One served model version.
+#[derive(Debug)]
+pub struct ServedModel {
+    pub name: String,
+    pub version: u64,
+    /// Versions present in the repository, ascending.
+    pub available: Vec<u64>,
+    pub spec: Arc<ModelSpec>,
+    pub handle: ModelHandle,
+}
+
+impl ServedModel {
+    pub fn ranking(&self) -> Result<&RankingModel, ServiceError> {
+        match &self.handle {
+            ModelHandle::Ranking(m) => Ok(m),
+        }
+    }
+}
+
+/// Loading, ready, or draining.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Loading,
+    Ready,
+    ShuttingDown,
+}
+
+/// Bounds on requests that every transport enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_candidates: usize,
+}
+
+/// The state every transport shares.
+#[derive(Debug)]
+pub struct Service {
+    models: OnceLock<BTreeMap<String, Arc<ServedModel>>>,
+    shutting_down: AtomicBool,
+    pub metrics: Metrics,
+    pub limits: Limits,
+}
+
+impl Service {
+    pub fn new(metrics: Metrics, limits: Limits) -> Service {
+        Service {
+            models: OnceLock::new(),
+            shutting_down: AtomicBool::new(false),
+            metrics,
+            limits,
+        }
+    }
+
+    /// Loads ONNX Runtime and every model of the repository, then marks the service ready. Blocking: run it on a
+    /// thread of its own.
+    pub fn load(&self, config: &Config) -> Result<(), StartError> {
+        let runtime = Runtime::load(&config.ort_library)?;
+        let ctx = LoadContext::new(config, runtime, self.metrics.clone());
+        let pins: HashMap<String, u64> = config.pin.clone();
+        let mut models = BTreeMap::new();
+        for mv in repository::discover(&config.repository, &pins)? {
+            let started = std::time::Instant::now();
+            let spec = Arc::new(repository::read_spec(&mv.dir)?);
+            let handle = match spec.kind {
+                ModelKind::Deepfm => {
+                    ModelHandle::Ranking(RankingModel::load(&ctx, &mv, Arc::clone(&spec))?)
+                }
+                ModelKind::Lightgcn => {
+                    return Err(LoadError::new(
+                        &mv.dir.join("model.toml"),
+                        "kind = \"lightgcn\" (recall) is not supported by this build",
+                    )
+                    .into());
+                }
+            };
+            self.metrics.set_model_info(
+                &mv.name,
+                mv.version,
+                spec.kind.as_str(),
+                spec.precision().as_str(),
+                handle.device(),
+            );
+            tracing::info!(
+                model = %mv.name,
+                version = mv.version,
+                kind = spec.kind.as_str(),
+                precision = spec.precision().as_str(),
+                device = handle.device(),
+                seconds = started.elapsed().as_secs_f64(),
+                "model loaded and warmed up"
+            );
+            models.insert(
+                mv.name.clone(),
+                Arc::new(ServedModel {
+                    name: mv.name,
+                    version: mv.version,
+                    available: mv.available,
+                    spec,
+                    handle,
+                }),
+            );
+        }
+        // Loading happens once per service; a second call would be a bug, and the first models stay.
+        let _ = self.models.set(models);
+        Ok(())
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        if self.shutting_down.load(Ordering::Acquire) {
+            Readiness::ShuttingDown
+        } else if self.models.get().is_some() {
+            Readiness::Ready
+        } else {
+            Readiness::Loading
+        }
+    }
+
+    /// From now on `/health/ready` fails, so load balancers stop sending; requests still in flight finish.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// The served models, by name (empty while loading).
+    pub fn models(&self) -> impl Iterator<Item = &Arc<ServedModel>> {
+        self.models.get().into_iter().flat_map(BTreeMap::values)
+    }
+
+    /// Looks a model up by name and, when given, version.
+    pub fn model(
+        &self,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<Arc<ServedModel>, ServiceError> {
+        let models = self
+            .models
+            .get()
+            .ok_or(ServiceError::Unavailable("models are still loading"))?;
+        let model = models
+            .get(name)
+            .ok_or_else(|| ServiceError::ModelNotFound {
+                model: name.to_owned(),
+                served: models.keys().cloned().collect::<Vec<_>>().join(", "),
+            })?;
+        match version {
+            Some(v) if v != model.version => Err(ServiceError::VersionNotFound {
+                model: name.to_owned(),
+                version: v,
+                serving: model.version,
+            }),
+            _ => Ok(Arc::clone(model)),
+        }
+    }
+
+    /// Scores validated ranking rows on `model`.
+    pub async fn rank(
+        &self,
+        model: &ServedModel,
+        input: RankInput,
+    ) -> Result<Vec<f32>, ServiceError> {
+        model.ranking()?.score(input).await
+    }
+}

@@ -1,0 +1,167 @@
+//! Shared by the end-to-end tests: the generated test fixture, and a real server on port 0.
+
+#![allow(dead_code, reason = "each test binary uses a different part of this module")]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use recserve::config::{Config, ServeArgs};
+use recserve::service::StartError;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The directory `python -m recserve_models fixture` wrote (`scripts/test.sh` does that).
+pub fn fixture_dir() -> PathBuf {
+    let dir = std::env::var_os("RECSERVE_TEST_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-fixture"));
+    assert!(
+        dir.join("repo").is_dir() && dir.join("cases.json").is_file(),
+        "no test fixture at {}: run scripts/test.sh, which generates it \
+         (python -m recserve_models fixture --out target/test-fixture), or set RECSERVE_TEST_FIXTURE",
+        dir.display()
+    );
+    dir
+}
+
+pub fn fixture_repo() -> PathBuf {
+    fixture_dir().join("repo")
+}
+
+pub fn cases() -> Value {
+    let text = std::fs::read_to_string(fixture_dir().join("cases.json")).expect("read cases.json");
+    serde_json::from_str(&text).expect("cases.json is JSON")
+}
+
+/// The ONNX Runtime library the tests load (`scripts/env.sh` sets ORT_DYLIB_PATH).
+pub fn ort_library() -> PathBuf {
+    let path = std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .expect("ORT_DYLIB_PATH must point at libonnxruntime.so: run scripts/test.sh, or source scripts/env.sh");
+    assert!(path.is_file(), "ORT_DYLIB_PATH={} does not exist", path.display());
+    path
+}
+
+/// The configuration for a test server on `repository` with defaults, adjusted by `tweak`.
+pub fn config(repository: &Path, tweak: impl FnOnce(&mut ServeArgs)) -> Config {
+    let mut args = ServeArgs {
+        repository: Some(repository.to_path_buf()),
+        ort_library: Some(ort_library()),
+        ..ServeArgs::default()
+    };
+    tweak(&mut args);
+    args.resolve().expect("valid test configuration")
+}
+
+/// A server running in this process on an ephemeral port.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<Result<(), StartError>>>,
+}
+
+impl TestServer {
+    /// Starts a server (not waiting for readiness).
+    pub async fn spawn(config: Config) -> TestServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(recserve::server::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            client: reqwest::Client::new(),
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    /// Starts a server and waits until `/health/ready` says so.
+    pub async fn start(config: Config) -> TestServer {
+        let mut server = TestServer::spawn(config).await;
+        server.wait_ready().await;
+        server
+    }
+
+    /// Polls `/health/ready`; panics with the start-up error if the server stopped instead.
+    pub async fn wait_ready(&mut self) {
+        for _ in 0..600 {
+            if let Some(handle) = &self.handle
+                && handle.is_finished()
+            {
+                let result = self.handle.take().expect("handle").await.expect("server task");
+                panic!("server stopped before becoming ready: {result:?}");
+            }
+            if let Ok(resp) = self.client.get(self.url("/health/ready")).send().await
+                && resp.status() == 200
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("server not ready after 60 s");
+    }
+
+    /// Waits for the server to stop on its own (e.g. because loading failed) and returns its result.
+    pub async fn finished(mut self) -> Result<(), StartError> {
+        let handle = self.handle.take().expect("handle");
+        tokio::time::timeout(Duration::from_secs(60), handle)
+            .await
+            .expect("server stops within 60 s")
+            .expect("server task")
+    }
+
+    /// Asks the server to shut down and waits for it.
+    pub async fn stop(mut self) -> Result<(), StartError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.finished().await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let resp = self.client.get(self.url(path)).send().await.expect("GET");
+        (resp.status().as_u16(), resp.text().await.expect("body"))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let resp = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("POST");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        let value = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
+        (status, value)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string()).await
+    }
+}
+
+/// Copies a directory tree (test repositories get broken in copies).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
