@@ -1,0 +1,6 @@
+"""recserve_models: the model toolchain of recserve.
+
+It writes model repositories in the format of docs/model-repository.md (embedding tables in safetensors,
+the dense network in ONNX, `model.toml`), quantizes them, and generates the test repository that the server's
+end-to-end tests run against. Run it as `python -m recserve_models <command>`.
+"""

@@ -1,0 +1,289 @@
+"""`model.toml`: its contents as dataclasses, the writer, and a strict reader (docs/model-repository.md).
+
+The reader applies the document's rules for DeepFM models: every key known and of the right type, required
+keys present, defaults filled in, names unique, references resolved. Errors name the file and the key.
+The writer omits keys that hold their default, except a table's `oov` and `default_row`, which are always
+written because they are the policy a reader of the file wants to see.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+FORMAT_VERSION = 1
+STORAGES = ("fp32", "fp16", "int8")
+OOV_POLICIES = ("default", "reject")
+SIDES = ("user", "item")
+PRECISIONS = ("fp32", "int8")
+
+
+class ModelTomlError(ValueError):
+    """A model.toml that breaks the format; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One `[[tables]]` entry."""
+
+    name: str
+    file: str
+    rows: int
+    dim: int
+    storage: str
+    oov: str = "default"
+    default_row: int = 0
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One `[[fields]]` entry; `table` is the field's name unless given."""
+
+    name: str
+    side: str
+    table: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.table:
+            object.__setattr__(self, "table", self.name)
+
+
+@dataclass(frozen=True)
+class DenseGraphSpec:
+    """The `[dense_graph]` table."""
+
+    file: str
+    precision: str
+    embeddings_input: str = "embeddings"
+    dense_input: str = "dense"
+    output: str = "probability"
+
+
+@dataclass(frozen=True)
+class RankingSpec:
+    """The `[ranking]` table."""
+
+    dense_features: tuple[str, ...] = ()
+    item_id_field: str | None = None
+
+
+@dataclass(frozen=True)
+class DeepFMToml:
+    """A whole DeepFM `model.toml`; `fields` is in the order of the graph's F axis."""
+
+    tables: tuple[TableSpec, ...]
+    fields: tuple[FieldSpec, ...]
+    dense_graph: DenseGraphSpec
+    ranking: RankingSpec = field(default_factory=RankingSpec)
+    description: str = ""
+
+    def table(self, name: str) -> TableSpec:
+        """The table called `name`."""
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(f"no table named {name!r}")
+
+    def fields_on(self, side: str) -> tuple[FieldSpec, ...]:
+        """The fields of one side, in graph order."""
+        return tuple(f for f in self.fields if f.side == side)
+
+
+def _string(value: str) -> str:
+    # A JSON string without non-ASCII escapes is a valid TOML basic string, except for DEL, which TOML
+    # wants escaped as well.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, tuple)):
+        raise TypeError(f"model.toml holds no values of type {type(value).__name__}")
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, int):
+        return str(value)
+    return "[" + ", ".join(_value(item) for item in value) + "]"
+
+
+def _section(header: str, pairs: list[tuple[str, object]]) -> str:
+    lines = [header] if header else []
+    lines += [f"{key} = {_value(value)}" for key, value in pairs]
+    return "\n".join(lines) + "\n"
+
+
+def to_toml(model: DeepFMToml) -> str:
+    """The text of `model.toml` for `model`."""
+    top: list[tuple[str, object]] = [("format_version", FORMAT_VERSION), ("kind", "deepfm")]
+    if model.description:
+        top.append(("description", model.description))
+    sections = [_section("", top)]
+
+    ranking: list[tuple[str, object]] = []
+    if model.ranking.dense_features:
+        ranking.append(("dense_features", model.ranking.dense_features))
+    if model.ranking.item_id_field is not None:
+        ranking.append(("item_id_field", model.ranking.item_id_field))
+    if ranking:
+        sections.append(_section("[ranking]", ranking))
+
+    graph = model.dense_graph
+    defaults = DenseGraphSpec(file=graph.file, precision=graph.precision)
+    keys = ("file", "precision", "embeddings_input", "dense_input", "output")
+    changed = [key for key in keys if key in ("file", "precision") or getattr(graph, key) != getattr(defaults, key)]
+    sections.append(_section("[dense_graph]", [(key, getattr(graph, key)) for key in changed]))
+    for t in model.tables:
+        keys = ("name", "file", "rows", "dim", "storage", "oov", "default_row")
+        sections.append(_section("[[tables]]", [(key, getattr(t, key)) for key in keys]))
+    for f in model.fields:
+        pairs: list[tuple[str, object]] = [("name", f.name), ("side", f.side)]
+        if f.table != f.name:
+            pairs.append(("table", f.table))
+        sections.append(_section("[[fields]]", pairs))
+    return "\n".join(sections)
+
+
+_REQUIRED = object()
+
+
+class _Reader:
+    """Typed access to one TOML table; every error names the file and the key."""
+
+    def __init__(self, path: Path, where: str, table: object) -> None:
+        self.path, self.where = path, where
+        if not isinstance(table, dict):
+            self.fail("", "must be a table")
+        self.table: dict[str, Any] = table
+
+    def fail(self, key: str, problem: str) -> None:
+        name = ".".join(part for part in (self.where, key) if part)
+        raise ModelTomlError(f"{self.path}: {name} {problem}")
+
+    def only(self, *keys: str) -> None:
+        for key in self.table:
+            if key not in keys:
+                self.fail(key, f"is not a known key (known: {', '.join(keys)})")
+
+    def get(self, key: str, kind: type, default: Any = _REQUIRED, choices: tuple[str, ...] = ()) -> Any:
+        if key not in self.table:
+            if default is _REQUIRED:
+                self.fail(key, "is required")
+            return default
+        value = self.table[key]
+        # TOML booleans are Python bools, which are ints too.
+        if isinstance(value, bool) or not isinstance(value, kind):
+            self.fail(key, f"must be {_KIND_NAMES[kind]}, not {value!r}")
+        if choices and value not in choices:
+            self.fail(key, f"must be one of {', '.join(map(repr, choices))}, not {value!r}")
+        return value
+
+    def relative_file(self, key: str) -> str:
+        value = self.get(key, str)
+        if not value or value.startswith("/") or "\\" in value or ".." in PurePosixPath(value).parts:
+            self.fail(key, f"must be a path inside the version directory, not {value!r}")
+        return value
+
+
+_KIND_NAMES = {int: "an integer", str: "a string", list: "an array", dict: "a table"}
+
+
+def read(path: Path) -> DeepFMToml:
+    """Parse and validate the DeepFM `model.toml` at `path`."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ModelTomlError(f"{path}: {e}") from e
+    top = _Reader(path, "", doc)
+    top.only("format_version", "kind", "description", "tables", "fields", "ranking", "dense_graph", "recall")
+    if top.get("format_version", int) != FORMAT_VERSION:
+        top.fail("format_version", f"must be {FORMAT_VERSION}")
+    if top.get("kind", str, choices=("deepfm", "lightgcn")) != "deepfm":
+        top.fail("kind", "is 'lightgcn', which recserve_models does not read yet")
+    if "recall" in doc:
+        top.fail("recall", "belongs to lightgcn models, not deepfm")
+
+    tables = []
+    for i, raw in enumerate(top.get("tables", list)):
+        t = _Reader(path, f"tables[{i}]", raw)
+        t.only("name", "file", "rows", "dim", "storage", "oov", "default_row")
+        spec = TableSpec(
+            name=t.get("name", str),
+            file=t.relative_file("file"),
+            rows=t.get("rows", int),
+            dim=t.get("dim", int),
+            storage=t.get("storage", str, choices=STORAGES),
+            oov=t.get("oov", str, "default", OOV_POLICIES),
+            default_row=t.get("default_row", int, 0),
+        )
+        for key in ("rows", "dim"):
+            if getattr(spec, key) < 1:
+                t.fail(key, "must be at least 1")
+        if not 0 <= spec.default_row < spec.rows:
+            t.fail("default_row", f"is {spec.default_row}, outside [0, rows = {spec.rows})")
+        tables.append(spec)
+
+    fields = []
+    for i, raw in enumerate(top.get("fields", list)):
+        f = _Reader(path, f"fields[{i}]", raw)
+        f.only("name", "side", "table")
+        name = f.get("name", str)
+        fields.append(FieldSpec(name=name, side=f.get("side", str, choices=SIDES), table=f.get("table", str, name)))
+
+    r = _Reader(path, "ranking", top.get("ranking", dict, {}))
+    r.only("dense_features", "item_id_field")
+    features = r.get("dense_features", list, [])
+    if not all(isinstance(name, str) for name in features):
+        r.fail("dense_features", "must be an array of strings")
+    ranking = RankingSpec(dense_features=tuple(features), item_id_field=r.get("item_id_field", str, None))
+
+    g = _Reader(path, "dense_graph", top.get("dense_graph", dict))
+    g.only("file", "precision", "embeddings_input", "dense_input", "output")
+    graph = DenseGraphSpec(
+        file=g.relative_file("file"),
+        precision=g.get("precision", str, choices=PRECISIONS),
+        embeddings_input=g.get("embeddings_input", str, "embeddings"),
+        dense_input=g.get("dense_input", str, "dense"),
+        output=g.get("output", str, "probability"),
+    )
+
+    model = DeepFMToml(
+        tables=tuple(tables),
+        fields=tuple(fields),
+        dense_graph=graph,
+        ranking=ranking,
+        description=top.get("description", str, ""),
+    )
+    _check_references(path, model)
+    return model
+
+
+def _check_references(path: Path, model: DeepFMToml) -> None:
+    def fail(problem: str) -> None:
+        raise ModelTomlError(f"{path}: {problem}")
+
+    for what, names in (
+        ("table", [t.name for t in model.tables]),
+        ("field", [f.name for f in model.fields]),
+        ("dense feature", list(model.ranking.dense_features)),
+    ):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            fail(f"{what} name {duplicates[0]!r} is used more than once")
+    if not model.fields:
+        fail("a deepfm model needs at least one [[fields]] entry")
+    tables = {t.name: t for t in model.tables}
+    for i, f in enumerate(model.fields):
+        if f.table not in tables:
+            fail(f"fields[{i}] ({f.name!r}) reads table {f.table!r}, which no [[tables]] entry defines")
+    first = model.fields[0]
+    for f in model.fields:
+        if tables[f.table].dim != tables[first.table].dim:
+            fail(
+                f"field {f.name!r} reads rows of dim {tables[f.table].dim} but field {first.name!r} reads dim "
+                f"{tables[first.table].dim}: all tables read by fields must have the same dim"
+            )
+    item_id = model.ranking.item_id_field
+    if item_id is not None and item_id not in {f.name for f in model.fields_on("item")}:
+        fail(f'ranking.item_id_field {item_id!r} is not a side = "item" field')

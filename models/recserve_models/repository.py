@@ -1,0 +1,135 @@
+"""A DeepFM model version directory: writing one, and reading its tables back through the reference gather.
+
+A version directory holds `model.toml`, the safetensors files its tables name, and the dense graph
+(docs/model-repository.md). `write_deepfm_version` stores float32 tables in the storage each `TableSpec` asks
+for; `load_tables` maps them back and checks each tensor's dtype and shape against the document; `gather`
+is the naive reference of the server's embedding lookup: the OOV policy, then dequantization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from safetensors import SafetensorError
+from safetensors.numpy import safe_open, save
+
+from . import model_toml
+from .model_toml import DeepFMToml, TableSpec
+from .onnx_export import save as save_onnx
+from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
+
+MODEL_TOML = "model.toml"
+
+_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.uint8}
+
+
+def stored_shape(spec: TableSpec) -> tuple[int, int]:
+    """The shape of the table's tensor in its safetensors file."""
+    return (spec.rows, spec.dim + INT8_TRAILER) if spec.storage == "int8" else (spec.rows, spec.dim)
+
+
+def encode_table(spec: TableSpec, values: np.ndarray) -> np.ndarray:
+    """The tensor that stores float32 `values` [rows, dim] as `spec.storage`."""
+    if values.shape != (spec.rows, spec.dim):
+        raise ValueError(
+            f"table {spec.name!r} has shape {list(values.shape)}, model.toml says [{spec.rows}, {spec.dim}]"
+        )
+    if spec.storage == "int8":
+        return quantize_rowwise_int8(spec.name, values)
+    if spec.storage == "fp16":
+        return to_fp16(spec.name, values)
+    return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def write_deepfm_version(
+    directory: Path,
+    model: DeepFMToml,
+    tables: Mapping[str, np.ndarray],
+    graph: onnx.ModelProto,
+) -> None:
+    """Write a complete version directory: every table of `model` from its float32 `tables` entry, the dense
+    graph, then `model.toml`. `directory` must not exist yet."""
+    missing = [spec.name for spec in model.tables if spec.name not in tables]
+    if missing:
+        raise ValueError(f"no values given for table {missing[0]!r}")
+    directory.mkdir(parents=True)
+    files: dict[str, dict[str, np.ndarray]] = {}
+    for spec in model.tables:
+        files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
+    for file, tensors in files.items():
+        (directory / file).write_bytes(save(tensors))
+    save_onnx(graph, directory / model.dense_graph.file)
+    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table as stored: its spec and its tensor (dtype and shape as docs/model-repository.md says)."""
+
+    spec: TableSpec
+    stored: np.ndarray
+
+
+class TableError(ValueError):
+    """A table tensor that is missing or does not match its model.toml entry."""
+
+
+def load_tables(directory: Path, model: DeepFMToml) -> dict[str, Table]:
+    """Every table of `model` from the safetensors files in `directory`, checked against its spec."""
+    tables = {}
+    for spec in model.tables:
+        path = directory / spec.file
+        try:
+            with safe_open(path, framework="numpy") as f:
+                names = f.keys()
+                if spec.name not in names:
+                    raise TableError(f"{path}: no tensor named {spec.name!r} (table {spec.name!r} in {MODEL_TOML})")
+                stored = f.get_tensor(spec.name)
+        except (OSError, SafetensorError) as e:
+            raise TableError(f"{path}: cannot read table {spec.name!r}: {e}") from e
+        expected_dtype, expected_shape = np.dtype(_DTYPES[spec.storage]), stored_shape(spec)
+        if stored.dtype != expected_dtype or stored.shape != expected_shape:
+            raise TableError(
+                f"{path}: tensor {spec.name!r} is {stored.dtype} {list(stored.shape)} but storage {spec.storage!r} "
+                f"with rows {spec.rows} and dim {spec.dim} needs {expected_dtype} {list(expected_shape)}"
+            )
+        tables[spec.name] = Table(spec=spec, stored=stored)
+    return tables
+
+
+class OutOfVocabulary(ValueError):
+    """An id outside `[0, rows)` of a table whose policy is `oov = "reject"`."""
+
+    def __init__(self, spec: TableSpec, id_: int) -> None:
+        super().__init__(
+            f"id {id_} is outside the vocabulary of table {spec.name!r} (rows {spec.rows}), which rejects unknown ids"
+        )
+        self.table = spec.name
+        self.id = id_
+
+
+def resolve_ids(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
+    """The rows that `ids` (int64) read under the table's OOV policy; raises `OutOfVocabulary` for `reject`."""
+    outside = (ids < 0) | (ids >= spec.rows)
+    if not outside.any():
+        return ids
+    if spec.oov == "reject":
+        raise OutOfVocabulary(spec, int(ids[outside][0]))
+    return np.where(outside, spec.default_row, ids)
+
+
+def dequantize(spec: TableSpec, stored_rows: np.ndarray) -> np.ndarray:
+    """Float32 values of stored rows, computed as the server does."""
+    if spec.storage == "int8":
+        return dequantize_rowwise_int8(stored_rows)
+    return stored_rows.astype(np.float32)
+
+
+def gather(table: Table, ids: np.ndarray) -> np.ndarray:
+    """The float32 rows [len(ids), dim] that `ids` read from `table`, OOV policy applied."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return dequantize(table.spec, table.stored[resolve_ids(table.spec, ids)])
