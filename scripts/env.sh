@@ -1,4 +1,5 @@
-# Sourced by the other scripts: points the server and the tests at the ONNX Runtime library in .venv.
+# Sourced by the other scripts: points the server and the tests at the ONNX Runtime library in .venv, and
+# Python at the model toolchain (models/recserve_models).
 # shellcheck shell=bash
 _recserve_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ORT_DYLIB_PATH=$(ls "$_recserve_root"/.venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* 2>/dev/null | head -n 1)
@@ -8,4 +9,5 @@ if [ -z "$ORT_DYLIB_PATH" ]; then
 fi
 export ORT_DYLIB_PATH
 export PATH="$_recserve_root/.venv/bin:$PATH"
+export PYTHONPATH="$_recserve_root/models${PYTHONPATH:+:$PYTHONPATH}"
 unset _recserve_root

@@ -2,8 +2,8 @@
 
 The reader applies the document's rules for DeepFM models: every key known and of the right type, required
 keys present, defaults filled in, names unique, references resolved. Errors name the file and the key.
-The writer omits keys that hold their default, except a table's `oov` and `default_row`, which are always
-written because they are the policy a reader of the file wants to see.
+The writer omits keys that hold their default, except a table's `oov` (and `default_row` under
+`oov = "default"`), which are always written because they are the policy a reader of the file wants to see.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def to_toml(model: DeepFMToml) -> str:
     changed = [key for key in keys if key in ("file", "precision") or getattr(graph, key) != getattr(defaults, key)]
     sections.append(_section("[dense_graph]", [(key, getattr(graph, key)) for key in changed]))
     for t in model.tables:
-        keys = ("name", "file", "rows", "dim", "storage", "oov", "default_row")
+        keys = ("name", "file", "rows", "dim", "storage", "oov") + (("default_row",) if t.oov == "default" else ())
         sections.append(_section("[[tables]]", [(key, getattr(t, key)) for key in keys]))
     for f in model.fields:
         pairs: list[tuple[str, object]] = [("name", f.name), ("side", f.side)]
@@ -220,6 +220,8 @@ def read(path: Path) -> DeepFMToml:
         for key in ("rows", "dim"):
             if getattr(spec, key) < 1:
                 t.fail(key, "must be at least 1")
+        if spec.oov == "reject" and "default_row" in raw:
+            t.fail("default_row", 'is only meaningful with oov = "default"')
         if not 0 <= spec.default_row < spec.rows:
             t.fail("default_row", f"is {spec.default_row}, outside [0, rows = {spec.rows})")
         tables.append(spec)

@@ -183,7 +183,7 @@ pub(crate) fn check_gather_shape(
             )));
         }
     }
-    if ids.len() % fields.len() != 0 {
+    if !ids.len().is_multiple_of(fields.len()) {
         return Err(GatherError::Shape(format!(
             "{} ids are not a whole number of rows of {} fields",
             ids.len(),

@@ -1,6 +1,9 @@
 //! Shared by the end-to-end tests: the generated test fixture, and a real server on port 0.
 
-#![allow(dead_code, reason = "each test binary uses a different part of this module")]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of this module"
+)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,7 +43,11 @@ pub fn ort_library() -> PathBuf {
     let path = std::env::var_os("ORT_DYLIB_PATH")
         .map(PathBuf::from)
         .expect("ORT_DYLIB_PATH must point at libonnxruntime.so: run scripts/test.sh, or source scripts/env.sh");
-    assert!(path.is_file(), "ORT_DYLIB_PATH={} does not exist", path.display());
+    assert!(
+        path.is_file(),
+        "ORT_DYLIB_PATH={} does not exist",
+        path.display()
+    );
     path
 }
 
@@ -66,7 +73,9 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server (not waiting for readiness).
     pub async fn spawn(config: Config) -> TestServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind port 0");
         let addr = listener.local_addr().expect("local addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(recserve::server::run(config, listener, async {
@@ -93,7 +102,12 @@ impl TestServer {
             if let Some(handle) = &self.handle
                 && handle.is_finished()
             {
-                let result = self.handle.take().expect("handle").await.expect("server task");
+                let result = self
+                    .handle
+                    .take()
+                    .expect("handle")
+                    .await
+                    .expect("server task");
                 panic!("server stopped before becoming ready: {result:?}");
             }
             if let Ok(resp) = self.client.get(self.url("/health/ready")).send().await
@@ -143,7 +157,10 @@ impl TestServer {
             .expect("POST");
         let status = resp.status().as_u16();
         let text = resp.text().await.expect("body");
-        let value = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
+        let value = match serde_json::from_str(&text) {
+            Ok(value) => value,
+            Err(_) => Value::String(text),
+        };
         (status, value)
     }
 
