@@ -63,6 +63,9 @@ pub enum ServiceError {
         model: String,
         retry_after: Duration,
     },
+    /// The request's deadline passed before it could be executed; it was dropped unexecuted.
+    #[error("model {model:?}: the request's deadline passed before it could be executed")]
+    DeadlineExceeded { model: String },
     /// Models are still loading, or the server is shutting down.
     #[error("the server is not ready: {0}")]
     Unavailable(&'static str),
@@ -89,6 +92,7 @@ impl ServiceError {
             ServiceError::VersionNotFound { .. } => "version_not_found",
             ServiceError::WrongKind { .. } => "wrong_kind",
             ServiceError::Overloaded { .. } => "overloaded",
+            ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",
             ServiceError::Unavailable(_) => "unavailable",
             ServiceError::Internal(_) => "internal",
         }

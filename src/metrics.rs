@@ -34,6 +34,7 @@ pub struct Metrics {
     oov: IntCounterVec,
     rejected: IntCounterVec,
     abandoned: IntCounterVec,
+    expired: IntCounterVec,
     model_info: IntGaugeVec,
     table_bytes: IntGaugeVec,
 }
@@ -110,6 +111,11 @@ impl Metrics {
                 "Queued requests dropped before execution because their client had gone.",
                 &["model"],
             ),
+            expired: counter(
+                "recserve_expired_total",
+                "Queued requests dropped before execution because their deadline had passed.",
+                &["model"],
+            ),
             model_info: gauge(
                 "recserve_model_info",
                 "Always 1 for each served model; the labels say which version, kind, precision and device.",
@@ -121,7 +127,7 @@ impl Metrics {
                 &["model", "table", "storage", "device"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 11] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 12] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -130,6 +136,7 @@ impl Metrics {
             Box::new(m.oov.clone()),
             Box::new(m.rejected.clone()),
             Box::new(m.abandoned.clone()),
+            Box::new(m.expired.clone()),
             Box::new(m.model_info.clone()),
             Box::new(m.table_bytes.clone()),
             Box::new(build_info()),
@@ -175,6 +182,7 @@ impl Metrics {
             inference_duration: self.inference_duration.with_label_values(&[model]),
             rejected_queue_full: self.rejected.with_label_values(&[model, "queue_full"]),
             abandoned: self.abandoned.with_label_values(&[model]),
+            expired: self.expired.with_label_values(&[model]),
         }
     }
 
@@ -217,6 +225,7 @@ pub struct ModelMetrics {
     pub inference_duration: Histogram,
     pub rejected_queue_full: IntCounter,
     pub abandoned: IntCounter,
+    pub expired: IntCounter,
 }
 
 fn build_info() -> IntGauge {

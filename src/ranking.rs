@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use crate::embedding::{CpuStore, EmbeddingStore, OovPolicy, open_tables};
 use crate::error::{LoadError, ServiceError};
-use crate::executor::pool::{ExecutorPool, RankJob, Refused, Worker};
+use crate::executor::pool::{ExecError, ExecutorPool, RankJob, Refused, Worker};
 use crate::executor::{DenseGraph, GraphShape};
 use crate::metrics::ModelMetrics;
 use crate::repository::{ModelSpec, ModelVersion, Side};
@@ -203,13 +204,19 @@ impl RankingModel {
     }
 
     /// Scores validated rows: queues them for an executor and waits for the scores, one per row.
-    pub async fn score(&self, input: RankInput) -> Result<Vec<f32>, ServiceError> {
+    /// `deadline`: when the client stops waiting; the job is dropped unexecuted once it has passed.
+    pub async fn score(
+        &self,
+        input: RankInput,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<f32>, ServiceError> {
         self.metrics.request_rows.observe(input.rows as f64);
         let (reply, scores) = oneshot::channel();
         let job = RankJob {
             rows: input.rows,
             ids: input.ids,
             dense: input.dense,
+            deadline,
             reply,
         };
         match self.pool.try_submit(job) {
@@ -225,6 +232,9 @@ impl RankingModel {
         }
         match scores.await {
             Ok(Ok(scores)) => Ok(scores),
+            Ok(Err(ExecError::DeadlineExceeded)) => Err(ServiceError::DeadlineExceeded {
+                model: self.model.clone(),
+            }),
             Ok(Err(e)) => Err(ServiceError::Internal(format!(
                 "model {:?}: {e}",
                 self.model

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use crate::config::Config;
 use crate::error::{LoadError, ServiceError};
@@ -229,12 +230,14 @@ impl Service {
         }
     }
 
-    /// Scores validated ranking rows on `model`.
+    /// Scores validated ranking rows on `model`. `deadline` is when the client stops waiting (from
+    /// `x-recserve-deadline-ms`, gRPC's `grpc-timeout`, …); work for it is dropped once it has passed.
     pub async fn rank(
         &self,
         model: &ServedModel,
         input: RankInput,
+        deadline: Option<Instant>,
     ) -> Result<Vec<f32>, ServiceError> {
-        model.ranking()?.score(input).await
+        model.ranking()?.score(input, deadline).await
     }
 }

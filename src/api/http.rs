@@ -2,13 +2,13 @@
 //! [`status_of`] is the one mapping from service errors to HTTP statuses.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
@@ -29,6 +29,7 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
             StatusCode::NOT_FOUND
         }
         ServiceError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+        ServiceError::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
         ServiceError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -91,34 +92,66 @@ fn parse_version(version: Option<String>) -> Result<Option<u64>, ServiceError> {
         .transpose()
 }
 
+/// The header carrying a request's deadline: milliseconds from its arrival.
+pub const DEADLINE_HEADER: &str = "x-recserve-deadline-ms";
+
+/// Most milliseconds a deadline may be set ahead.
+const MAX_DEADLINE_MS: u64 = 3_600_000;
+
+/// The request's deadline from `x-recserve-deadline-ms`, counted from `arrival`.
+pub fn deadline_from(
+    headers: &HeaderMap,
+    arrival: Instant,
+) -> Result<Option<Instant>, ServiceError> {
+    let Some(value) = headers.get(DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    let ms = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| (1..=MAX_DEADLINE_MS).contains(ms))
+        .ok_or_else(|| {
+            ServiceError::invalid(
+                DEADLINE_HEADER,
+                format!("must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}, got {value:?}"),
+            )
+        })?;
+    Ok(Some(arrival + Duration::from_millis(ms)))
+}
+
 async fn rank(
     State(service): State<Arc<Service>>,
     Path(model): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    rank_call(service, model, None, body).await
+    rank_call(service, model, None, headers, body).await
 }
 
 async fn rank_version(
     State(service): State<Arc<Service>>,
     Path((model, version)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    rank_call(service, model, Some(version), body).await
+    rank_call(service, model, Some(version), headers, body).await
 }
 
 async fn rank_call(
     service: Arc<Service>,
     model: String,
     version: Option<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let start = Instant::now();
     let served = parse_version(version).and_then(|version| service.model(&model, version));
     let label = served.as_ref().map_or(UNKNOWN_MODEL, |m| m.name.as_str());
-    let result = match &served {
-        Ok(served) => rank_served(&service, served, body).await,
-        Err(e) => Err(e.clone()),
+    let result = match (&served, deadline_from(&headers, start)) {
+        (Ok(served), Ok(deadline)) => rank_served(&service, served, deadline, body).await,
+        (Err(e), _) => Err(e.clone()),
+        (_, Err(e)) => Err(e),
     };
     let response = result.unwrap_or_else(|e| error_response(&e));
     service.metrics.observe_request(
@@ -134,13 +167,14 @@ async fn rank_call(
 async fn rank_served(
     service: &Service,
     served: &ServedModel,
+    deadline: Option<Instant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServiceError> {
     let contract = &served.ranking()?.contract;
     let body = body_bytes(body, service.limits.max_body_bytes)?;
     let request: v1::RankRequest = v1::parse_json(&body)?;
     let input = v1::rank_input(contract, &request)?;
-    let scores = service.rank(served, input).await?;
+    let scores = service.rank(served, input, deadline).await?;
     Ok(axum::Json(v1::rank_response(
         &served.name,
         served.version,

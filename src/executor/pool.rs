@@ -23,6 +23,9 @@ pub enum ExecError {
     Inference(String),
     #[error("the executor panicked: {0}")]
     Panicked(String),
+    /// The job's deadline passed while it waited; it was not executed.
+    #[error("deadline passed before execution")]
+    DeadlineExceeded,
 }
 
 /// Rows to score: `ids` is `[rows, fields]`, `dense` is `[rows, dense_features]`.
@@ -31,6 +34,8 @@ pub struct RankJob {
     pub rows: usize,
     pub ids: Vec<i64>,
     pub dense: Vec<f32>,
+    /// Dropped unexecuted once this has passed.
+    pub deadline: Option<Instant>,
     pub reply: oneshot::Sender<Result<Vec<f32>, ExecError>>,
 }
 
@@ -179,6 +184,11 @@ fn run_worker(mut worker: Worker, jobs: Receiver<RankJob>) {
     while let Ok(job) = jobs.recv() {
         if job.reply.is_closed() {
             worker.metrics.abandoned.inc();
+            continue;
+        }
+        if job.deadline.is_some_and(|d| d <= Instant::now()) {
+            worker.metrics.expired.inc();
+            let _ = job.reply.send(Err(ExecError::DeadlineExceeded));
             continue;
         }
         let result = catch_unwind(AssertUnwindSafe(|| {
