@@ -5,7 +5,8 @@
 #   docker build -t REGISTRY/recserve:0.1.0 .
 #   docker run -p 8000:8000 -v /path/to/repository:/models:ro REGISTRY/recserve:0.1.0
 #
-# The GPU image is Dockerfile.gpu. Neither is built in CI (no container engine on the development machines).
+# The GPU image is Dockerfile.gpu. Neither is built in CI (no container engine on the development machines);
+# scripts/check-helm.sh lints both with hadolint and checks them against the chart and the toolchain pins.
 
 ARG RUST_VERSION=1.95.0
 ARG ONNXRUNTIME_VERSION=1.31.1
