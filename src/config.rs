@@ -27,6 +27,13 @@ pub enum Command {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
@@ -74,9 +81,34 @@ pub struct ServeArgs {
     #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
 
-    /// Requests that may wait for an executor, per model; more are refused with 429 [default: 256].
+    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429 [default: 256].
     #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
+
+    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
+    /// [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
+    pub batching: Option<Switch>,
+
+    /// A batch closes when it holds this many rows; larger requests are split [default: the model's
+    /// [batching] max_batch_rows, else 1024].
+    #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]
+    pub max_batch_rows: Option<usize>,
+
+    /// A batch closes when its oldest request has waited this many microseconds [default: the model's
+    /// [batching] max_queue_delay_us, else 500].
+    #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+
+    /// Batch sizes executed, ascending; a batch is padded up to the next one and each is warmed up before ready
+    /// [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
+    #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
+    pub batch_buckets: Vec<usize>,
+
+    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
+    /// [default: the model's [batching] default_deadline_ms, else 100].
+    #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
+    pub default_deadline_ms: Option<u64>,
 
     /// Serve this version of a model instead of its highest, as MODEL=VERSION; repeat or comma-separate.
     #[arg(
@@ -109,6 +141,11 @@ struct FileConfig {
     max_candidates: Option<usize>,
     max_body_bytes: Option<usize>,
     queue_capacity: Option<usize>,
+    batching: Option<Switch>,
+    max_batch_rows: Option<usize>,
+    max_queue_delay_us: Option<u64>,
+    batch_buckets: Option<Vec<usize>>,
+    default_deadline_ms: Option<u64>,
     #[serde(default)]
     pin: HashMap<String, u64>,
     shutdown_timeout_s: Option<u64>,
@@ -127,6 +164,16 @@ pub struct Config {
     pub max_candidates: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
+    pub batching: Switch,
+    /// Batching settings that override every model's `[batching]` section when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch_rows: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue_delay_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_buckets: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_deadline_ms: Option<u64>,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
     pub log_format: LogFormat,
@@ -247,6 +294,41 @@ impl ServeArgs {
                 1,
                 1 << 20,
             )?,
+            batching: self.batching.or(file.batching).unwrap_or(Switch::On),
+            max_batch_rows: self
+                .max_batch_rows
+                .or(file.max_batch_rows)
+                .map(|v| in_range("--max-batch-rows", v, 1, 65_536))
+                .transpose()?,
+            max_queue_delay_us: self
+                .max_queue_delay_us
+                .or(file.max_queue_delay_us)
+                .map(|v| {
+                    in_range("--max-queue-delay-us", v as usize, 0, 1_000_000).map(|v| v as u64)
+                })
+                .transpose()?,
+            batch_buckets: {
+                let buckets = if self.batch_buckets.is_empty() {
+                    file.batch_buckets
+                } else {
+                    Some(self.batch_buckets.clone())
+                };
+                if let Some(b) = &buckets {
+                    crate::batching::check_buckets(b).map_err(|problem| {
+                        ConfigError(format!(
+                            "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
+                        ))
+                    })?;
+                }
+                buckets
+            },
+            default_deadline_ms: self
+                .default_deadline_ms
+                .or(file.default_deadline_ms)
+                .map(|v| {
+                    in_range("--default-deadline-ms", v as usize, 1, 3_600_000).map(|v| v as u64)
+                })
+                .transpose()?,
             pin,
             shutdown_timeout_s: in_range(
                 "--shutdown-timeout-s",

@@ -1,6 +1,7 @@
 //! recserve: a low-latency inference server for recommendation models.
 
 pub mod api;
+pub mod batching;
 pub mod config;
 pub mod embedding;
 pub mod error;

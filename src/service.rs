@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::config::Config;
+use crate::batching::BatchSettings;
+use crate::config::{Config, Switch};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, RuntimeError, SessionOptions};
 use crate::metrics::Metrics;
@@ -32,16 +33,12 @@ pub struct LoadContext {
     pub session: SessionOptions,
     pub executors: usize,
     pub shards: usize,
-    pub queue_capacity: usize,
     pub max_candidates: usize,
-    /// Batch sizes each session runs before the model counts as ready.
-    pub warmup_rows: Vec<usize>,
+    pub batching: BatchSettings,
 }
 
 impl LoadContext {
     pub fn new(config: &Config, runtime: Runtime, metrics: Metrics) -> LoadContext {
-        let mut warmup_rows = vec![1, config.max_candidates];
-        warmup_rows.dedup();
         LoadContext {
             runtime,
             metrics,
@@ -50,9 +47,15 @@ impl LoadContext {
             },
             executors: config.executors,
             shards: config.shards,
-            queue_capacity: config.queue_capacity,
             max_candidates: config.max_candidates,
-            warmup_rows,
+            batching: BatchSettings {
+                enabled: config.batching == Switch::On,
+                max_batch_rows: config.max_batch_rows,
+                max_queue_delay_us: config.max_queue_delay_us,
+                buckets: config.batch_buckets.clone(),
+                default_deadline_ms: config.default_deadline_ms,
+                queue_capacity: config.queue_capacity,
+            },
         }
     }
 }

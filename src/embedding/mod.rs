@@ -134,7 +134,7 @@ impl ShardLayout {
 
 /// Why a gather could not be done. Request validation checks ids against `reject` tables before a request is
 /// queued, so a `Rejected` here means a caller skipped validation.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum GatherError {
     #[error(
         "id {id} at row {row} is outside the vocabulary of table {table:?}, which rejects unknown ids"
