@@ -5,6 +5,7 @@ pub mod config;
 pub mod embedding;
 pub mod error;
 pub mod executor;
+pub mod gpu;
 pub mod metrics;
 pub mod ranking;
 pub mod repository;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::embedding::{CpuStore, EmbeddingStore, OovPolicy, open_tables};
+use crate::embedding::{self, EmbeddingStore, OovPolicy, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::pool::{ExecutorPool, RankJob, Refused, Worker};
 use crate::executor::{DenseGraph, GraphShape};
@@ -144,8 +144,22 @@ impl RankingModel {
             .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
             .collect();
         let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
-        let store: Arc<dyn EmbeddingStore> =
-            Arc::new(CpuStore::new(specs, bytes, ctx.shards, counters));
+        let store = crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)
+            .map_err(|e| {
+                LoadError::new(
+                    &mv.dir,
+                    format!("cannot place the embedding tables (--device): {e}"),
+                )
+            })?;
+        for shard in store.device_memory() {
+            ctx.metrics.set_gpu_memory_bytes(
+                &mv.name,
+                &shard.table,
+                shard.shard,
+                &shard.device,
+                shard.bytes,
+            );
+        }
         for t in store.tables() {
             ctx.metrics.set_table_bytes(
                 &mv.name,
@@ -166,14 +180,13 @@ impl RankingModel {
         let metrics = ctx.metrics.model(&mv.name, store.device());
         let graph_path = mv.dir.join(&graph_spec.file);
         let mut workers = Vec::with_capacity(ctx.executors);
-        for _ in 0..ctx.executors {
-            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, ctx.session)?;
-            let mut worker = Worker::new(
-                graph,
-                Arc::clone(&store),
-                Arc::clone(&fields),
-                metrics.clone(),
-            );
+        for executor in 0..ctx.executors {
+            let lane = embedding::lane(&store, executor).map_err(|e| {
+                LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
+            })?;
+            let options = ctx.session.on_device(lane.cuda_device());
+            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
+            let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
             worker
                 .warm_up(&ctx.warmup_rows)
                 .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;

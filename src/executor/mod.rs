@@ -6,5 +6,5 @@ mod graph;
 pub mod pool;
 mod runtime;
 
-pub use graph::{DenseGraph, GraphShape};
+pub use graph::{DenseGraph, DeviceInput, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};

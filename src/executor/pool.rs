@@ -1,6 +1,7 @@
-//! Executor threads: each owns one [`Worker`] (a dense-graph session plus scratch buffers) and takes jobs from the
-//! model's queue: gather the rows' embeddings, run the graph, reply with one score per row. Plain OS threads, so
-//! the tokio workers never block on inference.
+//! Executor threads: each owns one [`Worker`] (a dense-graph session, its gather lane, and scratch buffers) and
+//! takes jobs from the model's queue: gather the rows' embeddings, run the graph, reply with one score per row.
+//! Plain OS threads, so the tokio workers never block on inference. When the session runs on a GPU the lane
+//! gathers straight into the session's device input; otherwise into host memory.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use tokio::sync::oneshot;
 
 use super::DenseGraph;
-use crate::embedding::{EmbeddingStore, GatherError};
+use crate::embedding::{GatherError, GatherLane};
 use crate::metrics::ModelMetrics;
 
 /// Why a job failed inside the executor. Never the client's fault: validation happens before queueing.
@@ -34,11 +35,11 @@ pub struct RankJob {
     pub reply: oneshot::Sender<Result<Vec<f32>, ExecError>>,
 }
 
-/// What one executor thread owns: a session, the store it gathers from, and a reusable gather buffer.
+/// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
 #[derive(Debug)]
 pub struct Worker {
     graph: DenseGraph,
-    store: Arc<dyn EmbeddingStore>,
+    lane: Box<dyn GatherLane>,
     /// Table index of each field, in graph order.
     fields: Arc<[usize]>,
     embeddings: Vec<f32>,
@@ -46,15 +47,16 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// `lane` comes from [`crate::embedding::lane`]; a graph on a GPU must be on the lane's GPU.
     pub fn new(
         graph: DenseGraph,
-        store: Arc<dyn EmbeddingStore>,
+        lane: Box<dyn GatherLane>,
         fields: Arc<[usize]>,
         metrics: ModelMetrics,
     ) -> Worker {
         Worker {
             graph,
-            store,
+            lane,
             fields,
             embeddings: Vec::new(),
             metrics,
@@ -98,15 +100,31 @@ impl Worker {
         dense: &[f32],
         scores: &mut Vec<f32>,
     ) -> Result<(f64, f64), ExecError> {
+        let inference = |e: ort::Error| ExecError::Inference(e.to_string());
+        if self.graph.cuda_device().is_some() {
+            // Gather into the session's device input (allocation included in the gather time).
+            let start = Instant::now();
+            let input = self.graph.device_input(rows).map_err(inference)?;
+            self.lane.gather_device(&self.fields, ids, input.output())?;
+            let gathered = Instant::now();
+            self.graph
+                .run_device(input, dense, scores)
+                .map_err(inference)?;
+            return Ok((
+                (gathered - start).as_secs_f64(),
+                gathered.elapsed().as_secs_f64(),
+            ));
+        }
         let shape = self.graph.shape();
         self.embeddings.clear();
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
-        self.store.gather(&self.fields, ids, &mut self.embeddings)?;
+        self.lane
+            .gather_host(&self.fields, ids, &mut self.embeddings)?;
         let gathered = Instant::now();
         self.graph
             .run(rows, &self.embeddings, dense, scores)
-            .map_err(|e| ExecError::Inference(e.to_string()))?;
+            .map_err(inference)?;
         Ok((
             (gathered - start).as_secs_f64(),
             gathered.elapsed().as_secs_f64(),
