@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
+
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -126,6 +128,30 @@ pub struct ServeArgs {
     /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
     #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+
+    /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
+    /// visible GPU, or refuse to start) or cuda:N (GPU N only) [default: auto].
+    #[arg(long, env = "RECSERVE_DEVICE", value_name = "auto|cpu|cuda[:N]")]
+    pub device: Option<DeviceRequest>,
+
+    /// ONNX Runtime execution provider for executors that gather on a GPU: auto (CUDA when the ONNX Runtime
+    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable) [default: auto].
+    #[arg(long, value_enum, env = "RECSERVE_EXECUTION_PROVIDER")]
+    pub execution_provider: Option<ProviderRequest>,
+
+    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_FP16", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_fp16: Option<bool>,
+
+    /// TensorRT may use int8 kernels, with the scales of the graph's QDQ nodes (only with --execution-provider
+    /// tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_INT8", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_int8: Option<bool>,
+
+    /// Directory where TensorRT keeps built engines and timing caches, so restarts skip the build (only with
+    /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
+    #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
+    pub tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// The config file: the same settings as the flags.
@@ -150,6 +176,11 @@ struct FileConfig {
     pin: HashMap<String, u64>,
     shutdown_timeout_s: Option<u64>,
     log_format: Option<LogFormat>,
+    device: Option<DeviceRequest>,
+    execution_provider: Option<ProviderRequest>,
+    tensorrt_fp16: Option<bool>,
+    tensorrt_int8: Option<bool>,
+    tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// The resolved, validated configuration.
@@ -177,6 +208,11 @@ pub struct Config {
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
     pub log_format: LogFormat,
+    pub device: DeviceRequest,
+    pub execution_provider: ProviderRequest,
+    pub tensorrt_fp16: bool,
+    pub tensorrt_int8: bool,
+    pub tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// A configuration that cannot be used; the message names the flag.
@@ -249,6 +285,26 @@ impl ServeArgs {
                 )));
             }
         }
+        let device = self.device.or(file.device).unwrap_or_default();
+        let execution_provider = self
+            .execution_provider
+            .or(file.execution_provider)
+            .unwrap_or_default();
+        let tensorrt_fp16 = self.tensorrt_fp16.or(file.tensorrt_fp16).unwrap_or(false);
+        let tensorrt_int8 = self.tensorrt_int8.or(file.tensorrt_int8).unwrap_or(false);
+        let tensorrt_engine_cache = self
+            .tensorrt_engine_cache
+            .clone()
+            .or(file.tensorrt_engine_cache);
+        check_device(
+            device,
+            execution_provider,
+            &TensorRtOptions {
+                fp16: tensorrt_fp16,
+                int8: tensorrt_int8,
+                engine_cache: tensorrt_engine_cache.clone(),
+            },
+        )?;
         Ok(Config {
             repository,
             http_addr: self
@@ -342,8 +398,75 @@ impl ServeArgs {
                 .log_format
                 .or(file.log_format)
                 .unwrap_or(LogFormat::Text),
+            device,
+            execution_provider,
+            tensorrt_fp16,
+            tensorrt_int8,
+            tensorrt_engine_cache,
         })
     }
+}
+
+/// Checks `--device`, `--execution-provider` and the `--tensorrt-*` flags against each other and the build.
+fn check_device(
+    device: DeviceRequest,
+    provider: ProviderRequest,
+    tensorrt: &TensorRtOptions,
+) -> Result<(), ConfigError> {
+    if let DeviceRequest::Cuda(_) = device
+        && !gpu::BUILT_WITH_CUDA
+    {
+        return Err(ConfigError(format!(
+            "--device (RECSERVE_DEVICE) {device}: {}",
+            gpu::GpuError::NotBuilt
+        )));
+    }
+    match provider {
+        ProviderRequest::Auto | ProviderRequest::Cpu => {}
+        ProviderRequest::Cuda | ProviderRequest::Tensorrt => {
+            if device == DeviceRequest::Cpu {
+                return Err(ConfigError(format!(
+                    "--execution-provider (RECSERVE_EXECUTION_PROVIDER) {} runs the dense network on the GPU that \
+                     gathers the embeddings, so it needs --device auto or cuda, not cpu",
+                    provider.as_str()
+                )));
+            }
+            if !gpu::BUILT_WITH_CUDA {
+                return Err(ConfigError(format!(
+                    "--execution-provider (RECSERVE_EXECUTION_PROVIDER) {}: {}",
+                    provider.as_str(),
+                    gpu::GpuError::NotBuilt
+                )));
+            }
+        }
+    }
+    if provider != ProviderRequest::Tensorrt {
+        for (set, flag) in [
+            (tensorrt.fp16, "--tensorrt-fp16 (RECSERVE_TENSORRT_FP16)"),
+            (tensorrt.int8, "--tensorrt-int8 (RECSERVE_TENSORRT_INT8)"),
+            (
+                tensorrt.engine_cache.is_some(),
+                "--tensorrt-engine-cache (RECSERVE_TENSORRT_ENGINE_CACHE)",
+            ),
+        ] {
+            if set {
+                return Err(ConfigError(format!(
+                    "{flag} applies only with --execution-provider tensorrt, not {}",
+                    provider.as_str()
+                )));
+            }
+        }
+    }
+    if let Some(dir) = &tensorrt.engine_cache
+        && dir.exists()
+        && !dir.is_dir()
+    {
+        return Err(ConfigError(format!(
+            "--tensorrt-engine-cache (RECSERVE_TENSORRT_ENGINE_CACHE) {} exists and is not a directory",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -353,6 +476,15 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
 }
 
 impl Config {
+    /// The TensorRT settings.
+    pub fn tensorrt(&self) -> TensorRtOptions {
+        TensorRtOptions {
+            fp16: self.tensorrt_fp16,
+            int8: self.tensorrt_int8,
+            engine_cache: self.tensorrt_engine_cache.clone(),
+        }
+    }
+
     /// The configuration as a TOML config file would hold it.
     pub fn to_toml(&self) -> String {
         toml::to_string(self)
@@ -446,6 +578,97 @@ mod tests {
                 err.0
             );
         }
+    }
+
+    #[test]
+    fn device_and_provider_flags() {
+        let config = parse(&["--repository", "r"]).expect("defaults");
+        assert_eq!(
+            (config.device, config.execution_provider),
+            (DeviceRequest::Auto, ProviderRequest::Auto)
+        );
+        assert_eq!(config.tensorrt(), TensorRtOptions::default());
+        let config = parse(&["--repository", "r", "--device", "cpu"]).expect("cpu");
+        assert_eq!(config.device, DeviceRequest::Cpu);
+
+        let err = parse(&["--repository", "r", "--device", "gpu0"]).expect_err("bad value");
+        assert!(
+            err.0.contains("expected auto, cpu, cuda or cuda:N"),
+            "{}",
+            err.0
+        );
+        let err = parse(&[
+            "--repository",
+            "r",
+            "--device",
+            "cpu",
+            "--execution-provider",
+            "cuda",
+        ])
+        .expect_err("GPU provider on the CPU");
+        assert!(
+            err.0
+                .contains("--execution-provider (RECSERVE_EXECUTION_PROVIDER) cuda")
+                && err.0.contains("not cpu"),
+            "{}",
+            err.0
+        );
+        let err = parse(&["--repository", "r", "--tensorrt-fp16"]).expect_err("no TensorRT");
+        assert!(
+            err.0
+                .contains("--tensorrt-fp16 (RECSERVE_TENSORRT_FP16) applies only with"),
+            "{}",
+            err.0
+        );
+        let err = parse(&["--repository", "r", "--device", "cuda:1"]);
+        if gpu::BUILT_WITH_CUDA {
+            assert_eq!(
+                err.expect("valid in a CUDA build").device,
+                DeviceRequest::Cuda(Some(1))
+            );
+        } else {
+            let err = err.expect_err("no CUDA in this build");
+            assert!(
+                err.0.contains("--device (RECSERVE_DEVICE) cuda:1")
+                    && err.0.contains("--features cuda"),
+                "{}",
+                err.0
+            );
+        }
+    }
+
+    #[test]
+    fn tensorrt_settings_from_the_file() {
+        if !gpu::BUILT_WITH_CUDA {
+            // Without CUDA the provider itself is refused (device_and_provider_flags checks that message).
+            let err = parse(&["--repository", "r", "--execution-provider", "tensorrt"])
+                .expect_err("no CUDA in this build");
+            assert!(err.0.contains("--features cuda"), "{}", err.0);
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "repository = \"/m\"\ndevice = \"cuda:0\"\nexecution_provider = \"tensorrt\"\n\
+             tensorrt_fp16 = true\ntensorrt_engine_cache = \"/var/cache/trt\"\n",
+        )
+        .expect("write");
+        let config =
+            parse(&["--config", file.to_str().expect("utf-8"), "--tensorrt-int8"]).expect("valid");
+        assert_eq!(config.device, DeviceRequest::Cuda(Some(0)));
+        assert_eq!(config.execution_provider, ProviderRequest::Tensorrt);
+        assert_eq!(
+            config.tensorrt(),
+            TensorRtOptions {
+                fp16: true,
+                int8: true,
+                engine_cache: Some(PathBuf::from("/var/cache/trt")),
+            }
+        );
+        let text = config.to_toml();
+        assert!(text.contains("device = \"cuda:0\""), "{text}");
+        assert!(text.contains("execution_provider = \"tensorrt\""), "{text}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod config;
 pub mod embedding;
 pub mod error;
 pub mod executor;
+pub mod gpu;
 pub mod metrics;
 pub mod ranking;
 pub mod repository;

@@ -47,6 +47,7 @@ pub struct Metrics {
     queue_depth: IntGaugeVec,
     execution: HistogramVec,
     estimate_ratio: HistogramVec,
+    gpu_memory: IntGaugeVec,
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
@@ -175,8 +176,13 @@ impl Metrics {
                 RATIO_BUCKETS,
                 &["model"],
             ),
+            gpu_memory: gauge(
+                "recserve_gpu_memory_bytes",
+                "Bytes of GPU memory each shard of each embedding table occupies, by model, table, shard and device.",
+                &["model", "table", "shard", "device"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -188,6 +194,7 @@ impl Metrics {
             Box::new(m.expired.clone()),
             Box::new(m.model_info.clone()),
             Box::new(m.table_bytes.clone()),
+            Box::new(m.gpu_memory.clone()),
             Box::new(build_info()),
             Box::new(m.queue_duration.clone()),
             Box::new(m.batch_rows.clone()),
@@ -297,6 +304,22 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Records the device memory of one shard of a GPU-resident table.
+    pub fn set_gpu_memory_bytes(
+        &self,
+        model: &str,
+        table: &str,
+        shard: usize,
+        device: &str,
+        bytes: u64,
+    ) {
+        self.gpu_memory
+            .with_label_values(&[model, table, &shard.to_string(), device])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+}
+
 /// Per-model metric handles for the request path.
 #[derive(Debug, Clone)]
 pub struct ModelMetrics {
@@ -329,6 +352,7 @@ mod tests {
         m.model("deepfm", "cpu").gather_duration.observe(1e-4);
         m.oov_counter("deepfm", "C1").inc();
         m.set_model_info("deepfm", 3, "deepfm", "int8", "cpu");
+        m.set_gpu_memory_bytes("deepfm", "C1", 1, "cuda:0", 4096);
         let text = m.render().expect("render");
         for needle in [
             "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",protocol=\"http\"} 1",
@@ -336,6 +360,7 @@ mod tests {
             "recserve_gather_duration_seconds_bucket{device=\"cpu\",model=\"deepfm\",le=\"0.0001\"} 1",
             "recserve_embedding_oov_total{model=\"deepfm\",table=\"C1\"} 1",
             "recserve_model_info{device=\"cpu\",kind=\"deepfm\",model=\"deepfm\",precision=\"int8\",version=\"3\"} 1",
+            "recserve_gpu_memory_bytes{device=\"cuda:0\",model=\"deepfm\",shard=\"1\",table=\"C1\"} 4096",
             "recserve_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");

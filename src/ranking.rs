@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use crate::batching::{
     Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Refusal, Unexecuted, split_rows,
 };
-use crate::embedding::{CpuStore, EmbeddingStore, OovPolicy, open_tables};
+use crate::embedding::{self, EmbeddingStore, OovPolicy, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{DenseGraph, ExecError, GraphShape, Worker};
 use crate::metrics::Metrics;
@@ -227,8 +227,22 @@ impl RankingModel {
             .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
             .collect();
         let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
-        let store: Arc<dyn EmbeddingStore> =
-            Arc::new(CpuStore::new(specs, bytes, ctx.shards, counters));
+        let store = crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)
+            .map_err(|e| {
+                LoadError::new(
+                    &mv.dir,
+                    format!("cannot place the embedding tables (--device): {e}"),
+                )
+            })?;
+        for shard in store.device_memory() {
+            ctx.metrics.set_gpu_memory_bytes(
+                &mv.name,
+                &shard.table,
+                shard.shard,
+                &shard.device,
+                shard.bytes,
+            );
+        }
         for t in store.tables() {
             ctx.metrics.set_table_bytes(
                 &mv.name,
@@ -251,14 +265,13 @@ impl RankingModel {
         let metrics = ctx.metrics.model(&mv.name, store.device());
         let graph_path = mv.dir.join(&graph_spec.file);
         let mut executors = Vec::with_capacity(ctx.executors);
-        for _ in 0..ctx.executors {
-            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, ctx.session)?;
-            let mut worker = Worker::new(
-                graph,
-                Arc::clone(&store),
-                Arc::clone(&fields),
-                metrics.clone(),
-            );
+        for executor in 0..ctx.executors {
+            let lane = embedding::lane(&store, executor).map_err(|e| {
+                LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
+            })?;
+            let options = ctx.session.on_device(lane.cuda_device());
+            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
+            let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
             worker
                 .warm_up(&batching.buckets, Some(&estimator))
                 .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;

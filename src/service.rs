@@ -10,6 +10,7 @@ use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, RuntimeError, SessionOptions};
+use crate::gpu::{self, GpuError, Placement};
 use crate::metrics::Metrics;
 use crate::ranking::{RankInput, RankingModel};
 use crate::repository::{self, ModelKind, ModelSpec};
@@ -21,6 +22,8 @@ pub enum StartError {
     Runtime(#[from] RuntimeError),
     #[error("cannot load model: {0}")]
     Load(#[from] LoadError),
+    #[error("--device: {0}")]
+    Device(#[from] GpuError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -31,6 +34,8 @@ pub struct LoadContext {
     pub runtime: Runtime,
     pub metrics: Metrics,
     pub session: SessionOptions,
+    /// Where embedding tables go (`--device`, resolved against the machine once at start-up).
+    pub placement: Placement,
     pub executors: usize,
     pub shards: usize,
     pub max_candidates: usize,
@@ -38,13 +43,22 @@ pub struct LoadContext {
 }
 
 impl LoadContext {
-    pub fn new(config: &Config, runtime: Runtime, metrics: Metrics) -> LoadContext {
+    pub fn new(
+        config: &Config,
+        runtime: Runtime,
+        metrics: Metrics,
+        placement: Placement,
+    ) -> LoadContext {
         LoadContext {
             runtime,
             metrics,
             session: SessionOptions {
                 intra_op_threads: config.intra_op_threads,
+                provider: config.execution_provider,
+                tensorrt: config.tensorrt(),
+                cuda_device: None,
             },
+            placement,
             executors: config.executors,
             shards: config.shards,
             max_candidates: config.max_candidates,
@@ -137,7 +151,8 @@ impl Service {
     /// thread of its own.
     pub fn load(&self, config: &Config) -> Result<(), StartError> {
         let runtime = Runtime::load(&config.ort_library)?;
-        let ctx = LoadContext::new(config, runtime, self.metrics.clone());
+        let placement = gpu::select(config.device)?;
+        let ctx = LoadContext::new(config, runtime, self.metrics.clone(), placement);
         let pins: HashMap<String, u64> = config.pin.clone();
         let mut models = BTreeMap::new();
         for mv in repository::discover(&config.repository, &pins)? {

@@ -6,6 +6,6 @@ mod graph;
 mod runtime;
 mod worker;
 
-pub use graph::{DenseGraph, GraphShape};
+pub use graph::{DenseGraph, DeviceInput, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};
 pub use worker::{ExecError, Worker};

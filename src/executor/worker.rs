@@ -1,5 +1,5 @@
-//! What one executor thread owns: a dense-graph session, the embedding store it gathers from, and scratch
-//! buffers. [`Worker::run`] is the compute path of a batch (gather, then inference); the batcher's executor threads
+//! What one executor thread owns: a dense-graph session, its gather lane, and scratch buffers. When the session
+//! runs on a GPU the lane gathers straight into the session's device input; otherwise into host memory. [`Worker::run`] is the compute path of a batch (gather, then inference); the batcher's executor threads
 //! call it, and so does the in-process throughput benchmark.
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::DenseGraph;
 use crate::batching::Estimator;
-use crate::embedding::{EmbeddingStore, GatherError};
+use crate::embedding::{GatherError, GatherLane};
 use crate::metrics::ModelMetrics;
 
 /// Why a job failed inside the executor. Never the client's fault: validation happens before queueing.
@@ -27,11 +27,11 @@ pub enum ExecError {
     ShuttingDown,
 }
 
-/// What one executor thread owns: a session, the store it gathers from, and a reusable gather buffer.
+/// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
 #[derive(Debug)]
 pub struct Worker {
     graph: DenseGraph,
-    store: Arc<dyn EmbeddingStore>,
+    lane: Box<dyn GatherLane>,
     /// Table index of each field, in graph order.
     fields: Arc<[usize]>,
     embeddings: Vec<f32>,
@@ -39,15 +39,16 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// `lane` comes from [`crate::embedding::lane`]; a graph on a GPU must be on the lane's GPU.
     pub fn new(
         graph: DenseGraph,
-        store: Arc<dyn EmbeddingStore>,
+        lane: Box<dyn GatherLane>,
         fields: Arc<[usize]>,
         metrics: ModelMetrics,
     ) -> Worker {
         Worker {
             graph,
-            store,
+            lane,
             fields,
             embeddings: Vec::new(),
             metrics,
@@ -108,15 +109,31 @@ impl Worker {
         dense: &[f32],
         scores: &mut Vec<f32>,
     ) -> Result<(f64, f64), ExecError> {
+        let inference = |e: ort::Error| ExecError::Inference(e.to_string());
+        if self.graph.cuda_device().is_some() {
+            // Gather into the session's device input (allocation included in the gather time).
+            let start = Instant::now();
+            let input = self.graph.device_input(rows).map_err(inference)?;
+            self.lane.gather_device(&self.fields, ids, input.output())?;
+            let gathered = Instant::now();
+            self.graph
+                .run_device(input, dense, scores)
+                .map_err(inference)?;
+            return Ok((
+                (gathered - start).as_secs_f64(),
+                gathered.elapsed().as_secs_f64(),
+            ));
+        }
         let shape = self.graph.shape();
         self.embeddings.clear();
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
-        self.store.gather(&self.fields, ids, &mut self.embeddings)?;
+        self.lane
+            .gather_host(&self.fields, ids, &mut self.embeddings)?;
         let gathered = Instant::now();
         self.graph
             .run(rows, &self.embeddings, dense, scores)
-            .map_err(|e| ExecError::Inference(e.to_string()))?;
+            .map_err(inference)?;
         Ok((
             (gathered - start).as_secs_f64(),
             gathered.elapsed().as_secs_f64(),
