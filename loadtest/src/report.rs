@@ -1,0 +1,191 @@
+//! The report of one run: its JSON form (schema `recload.run/v1`, documented in docs/recload.md) and the text
+//! printed at the end of a run.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Mode, RunOptions, RunStats};
+use crate::stats::{LatencySummary, Ms};
+use crate::target::TargetInfo;
+use crate::workload::WorkloadInfo;
+
+pub const RUN_SCHEMA: &str = "recload.run/v1";
+
+/// The current time as RFC 3339, to the second, UTC.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// Requests of the measurement window, by outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCounts {
+    /// Scheduled (open loop) or started (closed loop) in the window.
+    pub scheduled: u64,
+    /// Of those, sent (the others timed out waiting for a free connection).
+    pub sent: u64,
+    pub ok: u64,
+    pub errors: u64,
+}
+
+/// One run, as `recload run --json` writes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub schema: String,
+    pub recload_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub started_at: String,
+    pub target: TargetInfo,
+    pub workload: WorkloadInfo,
+    pub mode: Mode,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    pub timeout_s: f64,
+    /// Requests per second scheduled in the window; `null` in closed loop.
+    pub offered_rps: Option<f64>,
+    /// Successful answers per second received in the window.
+    pub achieved_rps: f64,
+    pub requests: RequestCounts,
+    /// Failed requests of the window by kind: `http_<status>`, `timeout`, `connect`, `connection`.
+    pub errors: BTreeMap<String, u64>,
+    /// Successful requests of the window: answer time minus scheduled send time (open loop) or minus send time
+    /// (closed loop). `null` when none succeeded.
+    pub latency_ms: Option<LatencySummary>,
+    /// Send time minus scheduled time of the window's sent requests.
+    pub send_delay_ms: Option<LatencySummary>,
+    pub peak_in_flight: u64,
+    pub wall_s: f64,
+}
+
+impl RunReport {
+    pub fn new(
+        label: Option<String>,
+        started_at: String,
+        target: TargetInfo,
+        workload: WorkloadInfo,
+        options: &RunOptions,
+        stats: &RunStats,
+    ) -> RunReport {
+        let r = &stats.recorder;
+        RunReport {
+            schema: RUN_SCHEMA.to_owned(),
+            recload_version: env!("CARGO_PKG_VERSION").to_owned(),
+            label,
+            started_at,
+            target,
+            workload,
+            mode: options.mode,
+            warmup_s: options.warmup.as_secs_f64(),
+            duration_s: options.duration.as_secs_f64(),
+            timeout_s: options.timeout.as_secs_f64(),
+            offered_rps: stats.offered_rps,
+            achieved_rps: stats.achieved_rps,
+            requests: RequestCounts {
+                scheduled: r.scheduled,
+                sent: r.sent,
+                ok: r.ok,
+                errors: r.error_count(),
+            },
+            errors: r.errors_by_label(),
+            latency_ms: r.latency.summary(),
+            send_delay_ms: r.send_delay.summary(),
+            peak_in_flight: stats.peak_in_flight,
+            wall_s: stats.wall.as_secs_f64(),
+        }
+    }
+
+    /// Failed requests over requests of the window (0 when there were none).
+    pub fn error_ratio(&self) -> f64 {
+        if self.requests.scheduled == 0 {
+            0.0
+        } else {
+            self.requests.errors as f64 / self.requests.scheduled as f64
+        }
+    }
+
+    /// p99 latency in milliseconds, when any request succeeded.
+    pub fn p99_ms(&self) -> Option<f64> {
+        self.latency_ms.map(|l| l.p99_ms)
+    }
+}
+
+impl fmt::Display for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = &self.workload;
+        let what = match (w.candidates, w.k) {
+            (Some(c), _) => format!("{c} candidates"),
+            (None, Some(k)) => format!("k = {k}"),
+            (None, None) => String::new(),
+        };
+        writeln!(
+            f,
+            "{} {} ({}) · {} {} · {what} · ids {}",
+            self.label.as_deref().unwrap_or("target"),
+            self.target.url,
+            self.target.protocol,
+            w.kind,
+            w.path,
+            w.ids
+        )?;
+        match self.mode {
+            Mode::Open {
+                rate,
+                arrivals,
+                connections,
+            } => writeln!(
+                f,
+                "open loop: {arrivals:?} arrivals at {rate}/s on {connections} connections · warm-up {} s · measured {} s",
+                self.warmup_s, self.duration_s
+            )?,
+            Mode::Closed { concurrency } => writeln!(
+                f,
+                "closed loop: {concurrency} workers, each sending when answered · warm-up {} s · measured {} s",
+                self.warmup_s, self.duration_s
+            )?,
+        }
+        match self.offered_rps {
+            Some(offered) => writeln!(
+                f,
+                "  rate        offered {offered:.1}/s · achieved {:.1}/s",
+                self.achieved_rps
+            )?,
+            None => writeln!(f, "  rate        achieved {:.1}/s", self.achieved_rps)?,
+        }
+        let c = &self.requests;
+        write!(
+            f,
+            "  requests    {} scheduled · {} sent · {} ok · {} failed",
+            c.scheduled, c.sent, c.ok, c.errors
+        )?;
+        if !self.errors.is_empty() {
+            let kinds: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            write!(f, " ({})", kinds.join(", "))?;
+        }
+        writeln!(f)?;
+        let since = match self.mode {
+            Mode::Open { .. } => "from the scheduled send time",
+            Mode::Closed { .. } => "from the send time",
+        };
+        match &self.latency_ms {
+            Some(l) => writeln!(f, "  latency     {l} ({since})")?,
+            None => writeln!(f, "  latency     no successful request")?,
+        }
+        if let (Mode::Open { .. }, Some(d)) = (self.mode, &self.send_delay_ms) {
+            writeln!(
+                f,
+                "  send delay  p50 {} · p99 {} · max {} (waiting for the generator or a free connection)",
+                Ms(d.p50_ms),
+                Ms(d.p99_ms),
+                Ms(d.max_ms)
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,469 @@
+//! The latency-bounded throughput search: open-loop runs at increasing offered rates until the p99 of a run
+//! exceeds the largest SLA (or too many requests fail), then bisection between the last passing and the first
+//! failing rate of each SLA. The answer for an SLA is the highest rate such that it and every lower rate tried
+//! kept p99 ≤ SLA with at most `max_error_ratio` failed requests.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arrivals::Arrivals;
+use crate::report::RunReport;
+use crate::stats::Ms;
+use crate::target::TargetInfo;
+use crate::workload::WorkloadInfo;
+
+pub const SWEEP_SCHEMA: &str = "recload.sweep/v1";
+
+/// Most rates one `--rates` expression may expand to.
+const MAX_STEPS: usize = 1000;
+
+/// Parses `--rates`: `100,200,400` (a list), `100:1600:x2` (geometric: ×2 up to 1600) or `100:1000:+100`
+/// (linear). The result is ascending.
+pub fn parse_rates(text: &str) -> Result<Vec<f64>, String> {
+    let number = |s: &str| -> Result<f64, String> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("--rates: {s:?} is not a number"))?;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("--rates: {s:?} must be a positive rate"))
+        }
+    };
+    let mut rates: Vec<f64> = if let [start, end, step] = text.split(':').collect::<Vec<_>>()[..] {
+        let (start, end) = (number(start)?, number(end)?);
+        if end < start {
+            return Err(format!("--rates {text}: the end is below the start"));
+        }
+        let step = step.trim();
+        let mut rates = Vec::new();
+        let mut rate = start;
+        if let Some(factor) = step.strip_prefix('x') {
+            let factor = number(factor)?;
+            if factor <= 1.0 {
+                return Err(format!("--rates {text}: the factor must be above 1"));
+            }
+            while rate <= end * (1.0 + 1e-9) && rates.len() <= MAX_STEPS {
+                rates.push(rate);
+                rate *= factor;
+            }
+        } else {
+            let increment = number(step.strip_prefix('+').unwrap_or(step))?;
+            let mut i = 0.0;
+            while rate <= end * (1.0 + 1e-9) && rates.len() <= MAX_STEPS {
+                rates.push(rate);
+                i += 1.0;
+                rate = start + i * increment;
+            }
+        }
+        rates
+    } else {
+        text.split(',').map(number).collect::<Result<_, _>>()?
+    };
+    if rates.len() > MAX_STEPS {
+        return Err(format!("--rates {text}: more than {MAX_STEPS} rates"));
+    }
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    Ok(rates)
+}
+
+/// Parses `--sla`: a comma-separated list of durations (`5ms,20ms`).
+pub fn parse_slas(text: &str) -> Result<Vec<Duration>, String> {
+    let mut slas = text
+        .split(',')
+        .map(|s| {
+            humantime::parse_duration(s.trim())
+                .map_err(|e| format!("--sla: {s:?} is not a duration like 5ms ({e})"))
+                .and_then(|d| {
+                    if d.is_zero() {
+                        Err("--sla: an SLA must be positive".to_owned())
+                    } else {
+                        Ok(d)
+                    }
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    slas.sort();
+    slas.dedup();
+    Ok(slas)
+}
+
+/// The answer for one SLA.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SlaResult {
+    /// The SLA: p99 latency at most this many milliseconds.
+    pub p99_ms: f64,
+    /// Highest offered rate that met it (with every lower rate tried); `null` when the lowest rate failed.
+    pub max_rps: Option<f64>,
+    /// Achieved rate, p50 and p99 of the run at `max_rps`.
+    pub achieved_rps: Option<f64>,
+    pub p50_at_max_ms: Option<f64>,
+    pub p99_at_max_ms: Option<f64>,
+    /// Lowest offered rate that failed it; `null` when every rate tried met it (the answer is then a lower
+    /// bound: try higher rates).
+    pub first_failing_rps: Option<f64>,
+    /// Why that rate failed.
+    pub failure: Option<String>,
+}
+
+/// A sweep, as `recload sweep --json` writes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepReport {
+    pub schema: String,
+    pub recload_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub started_at: String,
+    pub target: TargetInfo,
+    pub workload: WorkloadInfo,
+    pub arrivals: Arrivals,
+    pub connections: usize,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    pub timeout_s: f64,
+    /// Most failed requests (as a fraction of the window's) a passing run may have.
+    pub max_error_ratio: f64,
+    /// Every run, by ascending offered rate.
+    pub steps: Vec<RunReport>,
+    /// One per `--sla`, ascending.
+    pub sla: Vec<SlaResult>,
+}
+
+/// Why `report` fails an SLA of `sla_ms`, or `None` when it meets it.
+pub fn failure(report: &RunReport, sla_ms: f64, max_error_ratio: f64) -> Option<String> {
+    let ratio = report.error_ratio();
+    if ratio > max_error_ratio {
+        return Some(format!(
+            "{:.2}% of requests failed (more than {:.2}%)",
+            ratio * 100.0,
+            max_error_ratio * 100.0
+        ));
+    }
+    match report.p99_ms() {
+        None => Some("no request succeeded".to_owned()),
+        Some(p99) if p99 > sla_ms => Some(format!("p99 {} > {}", Ms(p99), Ms(sla_ms))),
+        Some(_) => None,
+    }
+}
+
+/// The rate a run was asked for (its offered rate may differ slightly under Poisson arrivals).
+fn rate_of(report: &RunReport) -> f64 {
+    match report.mode {
+        crate::engine::Mode::Open { rate, .. } => rate,
+        crate::engine::Mode::Closed { .. } => report.achieved_rps,
+    }
+}
+
+/// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate) and one
+/// result per SLA (`slas_ms` ascending).
+pub async fn search<F, Fut, E>(
+    rates: &[f64],
+    slas_ms: &[f64],
+    refine: u32,
+    max_error_ratio: f64,
+    mut probe: F,
+) -> Result<(Vec<RunReport>, Vec<SlaResult>), E>
+where
+    F: FnMut(f64) -> Fut,
+    Fut: Future<Output = Result<RunReport, E>>,
+{
+    let largest = slas_ms.iter().copied().fold(0.0, f64::max);
+    let mut steps: Vec<RunReport> = Vec::new();
+    for &rate in rates {
+        let report = probe(rate).await?;
+        let failed = failure(&report, largest, max_error_ratio).is_some();
+        steps.push(report);
+        if failed {
+            break;
+        }
+    }
+    let mut results = Vec::with_capacity(slas_ms.len());
+    for &sla in slas_ms {
+        let bounds = |steps: &mut Vec<RunReport>| {
+            steps.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
+            let first_fail = steps
+                .iter()
+                .position(|r| failure(r, sla, max_error_ratio).is_some());
+            let passing = first_fail.unwrap_or(steps.len());
+            (passing.checked_sub(1), first_fail)
+        };
+        for _ in 0..refine {
+            let (Some(lo), Some(hi)) = bounds(&mut steps) else {
+                break;
+            };
+            let (lo, hi) = (rate_of(&steps[lo]), rate_of(&steps[hi]));
+            let mid = (lo + hi) / 2.0;
+            // Closer than 2% is within the run-to-run noise of any real server.
+            if (hi - lo) / lo < 0.02 {
+                break;
+            }
+            steps.push(probe(mid.round().max(1.0)).await?);
+        }
+        let (lo, hi) = bounds(&mut steps);
+        let at = |i: Option<usize>| i.map(|i| &steps[i]);
+        results.push(SlaResult {
+            p99_ms: sla,
+            max_rps: at(lo).map(rate_of),
+            achieved_rps: at(lo).map(|r| r.achieved_rps),
+            p50_at_max_ms: at(lo).and_then(|r| r.latency_ms.map(|l| l.p50_ms)),
+            p99_at_max_ms: at(lo).and_then(RunReport::p99_ms),
+            first_failing_rps: at(hi).map(rate_of),
+            failure: at(hi).and_then(|r| failure(r, sla, max_error_ratio)),
+        });
+    }
+    steps.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
+    Ok((steps, results))
+}
+
+impl fmt::Display for SweepReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} {} · {} {} · {} arrivals · {} connections · warm-up {} s · {} s per rate",
+            self.label.as_deref().unwrap_or("sweep of"),
+            self.target.url,
+            self.workload.kind,
+            self.workload.path,
+            match self.arrivals {
+                Arrivals::Constant => "constant",
+                Arrivals::Poisson => "Poisson",
+            },
+            self.connections,
+            self.warmup_s,
+            self.duration_s
+        )?;
+        writeln!(
+            f,
+            "  {:>10} {:>10} {:>11} {:>11} {:>11} {:>11}  errors",
+            "offered/s", "achieved/s", "p50", "p99", "p99.9", "max"
+        )?;
+        for step in &self.steps {
+            let cell = |v: Option<f64>| v.map_or("-".to_owned(), |v| Ms(v).to_string());
+            let l = step.latency_ms;
+            writeln!(
+                f,
+                "  {:>10.1} {:>10.1} {:>11} {:>11} {:>11} {:>11}  {}",
+                step.offered_rps.unwrap_or(0.0),
+                step.achieved_rps,
+                cell(l.map(|l| l.p50_ms)),
+                cell(l.map(|l| l.p99_ms)),
+                cell(l.map(|l| l.p999_ms)),
+                cell(l.map(|l| l.max_ms)),
+                step.requests.errors
+            )?;
+        }
+        for s in &self.sla {
+            match s.max_rps {
+                Some(rate) => write!(
+                    f,
+                    "  p99 ≤ {}: {rate:.0} requests/s (achieved {:.1}/s, p99 {})",
+                    Ms(s.p99_ms),
+                    s.achieved_rps.unwrap_or(0.0),
+                    Ms(s.p99_at_max_ms.unwrap_or(0.0))
+                )?,
+                None => write!(f, "  p99 ≤ {}: not met at the lowest rate", Ms(s.p99_ms))?,
+            }
+            match (&s.first_failing_rps, &s.failure) {
+                (Some(rate), Some(why)) => writeln!(f, "; {rate:.0}/s failed: {why}")?,
+                _ => writeln!(f, "; never failed: a lower bound, try higher --rates")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::convert::Infallible;
+
+    use super::*;
+    use crate::engine::Mode;
+    use crate::report::{RUN_SCHEMA, RequestCounts};
+    use crate::stats::LatencySummary;
+
+    #[test]
+    fn rates_parse_as_lists_geometric_and_linear_ranges() {
+        assert_eq!(
+            parse_rates("400, 100,200").expect("list"),
+            vec![100.0, 200.0, 400.0]
+        );
+        assert_eq!(
+            parse_rates("100:1600:x2").expect("geometric"),
+            vec![100.0, 200.0, 400.0, 800.0, 1600.0]
+        );
+        assert_eq!(
+            parse_rates("100:400:+100").expect("linear"),
+            vec![100.0, 200.0, 300.0, 400.0]
+        );
+        assert_eq!(
+            parse_rates("100:400:150").expect("linear"),
+            vec![100.0, 250.0, 400.0]
+        );
+        for bad in [
+            "",
+            "0",
+            "-5",
+            "a,b",
+            "100:50:x2",
+            "100:200:x1",
+            "1:1000000:+1",
+        ] {
+            assert!(parse_rates(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn slas_parse_as_durations() {
+        assert_eq!(
+            parse_slas("20ms, 5ms").expect("valid"),
+            vec![Duration::from_millis(5), Duration::from_millis(20)]
+        );
+        assert!(parse_slas("5").is_err());
+        assert!(parse_slas("0ms").is_err());
+    }
+
+    /// A run at `rate` whose p99 is `p99_ms` and whose failed requests are `errors` of 1000.
+    fn report(rate: f64, p99_ms: f64, errors: u64) -> RunReport {
+        RunReport {
+            schema: RUN_SCHEMA.to_owned(),
+            recload_version: "test".to_owned(),
+            label: None,
+            started_at: "2026-11-30T00:00:00Z".to_owned(),
+            target: TargetInfo {
+                url: "http://test".to_owned(),
+                protocol: "http-json".to_owned(),
+                v2_model: None,
+            },
+            workload: WorkloadInfo {
+                kind: "rank".to_owned(),
+                path: "/".to_owned(),
+                candidates: Some(1),
+                k: None,
+                ids: "zipf(1.05)".to_owned(),
+                pool: 1,
+                seed: 0,
+                mean_body_bytes: 1.0,
+            },
+            mode: Mode::Open {
+                rate,
+                arrivals: Arrivals::Poisson,
+                connections: 1,
+            },
+            warmup_s: 0.0,
+            duration_s: 1.0,
+            timeout_s: 1.0,
+            offered_rps: Some(rate),
+            achieved_rps: rate,
+            requests: RequestCounts {
+                scheduled: 1000,
+                sent: 1000,
+                ok: 1000 - errors,
+                errors,
+            },
+            errors: BTreeMap::new(),
+            latency_ms: Some(LatencySummary {
+                count: 1000 - errors,
+                min_ms: 0.1,
+                mean_ms: p99_ms / 2.0,
+                p50_ms: p99_ms / 2.0,
+                p90_ms: p99_ms,
+                p99_ms,
+                p999_ms: p99_ms,
+                max_ms: p99_ms,
+            }),
+            send_delay_ms: None,
+            peak_in_flight: 1,
+            wall_s: 1.0,
+        }
+    }
+
+    /// A server whose p99 is 1 ms up to 1000 requests/s and then grows by 1 ms per 100 requests/s.
+    fn server(rate: f64) -> f64 {
+        if rate <= 1000.0 {
+            1.0
+        } else {
+            1.0 + (rate - 1000.0) / 100.0
+        }
+    }
+
+    #[tokio::test]
+    async fn finds_the_highest_rate_under_each_sla_by_stepping_then_bisecting() {
+        let mut probed = Vec::new();
+        let (steps, results) = search(
+            &parse_rates("250:16000:x2").expect("rates"),
+            &[5.0, 20.0],
+            6,
+            0.001,
+            |rate| {
+                probed.push(rate);
+                async move { Ok::<_, Infallible>(report(rate, server(rate), 0)) }
+            },
+        )
+        .await
+        .expect("search");
+        // Stepping stops at the first rate over 20 ms: 4000/s (p99 31 ms).
+        assert_eq!(&probed[..5], &[250.0, 500.0, 1000.0, 2000.0, 4000.0]);
+        // p99 ≤ 5 ms holds up to 1400/s; ≤ 20 ms up to 2900/s. Six bisections get within 2%.
+        let five = &results[0];
+        let max = five.max_rps.expect("met");
+        assert!((1370.0..=1400.0).contains(&max), "{five:?}");
+        assert!(
+            five.first_failing_rps.expect("failed") <= 1430.0,
+            "{five:?}"
+        );
+        assert!(
+            five.failure.as_deref().expect("why").starts_with("p99"),
+            "{five:?}"
+        );
+        let twenty = &results[1];
+        let max = twenty.max_rps.expect("met");
+        assert!((2850.0..=2900.0).contains(&max), "{twenty:?}");
+        assert!(
+            steps.windows(2).all(|w| rate_of(&w[0]) < rate_of(&w[1])),
+            "ascending"
+        );
+        assert_eq!(steps.len(), probed.len());
+    }
+
+    #[tokio::test]
+    async fn errors_fail_a_rate_and_every_lower_rate_must_pass() {
+        // 2000/s fails on errors although its p99 is fine; 4000/s would pass but is never reached.
+        let (_, results) = search(
+            &[1000.0, 2000.0, 4000.0],
+            &[5.0],
+            0,
+            0.001,
+            |rate| async move {
+                let errors = if rate == 2000.0 { 5 } else { 0 };
+                Ok::<_, Infallible>(report(rate, 1.0, errors))
+            },
+        )
+        .await
+        .expect("search");
+        assert_eq!(results[0].max_rps, Some(1000.0));
+        assert_eq!(results[0].first_failing_rps, Some(2000.0));
+        assert_eq!(
+            results[0].failure.as_deref(),
+            Some("0.50% of requests failed (more than 0.10%)")
+        );
+    }
+
+    #[tokio::test]
+    async fn reports_when_even_the_lowest_rate_fails_or_no_rate_fails() {
+        let (_, results) = search(&[100.0, 200.0], &[1.0, 1000.0], 3, 0.0, |rate| async move {
+            Ok::<_, Infallible>(report(rate, 50.0, 0))
+        })
+        .await
+        .expect("search");
+        assert_eq!(results[0].max_rps, None);
+        assert_eq!(results[0].first_failing_rps, Some(100.0));
+        assert_eq!(results[1].max_rps, Some(200.0));
+        assert_eq!(results[1].first_failing_rps, None);
+    }
+}

@@ -1,0 +1,417 @@
+//! The HTTP/1.1 target: one hyper connection per worker (no hidden pool, so `--connections` is exactly the number
+//! of sockets), `TCP_NODELAY`, bodies prepared before the run. Two envelopes: the body as is (recserve's `/v1`
+//! JSON, and any server that accepts it), or the same JSON wrapped as one `BYTES` tensor of a KServe v2 inference
+//! request with Triton's binary tensor data extension (the JSON bytes follow the request header unchanged), which
+//! is how a Triton Python-backend model receives the very same body.
+
+use std::net::SocketAddr;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{SendRequest, handshake};
+use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Uri};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::net::TcpStream;
+
+use super::{Failure, Target, TargetInfo};
+use crate::workload::Request;
+
+/// How a workload's JSON body travels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Envelope {
+    /// `POST <url><path>` with the JSON body.
+    None,
+    /// `POST <url>/v2/models/<model>/infer`: a KServe v2 request whose one input, `input`, is a `BYTES` tensor of
+    /// shape `[1, 1]` holding the JSON body, sent as binary tensor data.
+    KserveV2Bytes { model: String, input: String },
+}
+
+/// A target URL that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("--url {url:?}: {problem}")]
+    Url { url: String, problem: String },
+    #[error("--url {url:?}: cannot resolve {host}: {reason}")]
+    Resolve {
+        url: String,
+        host: String,
+        reason: String,
+    },
+}
+
+/// An HTTP server.
+#[derive(Debug)]
+pub struct HttpTarget {
+    url: String,
+    addr: SocketAddr,
+    host: HeaderValue,
+    /// Path of the URL without its trailing '/', prepended to every request path.
+    prefix: String,
+    envelope: Envelope,
+}
+
+/// A request ready to send.
+#[derive(Debug)]
+pub struct HttpRequest {
+    path: Uri,
+    body: Bytes,
+    content_type: HeaderValue,
+    /// `Inference-Header-Content-Length` of a KServe v2 binary request.
+    header_length: Option<HeaderValue>,
+}
+
+/// One HTTP/1.1 connection.
+#[derive(Debug)]
+pub struct HttpConn {
+    sender: SendRequest<Full<Bytes>>,
+}
+
+/// Longest part of an error answer quoted in messages.
+const QUOTED_BYTES: usize = 300;
+
+impl HttpTarget {
+    /// Parses `url` (`http://host:port[/prefix]`) and resolves its host once.
+    pub async fn new(url: &str, envelope: Envelope) -> Result<HttpTarget, TargetError> {
+        let bad = |problem: &str| TargetError::Url {
+            url: url.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let uri: Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(bad(&format!(
+                    "scheme {other:?} is not supported; use http://"
+                )));
+            }
+            None => return Err(bad("needs a scheme: http://host:port")),
+        }
+        if uri.query().is_some() {
+            return Err(bad("must not have a query string"));
+        }
+        let authority = uri.authority().ok_or_else(|| bad("needs a host"))?;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(80);
+        let addr = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| TargetError::Resolve {
+                url: url.to_owned(),
+                host: host.to_owned(),
+                reason: e.to_string(),
+            })?
+            .next()
+            .ok_or_else(|| TargetError::Resolve {
+                url: url.to_owned(),
+                host: host.to_owned(),
+                reason: "no address".to_owned(),
+            })?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| bad("invalid host"))?;
+        Ok(HttpTarget {
+            url: url.trim_end_matches('/').to_owned(),
+            addr,
+            host,
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+            envelope,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `GET <url><path>` on a connection of its own: the status and the body.
+    pub async fn get(&self, path: &str) -> Result<(u16, Bytes), Failure> {
+        let mut conn = self.connect().await?;
+        let request = hyper::Request::builder()
+            .method(Method::GET)
+            .uri(format!("{}{path}", self.prefix))
+            .header(HOST, self.host.clone())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Failure::Connection(format!("cannot build GET {path}: {e}")))?;
+        let (status, body) = exchange(&mut conn, request).await?;
+        Ok((status, body))
+    }
+}
+
+async fn exchange(
+    conn: &mut HttpConn,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<(u16, Bytes), Failure> {
+    conn.sender
+        .ready()
+        .await
+        .map_err(|e| Failure::Connection(e.to_string()))?;
+    let response = conn
+        .sender
+        .send_request(request)
+        .await
+        .map_err(|e| Failure::Connection(e.to_string()))?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| Failure::Connection(format!("reading the answer: {e}")))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+/// The start of an answer, as text, for a message.
+pub fn quote(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(QUOTED_BYTES)]);
+    let text = text.trim();
+    if body.len() > QUOTED_BYTES {
+        format!("{text}…")
+    } else {
+        text.to_owned()
+    }
+}
+
+/// A KServe v2 inference request carrying `payload` as the one element of a `BYTES` input: the JSON header, then
+/// the element as binary data (a 4-byte little-endian length, then the bytes). Returns the body and the length of
+/// its JSON header.
+pub fn kserve_v2_bytes(input: &str, payload: &[u8]) -> (Bytes, usize) {
+    let element_len = u32::try_from(payload.len()).expect("request bodies are far below 4 GiB");
+    let header = json!({
+        "inputs": [{
+            "name": input,
+            "shape": [1, 1],
+            "datatype": "BYTES",
+            "parameters": {"binary_data_size": payload.len() + 4},
+        }]
+    })
+    .to_string();
+    let mut body = BytesMut::with_capacity(header.len() + 4 + payload.len());
+    body.put_slice(header.as_bytes());
+    body.put_u32_le(element_len);
+    body.put_slice(payload);
+    (body.freeze(), header.len())
+}
+
+impl Target for HttpTarget {
+    type Conn = HttpConn;
+    type Prepared = HttpRequest;
+
+    fn info(&self) -> TargetInfo {
+        match &self.envelope {
+            Envelope::None => TargetInfo {
+                url: self.url.clone(),
+                protocol: "http-json".to_owned(),
+                v2_model: None,
+            },
+            Envelope::KserveV2Bytes { model, .. } => TargetInfo {
+                url: self.url.clone(),
+                protocol: "kserve-v2-bytes".to_owned(),
+                v2_model: Some(model.clone()),
+            },
+        }
+    }
+
+    fn prepare(&self, request: &Request) -> HttpRequest {
+        let json = HeaderValue::from_static("application/json");
+        let (path, body, content_type, header_length) = match &self.envelope {
+            Envelope::None => (
+                format!("{}{}", self.prefix, request.path),
+                request.body.clone(),
+                json,
+                None,
+            ),
+            Envelope::KserveV2Bytes { model, input } => {
+                let (body, header) = kserve_v2_bytes(input, &request.body);
+                (
+                    format!("{}/v2/models/{model}/infer", self.prefix),
+                    body,
+                    HeaderValue::from_static("application/octet-stream"),
+                    Some(HeaderValue::from(header)),
+                )
+            }
+        };
+        HttpRequest {
+            // Paths come from model names, which are `[A-Za-z0-9_-]`; anything else is a bug worth a panic here,
+            // before the run, rather than a run of failed requests.
+            path: path.parse().expect("request paths are valid URI paths"),
+            body,
+            content_type,
+            header_length,
+        }
+    }
+
+    async fn connect(&self) -> Result<HttpConn, Failure> {
+        let connect_error = |e: std::io::Error| Failure::Connect {
+            addr: self.addr.to_string(),
+            reason: e.to_string(),
+        };
+        let stream = TcpStream::connect(self.addr).await.map_err(connect_error)?;
+        stream.set_nodelay(true).map_err(connect_error)?;
+        let (sender, connection) =
+            handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| Failure::Connect {
+                    addr: self.addr.to_string(),
+                    reason: e.to_string(),
+                })?;
+        // Drives the connection; ends when the sender is dropped or the server closes it.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(HttpConn { sender })
+    }
+
+    fn is_open(&self, conn: &HttpConn) -> bool {
+        !conn.sender.is_closed()
+    }
+
+    async fn send(&self, conn: &mut HttpConn, request: &HttpRequest) -> Result<Bytes, Failure> {
+        let mut builder = hyper::Request::builder()
+            .method(Method::POST)
+            .uri(request.path.clone())
+            .header(HOST, self.host.clone())
+            .header(CONTENT_TYPE, request.content_type.clone());
+        if let Some(length) = &request.header_length {
+            builder = builder.header("inference-header-content-length", length.clone());
+        }
+        let http_request = builder
+            .body(Full::new(request.body.clone()))
+            .map_err(|e| Failure::Connection(format!("cannot build the request: {e}")))?;
+        let (status, body) = exchange(conn, http_request).await?;
+        if (200..300).contains(&status) {
+            Ok(body)
+        } else {
+            Err(Failure::Status {
+                status,
+                body: quote(&body),
+            })
+        }
+    }
+
+    fn rank_scores(&self, answer: &[u8]) -> Result<Vec<f32>, String> {
+        match &self.envelope {
+            Envelope::None => v1_scores(answer),
+            Envelope::KserveV2Bytes { .. } => v2_scores(answer),
+        }
+    }
+}
+
+/// Scores of a `/v1` rank answer, in candidate order. Every candidate must be present (no `top_k`).
+pub fn v1_scores(answer: &[u8]) -> Result<Vec<f32>, String> {
+    let response: recserve::api::v1::RankResponse = serde_json::from_slice(answer)
+        .map_err(|e| format!("not a /v1 rank answer ({e}): {}", quote(answer)))?;
+    let mut scores = vec![f32::NAN; response.scores.len()];
+    for s in &response.scores {
+        let slot = scores
+            .get_mut(s.index)
+            .ok_or_else(|| format!("candidate index {} is out of range: the answer holds only {} scores (was top_k set?)", s.index, response.scores.len()))?;
+        *slot = s.score;
+    }
+    Ok(scores)
+}
+
+#[derive(Deserialize)]
+struct V2Response {
+    outputs: Vec<V2Output>,
+}
+
+#[derive(Deserialize)]
+struct V2Output {
+    data: Vec<f32>,
+}
+
+/// Scores of a KServe v2 answer: the data of its first output (JSON, not binary).
+pub fn v2_scores(answer: &[u8]) -> Result<Vec<f32>, String> {
+    let response: V2Response = serde_json::from_slice(answer).map_err(|e| {
+        format!(
+            "not a KServe v2 answer with JSON output data ({e}): {}",
+            quote(answer)
+        )
+    })?;
+    response
+        .outputs
+        .into_iter()
+        .next()
+        .map(|o| o.data)
+        .ok_or_else(|| "the KServe v2 answer has no output".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kserve_v2_binary_request_carries_the_json_bytes_unchanged() {
+        let payload = br#"{"user":{"fields":{}},"candidates":[{"id":1}]}"#;
+        let (body, header_len) = kserve_v2_bytes("REQUEST", payload);
+        let header: serde_json::Value =
+            serde_json::from_slice(&body[..header_len]).expect("the header is JSON");
+        assert_eq!(header["inputs"][0]["name"], "REQUEST");
+        assert_eq!(header["inputs"][0]["datatype"], "BYTES");
+        assert_eq!(header["inputs"][0]["shape"], json!([1, 1]));
+        assert_eq!(
+            header["inputs"][0]["parameters"]["binary_data_size"],
+            payload.len() + 4
+        );
+        let len = u32::from_le_bytes(
+            body[header_len..header_len + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        assert_eq!(len as usize, payload.len());
+        assert_eq!(&body[header_len + 4..], payload);
+    }
+
+    #[test]
+    fn scores_are_read_from_both_answer_shapes_in_candidate_order() {
+        let v1 = br#"{"model":"m","version":1,"scores":[{"index":1,"id":7,"score":0.25},{"index":0,"score":0.5}]}"#;
+        assert_eq!(v1_scores(v1).expect("v1"), vec![0.5, 0.25]);
+        let cut = br#"{"model":"m","version":1,"scores":[{"index":3,"score":0.5}]}"#;
+        assert!(v1_scores(cut).expect_err("top_k").contains("top_k"));
+        let v2 = br#"{"model_name":"m","model_version":"1","outputs":[{"name":"SCORES","datatype":"FP32","shape":[1,2],"data":[0.5,0.25]}]}"#;
+        assert_eq!(v2_scores(v2).expect("v2"), vec![0.5, 0.25]);
+        assert!(v2_scores(b"{\"error\":\"x\"}").is_err());
+    }
+
+    #[tokio::test]
+    async fn urls_are_checked_before_anything_is_sent() {
+        for (url, problem) in [
+            ("https://localhost:1", "not supported"),
+            ("localhost:8000", "scheme"),
+            ("http://localhost:1/?a=b", "query"),
+            ("not a url", "not a URL"),
+        ] {
+            let err = HttpTarget::new(url, Envelope::None)
+                .await
+                .expect_err(url)
+                .to_string();
+            assert!(err.contains(problem), "{url}: {err}");
+        }
+        let t = HttpTarget::new("http://127.0.0.1:9/prefix/", Envelope::None)
+            .await
+            .expect("valid");
+        assert_eq!(t.prefix, "/prefix");
+        let prepared = t.prepare(&Request {
+            path: "/v1/models/m/rank".to_owned(),
+            body: Bytes::from_static(b"{}"),
+        });
+        assert_eq!(prepared.path, "/prefix/v1/models/m/rank");
+        let v2 = HttpTarget::new(
+            "http://127.0.0.1:9",
+            Envelope::KserveV2Bytes {
+                model: "deepfm".to_owned(),
+                input: "REQUEST".to_owned(),
+            },
+        )
+        .await
+        .expect("valid");
+        let prepared = v2.prepare(&Request {
+            path: "/v1/models/m/rank".to_owned(),
+            body: Bytes::from_static(b"{}"),
+        });
+        assert_eq!(prepared.path, "/v2/models/deepfm/infer");
+        assert_eq!(v2.info().protocol, "kserve-v2-bytes");
+    }
+}

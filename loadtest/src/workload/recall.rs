@@ -1,0 +1,459 @@
+//! The recall and recommend workloads: `POST /v1/models/{model}/recall` with `{"user_id": u, "k": k}` (optionally
+//! `"exclude"`: the user's known items) or `{"history": [items], "k": k}`, and `POST /v1/recommend/{pipeline}` with
+//! `{"user_id": u, "k": k}`. Users and items come from a dataset file (e.g. Gowalla's `test.txt`) or are drawn
+//! from `0..--users` / `0..--items`. `--body-extra` adds fixed keys to every body (for options these APIs grow).
+//!
+//! These shapes follow the planned recall and recommend APIs; they are checked here for the bodies they
+//! generate, not against a server yet.
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use serde_json::{Map, Value, json};
+
+use super::WorkloadError;
+use super::ids::{Dataset, IdDistribution, IdSampler};
+
+/// What a recall request queries with.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RecallInput {
+    /// `user_id`: the server looks the user's embedding up.
+    User,
+    /// `history`: the server builds the query from the items the user interacted with.
+    History,
+}
+
+/// Where users and items come from.
+#[derive(Clone, Debug)]
+pub struct Population {
+    pub dataset: Option<Arc<Dataset>>,
+    /// Users `0..users` when there is no dataset.
+    pub users: Option<u64>,
+    /// Items `0..items` when there is no dataset (or a dataset user has no items).
+    pub items: Option<u64>,
+    pub ids: IdDistribution,
+    pub zipf_exponent: f64,
+}
+
+/// Where a request's user comes from.
+#[derive(Clone, Debug)]
+enum Users {
+    Drawn(IdSampler),
+    Dataset(Arc<Dataset>),
+}
+
+impl Users {
+    fn new(population: &Population) -> Result<Users, WorkloadError> {
+        match (&population.dataset, population.users) {
+            (Some(d), _) => Ok(Users::Dataset(Arc::clone(d))),
+            (None, Some(n)) => Ok(Users::Drawn(IdSampler::new(
+                population.ids,
+                n,
+                population.zipf_exponent,
+            )?)),
+            (None, None) => Err(WorkloadError::Invalid(
+                "user ids need --users N (drawn from 0..N) or --dataset FILE".to_owned(),
+            )),
+        }
+    }
+
+    /// A user id and, for a dataset user, the user's items.
+    fn draw<'a>(&'a self, rng: &mut StdRng) -> (i64, Option<&'a [i64]>) {
+        match self {
+            Users::Drawn(s) => (s.sample(rng), None),
+            Users::Dataset(d) => {
+                let u = d.user(rng);
+                (u.user, Some(&u.items))
+            }
+        }
+    }
+}
+
+/// Where a recall request's history comes from.
+#[derive(Clone, Debug)]
+enum Histories {
+    /// `history_len` items drawn from `0..--items`.
+    Drawn(IdSampler),
+    /// A dataset user's items; users without items get a drawn history when `fallback` is set, and are never
+    /// drawn otherwise.
+    Dataset {
+        data: Arc<Dataset>,
+        fallback: Option<IdSampler>,
+    },
+}
+
+/// Settings of the recall workload.
+#[derive(Clone, Debug)]
+pub struct RecallOptions {
+    pub input: RecallInput,
+    pub k: usize,
+    /// Longest `history` or `exclude` list sent.
+    pub history_len: usize,
+    /// With `input = user` and a dataset: send the user's dataset items as `exclude`.
+    pub exclude_known: bool,
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Clone, Debug)]
+enum Query {
+    User(Users),
+    History(Histories),
+}
+
+#[derive(Clone, Debug)]
+pub struct RecallWorkload {
+    pub model: String,
+    pub options: RecallOptions,
+    query: Query,
+}
+
+impl RecallWorkload {
+    pub fn new(
+        model: String,
+        options: RecallOptions,
+        population: Population,
+    ) -> Result<RecallWorkload, WorkloadError> {
+        if options.k == 0 {
+            return Err(WorkloadError::Invalid("--k must be at least 1".to_owned()));
+        }
+        if options.history_len == 0 {
+            return Err(WorkloadError::Invalid(
+                "--history-len must be at least 1".to_owned(),
+            ));
+        }
+        if options.exclude_known
+            && (options.input != RecallInput::User || population.dataset.is_none())
+        {
+            return Err(WorkloadError::Invalid(
+                "--exclude-known sends each dataset user's items as `exclude`: it needs --dataset and \
+                 --recall-input user"
+                    .to_owned(),
+            ));
+        }
+        check_extra(&options.extra, &["user_id", "history", "k", "exclude"])?;
+        let items = population
+            .items
+            .map(|n| IdSampler::new(population.ids, n, population.zipf_exponent))
+            .transpose()?;
+        let query = match options.input {
+            RecallInput::User => Query::User(Users::new(&population)?),
+            RecallInput::History => Query::History(match (population.dataset, items) {
+                (Some(data), fallback) => {
+                    if fallback.is_none() && data.interactions.is_empty() {
+                        return Err(WorkloadError::Invalid(format!(
+                            "--recall-input history: no user of {} has items; add --items N to draw histories",
+                            data.path.display()
+                        )));
+                    }
+                    Histories::Dataset { data, fallback }
+                }
+                (None, Some(items)) => Histories::Drawn(items),
+                (None, None) => {
+                    return Err(WorkloadError::Invalid(
+                        "--recall-input history needs --items N (histories drawn from 0..N) or --dataset FILE"
+                            .to_owned(),
+                    ));
+                }
+            }),
+        };
+        Ok(RecallWorkload {
+            model,
+            options,
+            query,
+        })
+    }
+
+    pub fn path(&self) -> String {
+        format!("/v1/models/{}/recall", self.model)
+    }
+
+    pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
+        let mut body = Map::new();
+        match &self.query {
+            Query::User(users) => {
+                let (user, known) = users.draw(rng);
+                body.insert("user_id".to_owned(), json!(user));
+                if self.options.exclude_known
+                    && let Some(items) = known
+                {
+                    body.insert("exclude".to_owned(), json!(self.truncated(items)));
+                }
+            }
+            Query::History(histories) => {
+                let history = match histories {
+                    Histories::Drawn(items) => self.drawn(items, rng),
+                    Histories::Dataset { data, fallback } => match fallback {
+                        Some(items) => {
+                            let user = data.user(rng);
+                            if user.items.is_empty() {
+                                self.drawn(items, rng)
+                            } else {
+                                self.truncated(&user.items).to_vec()
+                            }
+                        }
+                        None => data
+                            .user_with_items(rng)
+                            .map(|u| self.truncated(&u.items).to_vec())
+                            .unwrap_or_default(),
+                    },
+                };
+                body.insert("history".to_owned(), json!(history));
+            }
+        }
+        body.insert("k".to_owned(), json!(self.options.k));
+        body.extend(self.options.extra.clone());
+        serde_json::to_vec(&Value::Object(body)).expect("JSON values serialize")
+    }
+
+    fn drawn(&self, items: &IdSampler, rng: &mut StdRng) -> Vec<i64> {
+        (0..self.options.history_len)
+            .map(|_| items.sample(rng))
+            .collect()
+    }
+
+    fn truncated<'a>(&self, items: &'a [i64]) -> &'a [i64] {
+        &items[..items.len().min(self.options.history_len)]
+    }
+}
+
+/// Settings of the recommend workload.
+#[derive(Clone, Debug)]
+pub struct RecommendOptions {
+    pub k: usize,
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecommendWorkload {
+    pub pipeline: String,
+    pub options: RecommendOptions,
+    users: Users,
+}
+
+impl RecommendWorkload {
+    pub fn new(
+        pipeline: String,
+        options: RecommendOptions,
+        population: Population,
+    ) -> Result<RecommendWorkload, WorkloadError> {
+        if options.k == 0 {
+            return Err(WorkloadError::Invalid("--k must be at least 1".to_owned()));
+        }
+        check_extra(&options.extra, &["user_id", "k"])?;
+        Ok(RecommendWorkload {
+            pipeline,
+            options,
+            users: Users::new(&population)?,
+        })
+    }
+
+    pub fn path(&self) -> String {
+        format!("/v1/recommend/{}", self.pipeline)
+    }
+
+    pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
+        let (user, _) = self.users.draw(rng);
+        let mut body = Map::new();
+        body.insert("user_id".to_owned(), json!(user));
+        body.insert("k".to_owned(), json!(self.options.k));
+        body.extend(self.options.extra.clone());
+        serde_json::to_vec(&Value::Object(body)).expect("JSON values serialize")
+    }
+}
+
+fn check_extra(extra: &Map<String, Value>, generated: &[&str]) -> Result<(), WorkloadError> {
+    match extra.keys().find(|k| generated.contains(&k.as_str())) {
+        Some(key) => Err(WorkloadError::Invalid(format!(
+            "--body-extra sets {key:?}, which the workload generates itself ({})",
+            generated.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn gowalla_like() -> Arc<Dataset> {
+        Arc::new(
+            Dataset::parse(
+                Path::new("test.txt"),
+                "0 7580 3730 5983\n1 31613 34341\n2 1526 1513 1686 1500 35515\n3\n",
+            )
+            .expect("valid"),
+        )
+    }
+
+    fn population(
+        dataset: Option<Arc<Dataset>>,
+        users: Option<u64>,
+        items: Option<u64>,
+    ) -> Population {
+        Population {
+            dataset,
+            users,
+            items,
+            ids: IdDistribution::Zipf,
+            zipf_exponent: 1.05,
+        }
+    }
+
+    fn recall(input: RecallInput, exclude_known: bool) -> RecallOptions {
+        RecallOptions {
+            input,
+            k: 100,
+            history_len: 3,
+            exclude_known,
+            extra: Map::new(),
+        }
+    }
+
+    fn decode(body: &[u8]) -> Value {
+        serde_json::from_slice(body).expect("JSON")
+    }
+
+    #[test]
+    fn user_recall_from_a_dataset_sends_dataset_users_and_excludes_their_known_items() {
+        let w = RecallWorkload::new(
+            "lightgcn".to_owned(),
+            recall(RecallInput::User, true),
+            population(Some(gowalla_like()), None, None),
+        )
+        .expect("valid");
+        assert_eq!(w.path(), "/v1/models/lightgcn/recall");
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut users = std::collections::BTreeSet::new();
+        for _ in 0..100 {
+            let v = decode(&w.body(&mut rng));
+            let user = v["user_id"].as_i64().expect("user_id");
+            users.insert(user);
+            assert_eq!(v["k"], 100);
+            let expected = match user {
+                0 => json!([7580, 3730, 5983]),
+                1 => json!([31613, 34341]),
+                2 => json!([1526, 1513, 1686]),
+                3 => json!([]),
+                other => panic!("user {other} is not in the dataset"),
+            };
+            assert_eq!(
+                v["exclude"], expected,
+                "exclude is the first --history-len items"
+            );
+            assert!(v.get("history").is_none());
+        }
+        assert_eq!(users.len(), 4, "every dataset user is drawn");
+    }
+
+    #[test]
+    fn history_recall_sends_dataset_histories_and_falls_back_to_drawn_items() {
+        let w = RecallWorkload::new(
+            "lightgcn".to_owned(),
+            recall(RecallInput::History, false),
+            population(Some(gowalla_like()), None, Some(40_981)),
+        )
+        .expect("valid");
+        let mut rng = StdRng::seed_from_u64(2);
+        for _ in 0..100 {
+            let v = decode(&w.body(&mut rng));
+            let history = v["history"].as_array().expect("history");
+            assert!(!history.is_empty() && history.len() <= 3, "{v}");
+            assert!(
+                history
+                    .iter()
+                    .all(|i| (0..40_981).contains(&i.as_i64().expect("id")))
+            );
+            assert!(v.get("user_id").is_none());
+        }
+
+        let w = RecallWorkload::new(
+            "m".to_owned(),
+            recall(RecallInput::History, false),
+            population(None, None, Some(50)),
+        )
+        .expect("drawn histories");
+        let v = decode(&w.body(&mut rng));
+        assert_eq!(v["history"].as_array().expect("history").len(), 3);
+    }
+
+    #[test]
+    fn recall_without_a_source_of_ids_is_refused_with_the_flag_to_set() {
+        let err = RecallWorkload::new(
+            "m".to_owned(),
+            recall(RecallInput::User, false),
+            population(None, None, None),
+        )
+        .expect_err("no users");
+        assert!(err.to_string().contains("--users N"), "{err}");
+        let err = RecallWorkload::new(
+            "m".to_owned(),
+            recall(RecallInput::History, false),
+            population(None, Some(5), None),
+        )
+        .expect_err("no items");
+        assert!(err.to_string().contains("--items N"), "{err}");
+        let err = RecallWorkload::new(
+            "m".to_owned(),
+            recall(RecallInput::User, true),
+            population(None, Some(5), None),
+        )
+        .expect_err("exclude needs a dataset");
+        assert!(err.to_string().contains("it needs --dataset"), "{err}");
+        let mut o = recall(RecallInput::User, false);
+        o.extra.insert("k".to_owned(), json!(5));
+        let err = RecallWorkload::new("m".to_owned(), o, population(None, Some(5), None))
+            .expect_err("clash");
+        assert!(err.to_string().contains("--body-extra sets \"k\""), "{err}");
+    }
+
+    #[test]
+    fn drawn_users_stay_below_the_user_count() {
+        let w = RecallWorkload::new(
+            "m".to_owned(),
+            recall(RecallInput::User, false),
+            population(None, Some(29_858), None),
+        )
+        .expect("valid");
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..1000 {
+            let v = decode(&w.body(&mut rng));
+            assert!((0..29_858).contains(&v["user_id"].as_i64().expect("user")));
+            assert!(v.get("exclude").is_none());
+        }
+    }
+
+    #[test]
+    fn recommend_sends_the_user_k_and_the_extra_keys() {
+        let mut extra = Map::new();
+        extra.insert("candidates".to_owned(), json!(200));
+        let w = RecommendWorkload::new(
+            "feed".to_owned(),
+            RecommendOptions { k: 10, extra },
+            population(Some(gowalla_like()), None, None),
+        )
+        .expect("valid");
+        assert_eq!(w.path(), "/v1/recommend/feed");
+        let v = decode(&w.body(&mut StdRng::seed_from_u64(4)));
+        assert!((0..4).contains(&v["user_id"].as_i64().expect("user")));
+        assert_eq!(v["k"], 10);
+        assert_eq!(v["candidates"], 200);
+
+        let err = RecommendWorkload::new(
+            "feed".to_owned(),
+            RecommendOptions {
+                k: 0,
+                extra: Map::new(),
+            },
+            population(None, Some(3), None),
+        )
+        .expect_err("k = 0");
+        assert!(err.to_string().contains("--k must be at least 1"), "{err}");
+    }
+}

@@ -1,0 +1,268 @@
+//! recload against a real recserve, started in this process on port 0 over the generated test repository
+//! (`scripts/test.sh` generates it; `RECSERVE_TEST_FIXTURE` points at it): every request recload generates, from
+//! `GET /v1/models` or from `model.toml`, with Zipf ids or a dataset file, is accepted and answered; `check` finds
+//! a server equal to itself and tells two different models apart; the in-process ceiling runs a fixture model.
+//! No assertion depends on how fast anything ran.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use recload::ceiling::{self, CeilingOptions};
+use recload::check::{self, CheckError, ScoresFile};
+use recload::cli::{Cli, Command, build_workload, run_report};
+use recload::report::RunReport;
+use recload::target::{Envelope, HttpTarget, Target};
+use recload::workload::IdDistribution;
+use recserve::config::ServeArgs;
+use tokio::sync::oneshot;
+
+fn fixture_repo() -> PathBuf {
+    let dir = std::env::var_os("RECSERVE_TEST_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-fixture"));
+    let repo = dir.join("repo");
+    assert!(
+        repo.is_dir(),
+        "no test repository at {}: run scripts/test.sh, which generates it, or set RECSERVE_TEST_FIXTURE",
+        repo.display()
+    );
+    repo
+}
+
+fn ort_library() -> PathBuf {
+    std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .expect("ORT_DYLIB_PATH must point at libonnxruntime.so: run scripts/test.sh, or source scripts/env.sh")
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<Result<(), recserve::service::StartError>>,
+}
+
+async fn start_recserve() -> Server {
+    let config = serve_config(|_| {});
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind port 0");
+    let addr = listener.local_addr().expect("address");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(recserve::server::run(config, listener, async {
+        let _ = stopped.await;
+    }));
+    let probe = HttpTarget::new(&format!("http://{addr}"), Envelope::None)
+        .await
+        .expect("URL");
+    for _ in 0..600 {
+        assert!(
+            !handle.is_finished(),
+            "recserve stopped before it was ready"
+        );
+        if let Ok((200, _)) = probe.get("/health/ready").await {
+            return Server { addr, stop, handle };
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("recserve not ready after 60 s");
+}
+
+impl Server {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.handle
+            .await
+            .expect("server task")
+            .expect("clean shutdown");
+    }
+}
+
+async fn run(args: &[&str]) -> RunReport {
+    let cli = Cli::try_parse_from(["recload", "run"].iter().chain(args)).expect("valid flags");
+    let Command::Run(run) = cli.command else {
+        panic!("parsed as a run")
+    };
+    run_report(&run).await.expect("the run completes")
+}
+
+fn all_answered(report: &RunReport) {
+    assert!(report.requests.scheduled > 0, "{report}");
+    assert_eq!(report.requests.errors, 0, "{report}\n{:?}", report.errors);
+    assert_eq!(report.requests.ok, report.requests.scheduled, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recserve_answers_every_request_recload_generates() {
+    let server = start_recserve().await;
+    let url = format!("http://{}", server.addr);
+    let repo = fixture_repo();
+    let repo = repo.to_str().expect("UTF-8 path");
+    let timing = ["--warmup", "200ms", "--duration", "1s", "--quiet"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dataset = dir.path().join("users.txt");
+    std::fs::write(&dataset, "0 5 6 7\n1 1998\n1459 3\n").expect("write dataset");
+    let dataset = dataset.to_str().expect("UTF-8 path");
+
+    let cases: Vec<Vec<&str>> = vec![
+        // The model described by GET /v1/models (fields read same-named tables).
+        vec!["--model", "deepfm-int8", "--rate", "100"],
+        // The model read from model.toml: field C26 reads table C25 (96 rows, rejects unknown ids).
+        vec![
+            "--model",
+            "deepfm-fp16",
+            "--repository",
+            repo,
+            "--rate",
+            "100",
+            "--ids",
+            "uniform",
+        ],
+        // Users from a dataset file in field C1 (1460 rows); candidate ids from its items.
+        vec![
+            "--model",
+            "deepfm-fp32",
+            "--dataset",
+            dataset,
+            "--user-id-field",
+            "C1",
+            "--closed",
+            "--concurrency",
+            "2",
+        ],
+        // top_k and a small pool.
+        vec![
+            "--model",
+            "deepfm-fp32",
+            "--rate",
+            "50",
+            "--top-k",
+            "3",
+            "--candidates",
+            "7",
+            "--pool",
+            "3",
+        ],
+    ];
+    for case in cases {
+        let args: Vec<&str> = ["--url", url.as_str()]
+            .into_iter()
+            .chain(case.iter().copied())
+            .chain(timing)
+            .collect();
+        let report = run(&args).await;
+        all_answered(&report);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_agrees_with_itself_and_tells_models_apart() {
+    let server = start_recserve().await;
+    let url = format!("http://{}", server.addr);
+    let target = HttpTarget::new(&url, Envelope::None).await.expect("URL");
+    let workload_for = |model: &str| {
+        let cli = Cli::try_parse_from([
+            "recload", "check", "--url", &url, "--model", model, "--save", "x",
+        ])
+        .expect("valid flags");
+        match cli.command {
+            Command::Check(args) => args.workload,
+            _ => panic!("parsed as a check"),
+        }
+    };
+    let (int8, _) = build_workload(&workload_for("deepfm-int8"), &target)
+        .await
+        .expect("workload");
+    let requests = int8.pool(8, 1);
+    let scores = check::collect(&target, &requests).await.expect("scores");
+    assert!(scores.iter().all(|s| s.len() == 100));
+    let saved = ScoresFile::new(target.info(), &requests, scores);
+    let text = serde_json::to_string(&saved).expect("JSON");
+    let saved = ScoresFile::parse(&text).expect("round trip");
+
+    let again = check::collect(&target, &saved.requests())
+        .await
+        .expect("scores");
+    let agreement = saved.compare(&again, 1e-5).expect("the same server agrees");
+    assert_eq!((agreement.samples, agreement.scores), (8, 800));
+    assert_eq!(agreement.worst, 0.0);
+
+    // deepfm-fp32 has the same fields but its own weights: the same requests get other scores.
+    let mut other = saved.clone();
+    other.path = "/v1/models/deepfm-fp32/rank".to_owned();
+    let different = check::collect(&target, &other.requests())
+        .await
+        .expect("scores");
+    let err = saved.compare(&different, 1e-5).expect_err("other weights");
+    assert!(
+        matches!(err, CheckError::Mismatch { sample: 0, .. }),
+        "{err}"
+    );
+    server.stop().await;
+}
+
+fn serve_config(tweak: impl FnOnce(&mut ServeArgs)) -> recserve::config::Config {
+    let mut args = ServeArgs {
+        repository: Some(fixture_repo()),
+        ort_library: Some(ort_library()),
+        ..ServeArgs::default()
+    };
+    tweak(&mut args);
+    args.resolve().expect("valid configuration")
+}
+
+fn ceiling_options(model: &str, batch_rows: Vec<usize>) -> CeilingOptions {
+    CeilingOptions {
+        model: model.to_owned(),
+        batch_rows,
+        candidates: 100,
+        warmup: Duration::from_millis(100),
+        duration: Duration::from_millis(300),
+        ids: IdDistribution::Zipf,
+        zipf_exponent: 1.05,
+        pool: 16,
+        seed: 1,
+    }
+}
+
+#[test]
+fn the_in_process_ceiling_runs_the_servers_compute_path_at_its_buckets() {
+    let config = serve_config(|a| {
+        a.shards = Some(2);
+        a.batch_buckets = vec![50, 128, 256];
+    });
+    let report =
+        ceiling::run(&config, &ceiling_options("deepfm-int8", vec![100, 250])).expect("ceiling");
+    assert_eq!(report.precision, "int8");
+    assert_eq!(report.version, 1);
+    assert_eq!(report.device, "cpu");
+    assert_eq!(report.shards, 2);
+    let rows: Vec<(usize, usize)> = report.batches.iter().map(|b| (b.rows, b.bucket)).collect();
+    assert_eq!(
+        rows,
+        vec![(100, 128), (250, 256)],
+        "padded as the server pads"
+    );
+    for b in &report.batches {
+        assert!(b.calls > 0, "{b:?}");
+        assert_eq!(b.latency_ms.expect("timed").count, b.calls);
+        let expected = b.calls as f64 * b.rows as f64 / report.duration_s;
+        assert!((b.rows_per_s - expected).abs() < 1e-6, "{b:?}");
+        assert!(
+            (b.requests_per_s - b.rows_per_s / 100.0).abs() < 1e-6,
+            "{b:?}"
+        );
+    }
+
+    let err =
+        ceiling::run(&config, &ceiling_options("nope", vec![100])).expect_err("unknown model");
+    assert!(
+        err.to_string().contains("--model \"nope\" is not in"),
+        "{err}"
+    );
+    let err =
+        ceiling::run(&config, &ceiling_options("deepfm-int8", vec![2000])).expect_err("too big");
+    assert!(err.to_string().contains("which it would split"), "{err}");
+}
