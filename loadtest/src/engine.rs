@@ -206,6 +206,9 @@ impl<T: Target> Shared<T> {
 /// granularity and a wake-up can be a little late.
 const SPIN_MARGIN: Duration = Duration::from_millis(2);
 
+/// Pause of a closed-loop worker after a connection was refused.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+
 async fn pace_until(at: Instant, precise: bool) {
     if !precise {
         tokio::time::sleep_until(at).await;
@@ -272,6 +275,10 @@ async fn worker<T: Target>(shared: Arc<Shared<T>>, mut conn: Option<T::Conn>) {
             }
         };
         shared.finish(slot, Some(sent), done, outcome);
+        if outcome == Err(ErrorKind::Connect) && matches!(shared.plan, Plan::Closed) {
+            // A closed loop would otherwise retry a refused connection as fast as the CPU allows.
+            tokio::time::sleep(CONNECT_BACKOFF).await;
+        }
     }
 }
 

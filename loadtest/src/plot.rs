@@ -69,7 +69,8 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
         y_max = y_max.max(sla);
         y_min = y_min.min(sla);
     }
-    let y_range = (y_min / 1.5).max(1e-3)..(y_max * 1.5);
+    // Room above the data (the axis is logarithmic) for the legend, so it never hides a point.
+    let y_range = (y_min / 1.5).max(1e-3)..(y_max * 12.0);
 
     let mut out = String::new();
     {
@@ -86,6 +87,7 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
             .configure_mesh()
             .x_desc("achieved requests/s")
             .y_desc("latency (ms, log scale)")
+            .x_label_formatter(&|v| format!("{v:.0}"))
             .y_label_formatter(&|v| format!("{v}"))
             .draw()
             .map_err(draw_error)?;

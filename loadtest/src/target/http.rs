@@ -376,6 +376,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_against_a_closed_port_fails_before_measuring_and_names_the_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let target = std::sync::Arc::new(
+            HttpTarget::new(&format!("http://{addr}"), Envelope::None)
+                .await
+                .expect("valid"),
+        );
+        let prepared: std::sync::Arc<[HttpRequest]> = vec![target.prepare(&Request {
+            path: "/v1/models/m/rank".to_owned(),
+            body: Bytes::from_static(b"{}"),
+        })]
+        .into();
+        let options = crate::engine::RunOptions {
+            mode: crate::engine::Mode::Closed { concurrency: 2 },
+            warmup: std::time::Duration::ZERO,
+            duration: std::time::Duration::from_secs(1),
+            timeout: std::time::Duration::from_secs(1),
+            seed: 1,
+            precise_pacing: false,
+            progress: false,
+        };
+        let err = crate::engine::run(target, prepared, &options)
+            .await
+            .expect_err("nothing listens");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot connect to {addr}: ")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
     async fn urls_are_checked_before_anything_is_sent() {
         for (url, problem) in [
             ("https://localhost:1", "not supported"),
