@@ -32,6 +32,7 @@ else
   ignored=$(cargo test --features cuda --lib --test gpu -- --list --ignored 2>/dev/null | grep -c ': test$' || true)
   echo "SKIPPED: no CUDA device: ${ignored} GPU device tests not run here (scripts/gpu-check.sh runs them on a GPU machine)"
 fi
-python -m pytest -q models/tests
+# The model toolchain's tests, and the peer benchmark's scoring (loadtest/peers/rankcore.py) against the fixture.
+python -m pytest -q models/tests loadtest/peers
 # The Helm chart and the Dockerfiles, checked offline (installs .venv-helm).
 scripts/check-helm.sh
