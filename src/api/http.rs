@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::v1;
+use super::{Protocol, v1};
 use crate::error::ServiceError;
 use crate::metrics::UNKNOWN_MODEL;
 use crate::service::{Readiness, ServedModel, Service};
@@ -157,7 +157,7 @@ async fn rank_call(
     service.metrics.observe_request(
         label,
         "rank",
-        "http",
+        Protocol::V1.as_str(),
         response.status().as_u16(),
         start.elapsed().as_secs_f64(),
     );
