@@ -1,7 +1,9 @@
 //! Transports. Each decodes its protocol into the typed inputs of [`crate::service::Service`] and encodes the
 //! results; no logic is written twice per protocol.
 
+pub mod grpc;
 pub mod http;
+pub mod kserve;
 pub mod v1;
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
