@@ -22,3 +22,5 @@ python -m recserve_models fixture --out "$RECSERVE_TEST_FIXTURE"
 
 cargo test --workspace --all-targets
 python -m pytest -q models/tests
+# The Helm chart and the Dockerfiles, checked offline (installs .venv-helm).
+scripts/check-helm.sh

@@ -11,8 +11,18 @@ use crate::ranking::{RankContract, RankInput};
 use crate::repository::Side;
 use crate::service::ServedModel;
 
-/// Parses a JSON body, naming the path of the first problem.
+/// Parses a JSON object body, naming the path of the first problem.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
+    // serde also reads a struct from an array; a request body must be an object.
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(ServiceError::Malformed(
+                "the body must be a JSON object".to_owned(),
+            ));
+        }
+        None => return Err(ServiceError::Malformed("the body is empty".to_owned())),
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -1,0 +1,364 @@
+//! End to end: start-up and shutdown. Broken repositories fail to load with a message naming the file and the
+//! mismatch (never a panic), `/metrics` is valid Prometheus exposition, and the binary exits 0 on SIGTERM after
+//! finishing what it accepted, or 1 with a clear message when ONNX Runtime cannot be loaded.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{TestServer, config, copy_dir, fixture_repo};
+use recserve::service::StartError;
+
+/// A repository holding only `deepfm-fp32` version 2 of the fixture, to break in one place.
+fn one_model_repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    copy_dir(&fixture_repo().join("deepfm-fp32/2"), &repo.join("m/2"));
+    repo
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).expect("read");
+    assert!(text.contains(from), "{} holds {from:?}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).expect("write");
+}
+
+const C5_TABLE: &str = "[[tables]]\nname = \"C5\"\nfile = \"tables.safetensors\"\nrows = 305\ndim = 9\nstorage = \"fp32\"\noov = \"reject\"\n";
+const C26_FIELD: &str = "[[fields]]\nname = \"C26\"\nside = \"item\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_repositories_are_refused_with_the_file_and_the_mismatch() {
+    type Breaker = fn(&Path);
+    let cases: Vec<(&str, Breaker, &str, &str)> = vec![
+        (
+            "truncated safetensors",
+            |v| {
+                let f = v.join("tables.safetensors");
+                let len = std::fs::metadata(&f).expect("stat").len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .expect("open")
+                    .set_len(len / 2)
+                    .expect("truncate");
+            },
+            "tables.safetensors",
+            "not a valid safetensors file",
+        ),
+        (
+            "ONNX embeddings input disagrees with the fields of model.toml",
+            |v| edit(&v.join("model.toml"), C26_FIELD, ""),
+            "dense.onnx",
+            "input \"embeddings\" has shape [?, 26, 9], but model.toml implies [batch, 25, 9]",
+        ),
+        (
+            "ONNX dense input disagrees with dense_features",
+            |v| edit(&v.join("model.toml"), ", \"I13\"]", "]"),
+            "dense.onnx",
+            "input \"dense\" has shape [?, 13], but model.toml implies [batch, 12]",
+        ),
+        (
+            "a field reads a table model.toml does not declare",
+            |v| edit(&v.join("model.toml"), C5_TABLE, ""),
+            "model.toml",
+            "field \"C5\" reads table \"C5\", which no [[tables]] entry declares",
+        ),
+        (
+            "a table missing from its file",
+            |v| {
+                let toml = v.join("model.toml");
+                edit(&toml, "name = \"C5\"\nfile", "name = \"C5x\"\nfile");
+                edit(
+                    &toml,
+                    "name = \"C5\"\nside = \"user\"\n",
+                    "name = \"C5\"\nside = \"user\"\ntable = \"C5x\"\n",
+                );
+            },
+            "tables.safetensors",
+            "has no tensor \"C5x\" for table \"C5x\"",
+        ),
+        (
+            "the table file is missing",
+            |v| std::fs::remove_file(v.join("tables.safetensors")).expect("rm"),
+            "tables.safetensors",
+            "cannot open table file",
+        ),
+        (
+            "storage disagrees with the tensor's dtype",
+            |v| {
+                edit(
+                    &v.join("model.toml"),
+                    "rows = 305\ndim = 9\nstorage = \"fp32\"",
+                    "rows = 305\ndim = 9\nstorage = \"fp16\"",
+                )
+            },
+            "tables.safetensors",
+            "tensor \"C5\" has dtype F32, but model.toml declares storage = \"fp16\"",
+        ),
+        (
+            "rows disagree with the tensor's shape",
+            |v| edit(&v.join("model.toml"), "rows = 305", "rows = 300"),
+            "tables.safetensors",
+            "tensor \"C5\" has shape [305, 9], but model.toml declares rows = 300, dim = 9",
+        ),
+        (
+            "the dense graph is missing",
+            |v| std::fs::remove_file(v.join("dense.onnx")).expect("rm"),
+            "dense.onnx",
+            "dense graph file does not exist",
+        ),
+        (
+            "the dense graph is not ONNX",
+            |v| std::fs::write(v.join("dense.onnx"), b"not a protobuf at all").expect("write"),
+            "dense.onnx",
+            "ONNX Runtime cannot load the graph",
+        ),
+        (
+            "model.toml is not TOML",
+            |v| edit(&v.join("model.toml"), "kind = \"deepfm\"", "kind = deepfm"),
+            "model.toml",
+            "string values must be quoted",
+        ),
+        (
+            "an unknown key in model.toml",
+            |v| edit(&v.join("model.toml"), "rows = 305", "rows = 305\nshard = 2"),
+            "model.toml",
+            "unknown field `shard`",
+        ),
+    ];
+    for (what, breaker, file, needle) in cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = one_model_repo(dir.path());
+        let version_dir = repo.join("m/2");
+        breaker(&version_dir);
+        let server = TestServer::spawn(config(&repo, |_| {})).await;
+        match server.finished().await {
+            Err(StartError::Load(e)) => {
+                assert_eq!(e.path, version_dir.join(file), "{what}: {e}");
+                assert!(
+                    e.problem.contains(needle),
+                    "{what}: expected {needle:?} in {:?}",
+                    e.problem
+                );
+            }
+            other => panic!("{what}: expected a load error, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_turns_ready_and_metrics_pass_promtool() {
+    let mut server = TestServer::spawn(config(&fixture_repo(), |_| {})).await;
+    let (status, body) = server.get("/health/live").await;
+    assert_eq!((status, body.as_str()), (200, "{\"status\":\"live\"}"));
+    server.wait_ready().await;
+    let (status, body) = server.get("/health/ready").await;
+    assert_eq!((status, body.as_str()), (200, "{\"status\":\"ready\"}"));
+
+    // Some traffic so that histograms and labelled counters have samples.
+    let request = serde_json::from_str(
+        &std::fs::read_to_string("docs/examples/rank-request.json").expect("example"),
+    )
+    .expect("json");
+    let (status, _) = server.post("/v1/models/deepfm-int8/rank", &request).await;
+    assert_eq!(status, 200);
+    let (status, _) = server.post("/v1/models/missing/rank", &request).await;
+    assert_eq!(status, 404);
+
+    let (status, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    for family in [
+        "recserve_requests_total",
+        "recserve_request_duration_seconds",
+        "recserve_gather_duration_seconds",
+        "recserve_inference_duration_seconds",
+        "recserve_request_rows",
+        "recserve_model_info",
+        "recserve_embedding_table_bytes",
+    ] {
+        assert!(
+            metrics.contains(&format!("# TYPE {family} ")),
+            "{family} missing"
+        );
+    }
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "promtool must be installed (scripts/test.sh installs Debian's `prometheus` package)",
+        );
+    use std::io::Write;
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .expect("write");
+    let out = promtool.wait_with_output().expect("promtool");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool check metrics reports problems:\n{report}"
+    );
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Kills the child process if the test fails before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The real binary: SIGTERM after a request is in flight → it finishes it and exits 0.
+#[test]
+fn the_binary_drains_and_exits_zero_on_sigterm() {
+    let child = Command::new(env!("CARGO_BIN_EXE_recserve"))
+        .args(["serve", "--http-addr", "127.0.0.1:0", "--repository"])
+        .arg(fixture_repo())
+        .arg("--ort-library")
+        .arg(common::ort_library())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start recserve");
+    let mut child = KillOnDrop(child);
+    let mut lines = BufReader::new(child.0.stderr.take().expect("stderr")).lines();
+    let mut addr = None;
+    let mut ready = false;
+    for line in lines.by_ref() {
+        let line = line.expect("log line");
+        if let Some(rest) = line.split("addr=").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if line.contains("all models loaded; ready") {
+            ready = true;
+            break;
+        }
+    }
+    assert!(ready, "the server logged readiness");
+    let addr = addr.expect("the server logged its address");
+    // Drain the rest of stderr in the background so the child never blocks on a full pipe.
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let body = std::fs::read_to_string("docs/examples/rank-request.json").expect("example");
+    let in_flight = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let client = reqwest::Client::new();
+            let mut ok = 0;
+            for _ in 0..20 {
+                match client
+                    .post(format!("http://{addr}/v1/models/deepfm-int8/rank"))
+                    .body(body.clone())
+                    .send()
+                    .await
+                {
+                    Ok(resp) if resp.status() == 200 => ok += 1,
+                    _ => break,
+                }
+            }
+            ok
+        })
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = child.0.wait().expect("wait");
+    let log = drain.join().expect("stderr").join("\n");
+    assert_eq!(exit.code(), Some(0), "exit status {exit:?}, log:\n{log}");
+    assert!(
+        log.contains("shutdown requested; finishing requests in flight"),
+        "{log}"
+    );
+    assert!(
+        in_flight.join().expect("client") >= 1,
+        "requests before the signal were answered"
+    );
+}
+
+#[test]
+fn a_missing_onnx_runtime_is_a_clear_start_up_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_recserve"))
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--ort-library",
+            "/nonexistent/libonnxruntime.so.1.31.1",
+            "--repository",
+        ])
+        .arg(fixture_repo())
+        .output()
+        .expect("run recserve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "cannot load the ONNX Runtime library from /nonexistent/libonnxruntime.so.1.31.1"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Set --ort-library (RECSERVE_ORT_LIBRARY) or ORT_DYLIB_PATH"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn check_config_prints_the_resolved_configuration_or_names_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_recserve"))
+        .args([
+            "check-config",
+            "--repository",
+            "/models",
+            "--ort-library",
+            "/o.so",
+            "--executors",
+            "3",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("repository = \"/models\"") && text.contains("executors = 3"),
+        "{text}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_recserve"))
+        .args([
+            "check-config",
+            "--repository",
+            "/models",
+            "--executors",
+            "0",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("--executors (RECSERVE_EXECUTORS) must be between 1 and 64, got 0"),
+        "{text}"
+    );
+}
