@@ -875,5 +875,21 @@ async fn the_documented_v2_example_scores_like_its_v1_twin() {
         &f32s(&response["outputs"][0]["data"]),
         &v1_scores(&server, "deepfm-int8", &v1).await,
     );
+    // docs/api.md shows this answer under its curl line.
+    let api =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/api.md"))
+            .expect("docs/api.md");
+    assert!(api.contains(
+        "curl -s localhost:8000/v2/models/deepfm-int8/infer -d @docs/examples/v2-infer-request.json"
+    ));
+    let shown: Value = api
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("# ")
+                .filter(|j| j.contains("\"id\":\"example-1\""))
+        })
+        .map(|j| serde_json::from_str(j).expect("the documented answer is JSON"))
+        .expect("docs/api.md shows the answer to the curl example");
+    assert_eq!(response, shown, "docs/api.md shows another answer");
     server.stop().await.expect("clean shutdown");
 }
