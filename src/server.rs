@@ -39,9 +39,9 @@ pub async fn run(
         },
     ));
     tracing::info!(
-        http = %listeners.http.local_addr()?,
+        addr = %listeners.http.local_addr()?,
         grpc = %listeners.grpc.local_addr()?,
-        "HTTP and gRPC listening; loading models"
+        "HTTP (addr) and gRPC listening; loading models"
     );
 
     // Before loading starts, so gRPC health reports NOT_SERVING until the models are ready.

@@ -165,6 +165,8 @@ def test_pod_as_rendered_starts_answers_its_probes_and_drains(tmp_path: Path) ->
     # The volumes the image and the cluster provide, here: the repository the chart mounts at /models is the
     # fixture's, the ONNX Runtime library is the one the tests use.
     env |= {"RECSERVE_REPOSITORY": str(fixture / "repo"), "ORT_DYLIB_PATH": ort}
+    # recserve always serves gRPC (default :8001); this value set does not expose it, so a free port too.
+    env |= {"RECSERVE_GRPC_ADDR": "127.0.0.1:0"}
     base = f"http://127.0.0.1:{r.container_port('http')}"
     probe = {kind: r.server[f"{kind}Probe"] for kind in ("startup", "readiness", "liveness")}
     log = (tmp_path / "server.log").open("w")
