@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: the Rust unit and end-to-end tests (against a freshly generated test repository) and the
+# Runs every test: the Rust unit and end-to-end tests (against a freshly generated test repository), the GPU
+# module's tests in a `--features cuda` build (the kernels compile to PTX through NVRTC here, with no GPU), and the
 # model toolchain's tests. Installs what they need first (scripts/setup.sh; promtool from Debian's `prometheus`
-# package when it is missing).
+# package when it is missing). Tests that need a CUDA device run only where one is present (nvidia-smi sees it);
+# elsewhere this prints a SKIPPED line for them, and scripts/gpu-check.sh runs them on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,15 @@ rm -rf "$RECSERVE_TEST_FIXTURE"
 python -m recserve_models fixture --out "$RECSERVE_TEST_FIXTURE"
 
 cargo test --workspace --all-targets
+# The CUDA build's own tests: the NVRTC compilation of the kernels (fails, never skips, without libnvrtc), the
+# CUDA store's device tests (ignored without a device) and the GPU end-to-end test.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  cargo test --features cuda --lib --test gpu -- --include-ignored
+else
+  cargo test --features cuda --lib --test gpu
+  ignored=$(cargo test --features cuda --lib --test gpu -- --list --ignored 2>/dev/null | grep -c ': test$' || true)
+  echo "SKIPPED: no CUDA device: ${ignored} GPU device tests not run here (scripts/gpu-check.sh runs them on a GPU machine)"
+fi
 python -m pytest -q models/tests
 # The Helm chart and the Dockerfiles, checked offline (installs .venv-helm).
 scripts/check-helm.sh

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
+
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -23,6 +25,13 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate the configuration (flags, environment, file) without starting, and print it as TOML.
     CheckConfig(ServeArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
@@ -79,9 +88,34 @@ pub struct ServeArgs {
     #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
 
-    /// Requests that may wait for an executor, per model; more are refused with 429 [default: 256].
+    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429 [default: 256].
     #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
+
+    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
+    /// [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
+    pub batching: Option<Switch>,
+
+    /// A batch closes when it holds this many rows; larger requests are split [default: the model's
+    /// [batching] max_batch_rows, else 1024].
+    #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]
+    pub max_batch_rows: Option<usize>,
+
+    /// A batch closes when its oldest request has waited this many microseconds [default: the model's
+    /// [batching] max_queue_delay_us, else 500].
+    #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+
+    /// Batch sizes executed, ascending; a batch is padded up to the next one and each is warmed up before ready
+    /// [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
+    #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
+    pub batch_buckets: Vec<usize>,
+
+    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
+    /// [default: the model's [batching] default_deadline_ms, else 100].
+    #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
+    pub default_deadline_ms: Option<u64>,
 
     /// Serve this version of a model instead of its highest, as MODEL=VERSION; repeat or comma-separate.
     #[arg(
@@ -99,6 +133,30 @@ pub struct ServeArgs {
     /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
     #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+
+    /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
+    /// visible GPU, or refuse to start) or cuda:N (GPU N only) [default: auto].
+    #[arg(long, env = "RECSERVE_DEVICE", value_name = "auto|cpu|cuda[:N]")]
+    pub device: Option<DeviceRequest>,
+
+    /// ONNX Runtime execution provider for executors that gather on a GPU: auto (CUDA when the ONNX Runtime
+    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable) [default: auto].
+    #[arg(long, value_enum, env = "RECSERVE_EXECUTION_PROVIDER")]
+    pub execution_provider: Option<ProviderRequest>,
+
+    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_FP16", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_fp16: Option<bool>,
+
+    /// TensorRT may use int8 kernels, with the scales of the graph's QDQ nodes (only with --execution-provider
+    /// tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_INT8", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_int8: Option<bool>,
+
+    /// Directory where TensorRT keeps built engines and timing caches, so restarts skip the build (only with
+    /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
+    #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
+    pub tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// The config file: the same settings as the flags.
@@ -115,10 +173,20 @@ struct FileConfig {
     max_candidates: Option<usize>,
     max_body_bytes: Option<usize>,
     queue_capacity: Option<usize>,
+    batching: Option<Switch>,
+    max_batch_rows: Option<usize>,
+    max_queue_delay_us: Option<u64>,
+    batch_buckets: Option<Vec<usize>>,
+    default_deadline_ms: Option<u64>,
     #[serde(default)]
     pin: HashMap<String, u64>,
     shutdown_timeout_s: Option<u64>,
     log_format: Option<LogFormat>,
+    device: Option<DeviceRequest>,
+    execution_provider: Option<ProviderRequest>,
+    tensorrt_fp16: Option<bool>,
+    tensorrt_int8: Option<bool>,
+    tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// The resolved, validated configuration.
@@ -134,9 +202,24 @@ pub struct Config {
     pub max_candidates: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
+    pub batching: Switch,
+    /// Batching settings that override every model's `[batching]` section when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch_rows: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue_delay_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_buckets: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_deadline_ms: Option<u64>,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
     pub log_format: LogFormat,
+    pub device: DeviceRequest,
+    pub execution_provider: ProviderRequest,
+    pub tensorrt_fp16: bool,
+    pub tensorrt_int8: bool,
+    pub tensorrt_engine_cache: Option<PathBuf>,
 }
 
 /// A configuration that cannot be used; the message names the flag.
@@ -222,6 +305,26 @@ impl ServeArgs {
                 "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr (RECSERVE_HTTP_ADDR), both are {grpc_addr}"
             )));
         }
+        let device = self.device.or(file.device).unwrap_or_default();
+        let execution_provider = self
+            .execution_provider
+            .or(file.execution_provider)
+            .unwrap_or_default();
+        let tensorrt_fp16 = self.tensorrt_fp16.or(file.tensorrt_fp16).unwrap_or(false);
+        let tensorrt_int8 = self.tensorrt_int8.or(file.tensorrt_int8).unwrap_or(false);
+        let tensorrt_engine_cache = self
+            .tensorrt_engine_cache
+            .clone()
+            .or(file.tensorrt_engine_cache);
+        check_device(
+            device,
+            execution_provider,
+            &TensorRtOptions {
+                fp16: tensorrt_fp16,
+                int8: tensorrt_int8,
+                engine_cache: tensorrt_engine_cache.clone(),
+            },
+        )?;
         Ok(Config {
             repository,
             http_addr,
@@ -265,6 +368,41 @@ impl ServeArgs {
                 1,
                 1 << 20,
             )?,
+            batching: self.batching.or(file.batching).unwrap_or(Switch::On),
+            max_batch_rows: self
+                .max_batch_rows
+                .or(file.max_batch_rows)
+                .map(|v| in_range("--max-batch-rows", v, 1, 65_536))
+                .transpose()?,
+            max_queue_delay_us: self
+                .max_queue_delay_us
+                .or(file.max_queue_delay_us)
+                .map(|v| {
+                    in_range("--max-queue-delay-us", v as usize, 0, 1_000_000).map(|v| v as u64)
+                })
+                .transpose()?,
+            batch_buckets: {
+                let buckets = if self.batch_buckets.is_empty() {
+                    file.batch_buckets
+                } else {
+                    Some(self.batch_buckets.clone())
+                };
+                if let Some(b) = &buckets {
+                    crate::batching::check_buckets(b).map_err(|problem| {
+                        ConfigError(format!(
+                            "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
+                        ))
+                    })?;
+                }
+                buckets
+            },
+            default_deadline_ms: self
+                .default_deadline_ms
+                .or(file.default_deadline_ms)
+                .map(|v| {
+                    in_range("--default-deadline-ms", v as usize, 1, 3_600_000).map(|v| v as u64)
+                })
+                .transpose()?,
             pin,
             shutdown_timeout_s: in_range(
                 "--shutdown-timeout-s",
@@ -278,8 +416,75 @@ impl ServeArgs {
                 .log_format
                 .or(file.log_format)
                 .unwrap_or(LogFormat::Text),
+            device,
+            execution_provider,
+            tensorrt_fp16,
+            tensorrt_int8,
+            tensorrt_engine_cache,
         })
     }
+}
+
+/// Checks `--device`, `--execution-provider` and the `--tensorrt-*` flags against each other and the build.
+fn check_device(
+    device: DeviceRequest,
+    provider: ProviderRequest,
+    tensorrt: &TensorRtOptions,
+) -> Result<(), ConfigError> {
+    if let DeviceRequest::Cuda(_) = device
+        && !gpu::BUILT_WITH_CUDA
+    {
+        return Err(ConfigError(format!(
+            "--device (RECSERVE_DEVICE) {device}: {}",
+            gpu::GpuError::NotBuilt
+        )));
+    }
+    match provider {
+        ProviderRequest::Auto | ProviderRequest::Cpu => {}
+        ProviderRequest::Cuda | ProviderRequest::Tensorrt => {
+            if device == DeviceRequest::Cpu {
+                return Err(ConfigError(format!(
+                    "--execution-provider (RECSERVE_EXECUTION_PROVIDER) {} runs the dense network on the GPU that \
+                     gathers the embeddings, so it needs --device auto or cuda, not cpu",
+                    provider.as_str()
+                )));
+            }
+            if !gpu::BUILT_WITH_CUDA {
+                return Err(ConfigError(format!(
+                    "--execution-provider (RECSERVE_EXECUTION_PROVIDER) {}: {}",
+                    provider.as_str(),
+                    gpu::GpuError::NotBuilt
+                )));
+            }
+        }
+    }
+    if provider != ProviderRequest::Tensorrt {
+        for (set, flag) in [
+            (tensorrt.fp16, "--tensorrt-fp16 (RECSERVE_TENSORRT_FP16)"),
+            (tensorrt.int8, "--tensorrt-int8 (RECSERVE_TENSORRT_INT8)"),
+            (
+                tensorrt.engine_cache.is_some(),
+                "--tensorrt-engine-cache (RECSERVE_TENSORRT_ENGINE_CACHE)",
+            ),
+        ] {
+            if set {
+                return Err(ConfigError(format!(
+                    "{flag} applies only with --execution-provider tensorrt, not {}",
+                    provider.as_str()
+                )));
+            }
+        }
+    }
+    if let Some(dir) = &tensorrt.engine_cache
+        && dir.exists()
+        && !dir.is_dir()
+    {
+        return Err(ConfigError(format!(
+            "--tensorrt-engine-cache (RECSERVE_TENSORRT_ENGINE_CACHE) {} exists and is not a directory",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -289,6 +494,15 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
 }
 
 impl Config {
+    /// The TensorRT settings.
+    pub fn tensorrt(&self) -> TensorRtOptions {
+        TensorRtOptions {
+            fp16: self.tensorrt_fp16,
+            int8: self.tensorrt_int8,
+            engine_cache: self.tensorrt_engine_cache.clone(),
+        }
+    }
+
     /// The configuration as a TOML config file would hold it.
     pub fn to_toml(&self) -> String {
         toml::to_string(self)
@@ -387,6 +601,97 @@ mod tests {
                 err.0
             );
         }
+    }
+
+    #[test]
+    fn device_and_provider_flags() {
+        let config = parse(&["--repository", "r"]).expect("defaults");
+        assert_eq!(
+            (config.device, config.execution_provider),
+            (DeviceRequest::Auto, ProviderRequest::Auto)
+        );
+        assert_eq!(config.tensorrt(), TensorRtOptions::default());
+        let config = parse(&["--repository", "r", "--device", "cpu"]).expect("cpu");
+        assert_eq!(config.device, DeviceRequest::Cpu);
+
+        let err = parse(&["--repository", "r", "--device", "gpu0"]).expect_err("bad value");
+        assert!(
+            err.0.contains("expected auto, cpu, cuda or cuda:N"),
+            "{}",
+            err.0
+        );
+        let err = parse(&[
+            "--repository",
+            "r",
+            "--device",
+            "cpu",
+            "--execution-provider",
+            "cuda",
+        ])
+        .expect_err("GPU provider on the CPU");
+        assert!(
+            err.0
+                .contains("--execution-provider (RECSERVE_EXECUTION_PROVIDER) cuda")
+                && err.0.contains("not cpu"),
+            "{}",
+            err.0
+        );
+        let err = parse(&["--repository", "r", "--tensorrt-fp16"]).expect_err("no TensorRT");
+        assert!(
+            err.0
+                .contains("--tensorrt-fp16 (RECSERVE_TENSORRT_FP16) applies only with"),
+            "{}",
+            err.0
+        );
+        let err = parse(&["--repository", "r", "--device", "cuda:1"]);
+        if gpu::BUILT_WITH_CUDA {
+            assert_eq!(
+                err.expect("valid in a CUDA build").device,
+                DeviceRequest::Cuda(Some(1))
+            );
+        } else {
+            let err = err.expect_err("no CUDA in this build");
+            assert!(
+                err.0.contains("--device (RECSERVE_DEVICE) cuda:1")
+                    && err.0.contains("--features cuda"),
+                "{}",
+                err.0
+            );
+        }
+    }
+
+    #[test]
+    fn tensorrt_settings_from_the_file() {
+        if !gpu::BUILT_WITH_CUDA {
+            // Without CUDA the provider itself is refused (device_and_provider_flags checks that message).
+            let err = parse(&["--repository", "r", "--execution-provider", "tensorrt"])
+                .expect_err("no CUDA in this build");
+            assert!(err.0.contains("--features cuda"), "{}", err.0);
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "repository = \"/m\"\ndevice = \"cuda:0\"\nexecution_provider = \"tensorrt\"\n\
+             tensorrt_fp16 = true\ntensorrt_engine_cache = \"/var/cache/trt\"\n",
+        )
+        .expect("write");
+        let config =
+            parse(&["--config", file.to_str().expect("utf-8"), "--tensorrt-int8"]).expect("valid");
+        assert_eq!(config.device, DeviceRequest::Cuda(Some(0)));
+        assert_eq!(config.execution_provider, ProviderRequest::Tensorrt);
+        assert_eq!(
+            config.tensorrt(),
+            TensorRtOptions {
+                fp16: true,
+                int8: true,
+                engine_cache: Some(PathBuf::from("/var/cache/trt")),
+            }
+        );
+        let text = config.to_toml();
+        assert!(text.contains("device = \"cuda:0\""), "{text}");
+        assert!(text.contains("execution_provider = \"tensorrt\""), "{text}");
     }
 
     #[test]

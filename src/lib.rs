@@ -1,10 +1,12 @@
 //! recserve: a low-latency inference server for recommendation models.
 
 pub mod api;
+pub mod batching;
 pub mod config;
 pub mod embedding;
 pub mod error;
 pub mod executor;
+pub mod gpu;
 pub mod metrics;
 pub mod ranking;
 pub mod repository;

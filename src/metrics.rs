@@ -19,6 +19,9 @@ pub const ROW_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
 ];
 
+/// Ratio buckets for actual ÷ estimated execution time.
+pub const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0];
+
 /// The `model` label of requests for a model that is not served: bounded, unlike the name in the URL.
 pub const UNKNOWN_MODEL: &str = "";
 
@@ -37,6 +40,14 @@ pub struct Metrics {
     expired: IntCounterVec,
     model_info: IntGaugeVec,
     table_bytes: IntGaugeVec,
+    queue_duration: HistogramVec,
+    batch_rows: HistogramVec,
+    padding_rows: IntCounterVec,
+    batches: IntCounterVec,
+    queue_depth: IntGaugeVec,
+    execution: HistogramVec,
+    estimate_ratio: HistogramVec,
+    gpu_memory: IntGaugeVec,
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
@@ -126,8 +137,52 @@ impl Metrics {
                 "Bytes of each embedding table as stored, by model, table, storage type and device.",
                 &["model", "table", "storage", "device"],
             ),
+            queue_duration: histogram(
+                "recserve_queue_duration_seconds",
+                "Time requests waited in the batcher's queue before their batch was handed to an executor.",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            batch_rows: histogram(
+                "recserve_batch_rows",
+                "Rows of each executed batch, before padding to its bucket.",
+                ROW_BUCKETS,
+                &["model"],
+            ),
+            padding_rows: counter(
+                "recserve_batch_padding_rows_total",
+                "Rows added to batches to pad them up to a bucket size (computed and thrown away).",
+                &["model"],
+            ),
+            batches: counter(
+                "recserve_batches_total",
+                "Batches executed, by why they were closed: full, delay, deadline, unbatched, drain.",
+                &["model", "reason"],
+            ),
+            queue_depth: gauge(
+                "recserve_queue_depth",
+                "Requests (or chunks of large ones) waiting in the batcher's queue.",
+                &["model"],
+            ),
+            execution: histogram(
+                "recserve_batch_execution_seconds",
+                "Time to execute one batch (gather and inference of the padded batch).",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            estimate_ratio: histogram(
+                "recserve_batch_execution_estimate_ratio",
+                "Actual ÷ estimated execution time of each batch: how well the batcher predicts.",
+                RATIO_BUCKETS,
+                &["model"],
+            ),
+            gpu_memory: gauge(
+                "recserve_gpu_memory_bytes",
+                "Bytes of GPU memory each shard of each embedding table occupies, by model, table, shard and device.",
+                &["model", "table", "shard", "device"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 12] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -139,7 +194,15 @@ impl Metrics {
             Box::new(m.expired.clone()),
             Box::new(m.model_info.clone()),
             Box::new(m.table_bytes.clone()),
+            Box::new(m.gpu_memory.clone()),
             Box::new(build_info()),
+            Box::new(m.queue_duration.clone()),
+            Box::new(m.batch_rows.clone()),
+            Box::new(m.padding_rows.clone()),
+            Box::new(m.batches.clone()),
+            Box::new(m.queue_depth.clone()),
+            Box::new(m.execution.clone()),
+            Box::new(m.estimate_ratio.clone()),
         ];
         for c in collectors {
             m.registry
@@ -180,9 +243,33 @@ impl Metrics {
             request_rows: self.request_rows.with_label_values(&[model]),
             gather_duration: self.gather_duration.with_label_values(&[model, device]),
             inference_duration: self.inference_duration.with_label_values(&[model]),
-            rejected_queue_full: self.rejected.with_label_values(&[model, "queue_full"]),
-            abandoned: self.abandoned.with_label_values(&[model]),
+        }
+    }
+
+    /// Counts a request refused before queueing, by reason.
+    pub fn rejected(&self, model: &str, reason: &str) {
+        self.rejected.with_label_values(&[model, reason]).inc();
+    }
+
+    /// The batcher's handles for one model.
+    pub fn batching(&self, model: &str) -> crate::batching::BatchMetrics {
+        let reason = |r: &str| self.batches.with_label_values(&[model, r]);
+        crate::batching::BatchMetrics {
+            queue_duration: self.queue_duration.with_label_values(&[model]),
+            batch_rows: self.batch_rows.with_label_values(&[model]),
+            padding_rows: self.padding_rows.with_label_values(&[model]),
+            batches: [
+                reason("full"),
+                reason("delay"),
+                reason("deadline"),
+                reason("unbatched"),
+                reason("drain"),
+            ],
+            queue_depth: self.queue_depth.with_label_values(&[model]),
+            execution: self.execution.with_label_values(&[model]),
+            estimate_ratio: self.estimate_ratio.with_label_values(&[model]),
             expired: self.expired.with_label_values(&[model]),
+            abandoned: self.abandoned.with_label_values(&[model]),
         }
     }
 
@@ -217,15 +304,28 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Records the device memory of one shard of a GPU-resident table.
+    pub fn set_gpu_memory_bytes(
+        &self,
+        model: &str,
+        table: &str,
+        shard: usize,
+        device: &str,
+        bytes: u64,
+    ) {
+        self.gpu_memory
+            .with_label_values(&[model, table, &shard.to_string(), device])
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+}
+
 /// Per-model metric handles for the request path.
 #[derive(Debug, Clone)]
 pub struct ModelMetrics {
     pub request_rows: Histogram,
     pub gather_duration: Histogram,
     pub inference_duration: Histogram,
-    pub rejected_queue_full: IntCounter,
-    pub abandoned: IntCounter,
-    pub expired: IntCounter,
 }
 
 fn build_info() -> IntGauge {
@@ -252,6 +352,7 @@ mod tests {
         m.model("deepfm", "cpu").gather_duration.observe(1e-4);
         m.oov_counter("deepfm", "C1").inc();
         m.set_model_info("deepfm", 3, "deepfm", "int8", "cpu");
+        m.set_gpu_memory_bytes("deepfm", "C1", 1, "cuda:0", 4096);
         let text = m.render().expect("render");
         for needle in [
             "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",protocol=\"http\"} 1",
@@ -259,6 +360,7 @@ mod tests {
             "recserve_gather_duration_seconds_bucket{device=\"cpu\",model=\"deepfm\",le=\"0.0001\"} 1",
             "recserve_embedding_oov_total{model=\"deepfm\",table=\"C1\"} 1",
             "recserve_model_info{device=\"cpu\",kind=\"deepfm\",model=\"deepfm\",precision=\"int8\",version=\"3\"} 1",
+            "recserve_gpu_memory_bytes{device=\"cuda:0\",model=\"deepfm\",shard=\"1\",table=\"C1\"} 4096",
             "recserve_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");

@@ -1,17 +1,20 @@
-//! DeepFM ranking: loading a ranking model (tables, dense graph sessions, executor threads), the request contract
-//! every transport decodes into ([`RankContract`] → [`RankInput`]), and scoring.
+//! DeepFM ranking: loading a ranking model (tables, dense graph sessions, batcher and executor threads), the
+//! request contract every transport decodes into ([`RankContract`] → [`RankInput`]), and scoring.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::embedding::{CpuStore, EmbeddingStore, OovPolicy, open_tables};
+use crate::batching::{
+    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Refusal, Unexecuted, split_rows,
+};
+use crate::embedding::{self, EmbeddingStore, OovPolicy, open_tables};
 use crate::error::{LoadError, ServiceError};
-use crate::executor::pool::{ExecError, ExecutorPool, RankJob, Refused, Worker};
-use crate::executor::{DenseGraph, GraphShape};
-use crate::metrics::ModelMetrics;
+use crate::executor::{DenseGraph, ExecError, GraphShape, Worker};
+use crate::metrics::Metrics;
 use crate::repository::{ModelSpec, ModelVersion, Side};
 use crate::service::LoadContext;
 
@@ -114,19 +117,98 @@ impl RankContract {
     }
 }
 
-/// A loaded DeepFM model: its embedding store and the executor threads that own its dense-graph sessions.
+/// Rows of one request (or chunk of one) waiting to be scored.
+#[derive(Debug)]
+pub struct RankJob {
+    pub ids: Vec<i64>,
+    pub dense: Vec<f32>,
+    pub reply: oneshot::Sender<Result<Vec<f32>, ExecError>>,
+}
+
+impl Job for RankJob {
+    fn is_abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn refuse(self, why: Unexecuted) {
+        let error = match why {
+            Unexecuted::Expired => ExecError::DeadlineExceeded,
+            Unexecuted::ShuttingDown => ExecError::ShuttingDown,
+        };
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+/// An executor thread of a ranking model: concatenates a batch's rows, pads them to the batch's bucket, scores
+/// them and answers each job with its own rows' scores.
+#[derive(Debug)]
+struct RankExecutor {
+    worker: Worker,
+    shape: GraphShape,
+    ids: Vec<i64>,
+    dense: Vec<f32>,
+}
+
+impl BatchExecutor for RankExecutor {
+    type Job = RankJob;
+
+    fn execute(&mut self, batch: Batch<RankJob>) {
+        let GraphShape { fields, dense, .. } = self.shape;
+        self.ids.clear();
+        self.dense.clear();
+        for entry in &batch.entries {
+            self.ids.extend_from_slice(&entry.job.ids);
+            self.dense.extend_from_slice(&entry.job.dense);
+        }
+        // Padding rows read row 0 of every table (always in the vocabulary); their scores are discarded.
+        self.ids.resize(batch.bucket * fields, 0);
+        self.dense.resize(batch.bucket * dense, 0.0);
+        let (worker, ids, dense_values) = (&mut self.worker, &self.ids, &self.dense);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            worker.execute(batch.bucket, ids, dense_values)
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(ExecError::Panicked(what))
+        });
+        match result {
+            Ok(scores) => {
+                let mut at = 0;
+                for entry in batch.entries {
+                    let mine = scores[at..at + entry.rows].to_vec();
+                    at += entry.rows;
+                    let _ = entry.job.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, rows = batch.rows, "batch failed");
+                for entry in batch.entries {
+                    let _ = entry.job.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A loaded DeepFM model: its embedding store and the batcher in front of its executor threads.
 #[derive(Debug)]
 pub struct RankingModel {
     pub contract: RankContract,
     store: Arc<dyn EmbeddingStore>,
-    pool: ExecutorPool,
-    metrics: ModelMetrics,
+    batcher: Batcher<RankJob>,
+    batching: BatchConfig,
+    default_deadline: Duration,
+    metrics: Metrics,
     model: String,
 }
 
 impl RankingModel {
-    /// Opens the tables and the dense graph (one session per executor), checks them against `spec`, warms every
-    /// session up and starts the executor threads.
+    /// Opens the tables and the dense graph (one session per executor), checks them against `spec`, runs every
+    /// batch bucket on every session (which also seeds the execution-time estimate), and starts the batcher.
     pub fn load(
         ctx: &LoadContext,
         mv: &ModelVersion,
@@ -145,8 +227,22 @@ impl RankingModel {
             .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
             .collect();
         let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
-        let store: Arc<dyn EmbeddingStore> =
-            Arc::new(CpuStore::new(specs, bytes, ctx.shards, counters));
+        let store = crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)
+            .map_err(|e| {
+                LoadError::new(
+                    &mv.dir,
+                    format!("cannot place the embedding tables (--device): {e}"),
+                )
+            })?;
+        for shard in store.device_memory() {
+            ctx.metrics.set_gpu_memory_bytes(
+                &mv.name,
+                &shard.table,
+                shard.shard,
+                &shard.device,
+                shard.bytes,
+            );
+        }
         for t in store.tables() {
             ctx.metrics.set_table_bytes(
                 &mv.name,
@@ -163,30 +259,44 @@ impl RankingModel {
             dim: spec.field_dim(),
             dense: contract.dense_features,
         };
+        let (batching, default_deadline) = ctx.batching.resolve(&spec.batching);
+        let estimator = Estimator::new(&batching.buckets);
         let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
         let metrics = ctx.metrics.model(&mv.name, store.device());
         let graph_path = mv.dir.join(&graph_spec.file);
-        let mut workers = Vec::with_capacity(ctx.executors);
-        for _ in 0..ctx.executors {
-            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, ctx.session)?;
-            let mut worker = Worker::new(
-                graph,
-                Arc::clone(&store),
-                Arc::clone(&fields),
-                metrics.clone(),
-            );
+        let mut executors = Vec::with_capacity(ctx.executors);
+        for executor in 0..ctx.executors {
+            let lane = embedding::lane(&store, executor).map_err(|e| {
+                LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
+            })?;
+            let options = ctx.session.on_device(lane.cuda_device());
+            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
+            let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
             worker
-                .warm_up(&ctx.warmup_rows)
+                .warm_up(&batching.buckets, Some(&estimator))
                 .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;
-            workers.push(worker);
+            executors.push(RankExecutor {
+                worker,
+                shape,
+                ids: Vec::new(),
+                dense: Vec::new(),
+            });
         }
-        let pool = ExecutorPool::start(&mv.name, workers, ctx.queue_capacity)
-            .map_err(|e| LoadError::new(&mv.dir, format!("cannot start executor threads: {e}")))?;
+        let batcher = Batcher::start(
+            &mv.name,
+            batching.clone(),
+            estimator,
+            executors,
+            ctx.metrics.batching(&mv.name),
+        )
+        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the batcher threads: {e}")))?;
         Ok(RankingModel {
             contract,
             store,
-            pool,
-            metrics,
+            batcher,
+            batching,
+            default_deadline,
+            metrics: ctx.metrics.clone(),
             model: mv.name.clone(),
         })
     }
@@ -203,46 +313,84 @@ impl RankingModel {
             .collect()
     }
 
-    /// Scores validated rows: queues them for an executor and waits for the scores, one per row.
-    /// `deadline`: when the client stops waiting; the job is dropped unexecuted once it has passed.
+    /// The batching this model runs with.
+    pub fn batching(&self) -> &BatchConfig {
+        &self.batching
+    }
+
+    /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher
+    /// and reassembles the scores in order. `deadline` defaults to the model's default deadline from now.
     pub async fn score(
         &self,
         input: RankInput,
         deadline: Option<Instant>,
     ) -> Result<Vec<f32>, ServiceError> {
-        self.metrics.request_rows.observe(input.rows as f64);
-        let (reply, scores) = oneshot::channel();
-        let job = RankJob {
-            rows: input.rows,
-            ids: input.ids,
-            dense: input.dense,
-            deadline,
-            reply,
-        };
-        match self.pool.try_submit(job) {
-            Ok(()) => {}
-            Err(Refused::Full(_)) => {
-                self.metrics.rejected_queue_full.inc();
-                return Err(ServiceError::Overloaded {
-                    model: self.model.clone(),
-                    retry_after: std::time::Duration::from_secs(1),
-                });
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
+        let (fields, dense) = (self.contract.fields(), self.contract.dense_features);
+        let ranges = split_rows(input.rows, self.batching.max_batch_rows);
+        let mut chunks = Vec::with_capacity(ranges.len());
+        let mut answers = Vec::with_capacity(ranges.len());
+        if ranges.len() == 1 {
+            let (reply, answer) = oneshot::channel();
+            chunks.push((
+                RankJob {
+                    ids: input.ids,
+                    dense: input.dense,
+                    reply,
+                },
+                input.rows,
+            ));
+            answers.push(answer);
+        } else {
+            for r in ranges {
+                let (reply, answer) = oneshot::channel();
+                let job = RankJob {
+                    ids: input.ids[r.start * fields..r.end * fields].to_vec(),
+                    dense: input.dense[r.start * dense..r.end * dense].to_vec(),
+                    reply,
+                };
+                chunks.push((job, r.len()));
+                answers.push(answer);
             }
-            Err(Refused::Closed(_)) => return Err(ServiceError::Unavailable("shutting down")),
         }
-        match scores.await {
-            Ok(Ok(scores)) => Ok(scores),
-            Ok(Err(ExecError::DeadlineExceeded)) => Err(ServiceError::DeadlineExceeded {
-                model: self.model.clone(),
-            }),
-            Ok(Err(e)) => Err(ServiceError::Internal(format!(
-                "model {:?}: {e}",
-                self.model
-            ))),
-            Err(_) => Err(ServiceError::Internal(format!(
-                "model {:?}: the executor dropped the job",
-                self.model
-            ))),
+        if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
+            self.metrics.rejected(&self.model, refusal.reason());
+            return Err(match refusal {
+                Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
+                Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => {
+                    ServiceError::Overloaded {
+                        model: self.model.clone(),
+                        retry_after: refusal.retry_after(),
+                    }
+                }
+            });
         }
+        let mut scores = Vec::with_capacity(input.rows);
+        for answer in answers {
+            match answer.await {
+                Ok(Ok(part)) => scores.extend(part),
+                Ok(Err(ExecError::DeadlineExceeded)) => {
+                    return Err(ServiceError::DeadlineExceeded {
+                        model: self.model.clone(),
+                    });
+                }
+                Ok(Err(ExecError::ShuttingDown)) => {
+                    return Err(ServiceError::Unavailable("shutting down"));
+                }
+                Ok(Err(e)) => {
+                    return Err(ServiceError::Internal(format!(
+                        "model {:?}: {e}",
+                        self.model
+                    )));
+                }
+                Err(_) => {
+                    return Err(ServiceError::Internal(format!(
+                        "model {:?}: the executor dropped the job",
+                        self.model
+                    )));
+                }
+            }
+        }
+        Ok(scores)
     }
 }

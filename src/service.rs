@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::batching::BatchSettings;
+use crate::config::{Config, Switch};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, RuntimeError, SessionOptions};
+use crate::gpu::{self, GpuError, Placement};
 use crate::metrics::Metrics;
 use crate::ranking::{RankInput, RankingModel};
 use crate::repository::{self, ModelKind, ModelSpec};
@@ -22,6 +24,8 @@ pub enum StartError {
     Runtime(#[from] RuntimeError),
     #[error("cannot load model: {0}")]
     Load(#[from] LoadError),
+    #[error("--device: {0}")]
+    Device(#[from] GpuError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -32,29 +36,42 @@ pub struct LoadContext {
     pub runtime: Runtime,
     pub metrics: Metrics,
     pub session: SessionOptions,
+    /// Where embedding tables go (`--device`, resolved against the machine once at start-up).
+    pub placement: Placement,
     pub executors: usize,
     pub shards: usize,
-    pub queue_capacity: usize,
     pub max_candidates: usize,
-    /// Batch sizes each session runs before the model counts as ready.
-    pub warmup_rows: Vec<usize>,
+    pub batching: BatchSettings,
 }
 
 impl LoadContext {
-    pub fn new(config: &Config, runtime: Runtime, metrics: Metrics) -> LoadContext {
-        let mut warmup_rows = vec![1, config.max_candidates];
-        warmup_rows.dedup();
+    pub fn new(
+        config: &Config,
+        runtime: Runtime,
+        metrics: Metrics,
+        placement: Placement,
+    ) -> LoadContext {
         LoadContext {
             runtime,
             metrics,
             session: SessionOptions {
                 intra_op_threads: config.intra_op_threads,
+                provider: config.execution_provider,
+                tensorrt: config.tensorrt(),
+                cuda_device: None,
             },
+            placement,
             executors: config.executors,
             shards: config.shards,
-            queue_capacity: config.queue_capacity,
             max_candidates: config.max_candidates,
-            warmup_rows,
+            batching: BatchSettings {
+                enabled: config.batching == Switch::On,
+                max_batch_rows: config.max_batch_rows,
+                max_queue_delay_us: config.max_queue_delay_us,
+                buckets: config.batch_buckets.clone(),
+                default_deadline_ms: config.default_deadline_ms,
+                queue_capacity: config.queue_capacity,
+            },
         }
     }
 }
@@ -139,7 +156,8 @@ impl Service {
     /// thread of its own.
     pub fn load(&self, config: &Config) -> Result<(), StartError> {
         let runtime = Runtime::load(&config.ort_library)?;
-        let ctx = LoadContext::new(config, runtime, self.metrics.clone());
+        let placement = gpu::select(config.device)?;
+        let ctx = LoadContext::new(config, runtime, self.metrics.clone(), placement);
         let pins: HashMap<String, u64> = config.pin.clone();
         let mut models = BTreeMap::new();
         for mv in repository::discover(&config.repository, &pins)? {

@@ -2,7 +2,9 @@
 //! device-agnostic [`EmbeddingStore`] trait that the executors gather through.
 //!
 //! The CPU store ([`cpu::CpuStore`]) is always built and is the one the GPU store is tested against; the naive
-//! [`reference::gather`] is in turn the reference for the CPU store.
+//! [`reference::gather`] is in turn the reference for the CPU store. Each executor thread gathers through its own
+//! [`GatherLane`] (made by [`lane`]): for the CPU store a thin wrapper, for the GPU store (`crate::gpu`) a CUDA
+//! stream with its own pinned staging and device buffers, which can also leave the batch in device memory.
 
 pub mod cpu;
 mod file;
@@ -10,8 +12,11 @@ pub mod reference;
 pub mod synthetic;
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Deserialize;
+
+use crate::gpu::{DeviceOutput, ShardMemory};
 
 pub use cpu::CpuStore;
 pub use file::{TableBytes, open_tables};
@@ -134,7 +139,7 @@ impl ShardLayout {
 
 /// Why a gather could not be done. Request validation checks ids against `reject` tables before a request is
 /// queued, so a `Rejected` here means a caller skipped validation.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum GatherError {
     #[error(
         "id {id} at row {row} is outside the vocabulary of table {table:?}, which rejects unknown ids"
@@ -142,6 +147,9 @@ pub enum GatherError {
     Rejected { table: String, row: usize, id: i64 },
     #[error("gather shape mismatch: {0}")]
     Shape(String),
+    /// The GPU failed (a CUDA call returned an error), or the lane cannot write where it was asked to.
+    #[error("GPU gather failed: {0}")]
+    Device(String),
 }
 
 /// The embedding tables of one model, on some device, read by gathering rows.
@@ -157,6 +165,80 @@ pub trait EmbeddingStore: Send + Sync + fmt::Debug {
     fn device(&self) -> &str;
     /// Gathers rows into host memory, applying each table's OOV policy and counting defaults.
     fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError>;
+    /// A lane of its own for executor `executor`, when this store has one (GPU stores: a stream and buffers on
+    /// the executor's GPU). `None`: executors gather through [`EmbeddingStore::gather`].
+    fn lane(&self, executor: usize) -> Option<Result<Box<dyn GatherLane>, GatherError>> {
+        let _ = executor;
+        None
+    }
+    /// Device memory held per shard (empty for host memory), for `recserve_gpu_memory_bytes`.
+    fn device_memory(&self) -> Vec<ShardMemory> {
+        Vec::new()
+    }
+}
+
+/// One executor's way of gathering: owned by the executor thread, so it can keep streams and buffers without locks.
+pub trait GatherLane: Send + fmt::Debug {
+    /// The CUDA device ordinal the lane gathers on, or `None` for host memory. An executor whose lane is on a GPU
+    /// may run its dense graph there too.
+    fn cuda_device(&self) -> Option<usize>;
+    /// Gathers into host memory, as [`EmbeddingStore::gather`].
+    fn gather_host(
+        &mut self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+    ) -> Result<(), GatherError>;
+    /// Gathers into device memory on [`GatherLane::cuda_device`]; returns once the values are there.
+    fn gather_device(
+        &mut self,
+        fields: &[usize],
+        ids: &[i64],
+        out: DeviceOutput,
+    ) -> Result<(), GatherError>;
+}
+
+/// The lane of executor `executor`: the store's own, or one that gathers through the shared store.
+pub fn lane(
+    store: &Arc<dyn EmbeddingStore>,
+    executor: usize,
+) -> Result<Box<dyn GatherLane>, GatherError> {
+    match store.lane(executor) {
+        Some(lane) => lane,
+        None => Ok(Box::new(HostLane(Arc::clone(store)))),
+    }
+}
+
+/// The lane of a store in host memory.
+#[derive(Debug)]
+struct HostLane(Arc<dyn EmbeddingStore>);
+
+impl GatherLane for HostLane {
+    fn cuda_device(&self) -> Option<usize> {
+        None
+    }
+
+    fn gather_host(
+        &mut self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+    ) -> Result<(), GatherError> {
+        self.0.gather(fields, ids, out)
+    }
+
+    fn gather_device(
+        &mut self,
+        _fields: &[usize],
+        _ids: &[i64],
+        out: DeviceOutput,
+    ) -> Result<(), GatherError> {
+        Err(GatherError::Device(format!(
+            "the {} store cannot write into memory of cuda:{}",
+            self.0.device(),
+            out.device
+        )))
+    }
 }
 
 /// Checks `ids`/`out` against `fields` and returns the shared `dim`.
@@ -165,6 +247,16 @@ pub(crate) fn check_gather_shape(
     fields: &[usize],
     ids: &[i64],
     out: &[f32],
+) -> Result<usize, GatherError> {
+    check_gather_shape_len(tables, fields, ids, out.len())
+}
+
+/// [`check_gather_shape`] for an output known by its length (device memory).
+pub(crate) fn check_gather_shape_len(
+    tables: &[TableSpec],
+    fields: &[usize],
+    ids: &[i64],
+    out_len: usize,
 ) -> Result<usize, GatherError> {
     let Some(&first) = fields.first() else {
         return Err(GatherError::Shape("no fields".to_owned()));
@@ -190,10 +282,10 @@ pub(crate) fn check_gather_shape(
             fields.len()
         )));
     }
-    if out.len() != ids.len() * dim {
+    if out_len != ids.len() * dim {
         return Err(GatherError::Shape(format!(
             "output holds {} values, expected {} ids × dim {dim}",
-            out.len(),
+            out_len,
             ids.len()
         )));
     }

@@ -1,13 +1,19 @@
 //! One session of a model's dense network, checked against `model.toml` when it is opened: exactly the declared
 //! inputs and output, float32, `[B, F, D]` / `[B, N]` → `[B, 1]` with a dynamic batch dimension.
+//!
+//! A session on a GPU execution provider also takes its embeddings input in GPU memory: [`DenseGraph::device_input`]
+//! allocates it with ONNX Runtime's allocator for that GPU, the gather kernel writes into it, and
+//! [`DenseGraph::run_device`] binds it through an `IoBinding`, so the batch never goes through host memory.
 
 use std::path::Path;
 
-use ort::session::Session;
-use ort::value::{Outlet, TensorElementType, TensorRef, ValueType};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, Session};
+use ort::value::{Outlet, Tensor, TensorElementType, TensorRef, ValueType};
 
 use super::{Runtime, SessionOptions};
 use crate::error::LoadError;
+use crate::gpu::DeviceOutput;
 use crate::repository::DenseGraphSpec;
 
 /// The sizes `model.toml` declares for the graph's inputs.
@@ -28,6 +34,30 @@ pub struct DenseGraph {
     dense_input: Option<String>,
     output: String,
     shape: GraphShape,
+    /// Set when the session runs on a GPU provider: that GPU, its allocator, and the binding runs go through.
+    gpu: Option<GpuSession>,
+}
+
+struct GpuSession {
+    device: usize,
+    allocator: Allocator,
+    binding: IoBinding,
+}
+
+/// An embeddings input `[rows, F, D]` in the GPU memory of a session, to gather into before
+/// [`DenseGraph::run_device`].
+#[derive(Debug)]
+pub struct DeviceInput {
+    tensor: Tensor<f32>,
+    rows: usize,
+    output: DeviceOutput,
+}
+
+impl DeviceInput {
+    /// Where the gather writes.
+    pub fn output(&self) -> DeviceOutput {
+        self.output
+    }
 }
 
 impl std::fmt::Debug for DenseGraph {
@@ -127,10 +157,10 @@ impl DenseGraph {
         dir: &Path,
         spec: &DenseGraphSpec,
         shape: GraphShape,
-        options: SessionOptions,
+        options: &SessionOptions,
     ) -> Result<DenseGraph, LoadError> {
         let path = dir.join(&spec.file);
-        let session = runtime.session(&path, options)?;
+        let (session, device) = runtime.session(&path, options)?;
 
         let dense_input = (shape.dense > 0).then(|| spec.dense_input.clone());
         let mut wanted: Vec<&str> = vec![&spec.embeddings_input];
@@ -186,17 +216,110 @@ impl DenseGraph {
         let expected: &[Option<i64>] = if rank == 1 { &[] } else { &[Some(1)] };
         check_outlet(&path, "output", output, expected)?;
 
+        let gpu = match device {
+            None => None,
+            Some(device) => {
+                let fail = |e: ort::Error| {
+                    LoadError::new(
+                        &path,
+                        format!("cannot set up GPU input and output binding on cuda:{device}: {e}"),
+                    )
+                };
+                let ordinal = i32::try_from(device)
+                    .map_err(|_| fail(ort::Error::new("device ordinal out of range")))?;
+                let memory = MemoryInfo::new(
+                    AllocationDevice::CUDA,
+                    ordinal,
+                    AllocatorType::Device,
+                    MemoryType::Default,
+                )
+                .map_err(fail)?;
+                let allocator = Allocator::new(&session, memory).map_err(fail)?;
+                let mut binding = session.create_binding().map_err(fail)?;
+                // Scores come back to host memory; everything before them stays on the GPU.
+                binding
+                    .bind_output_to_device(spec.output.as_str(), &MemoryInfo::default())
+                    .map_err(fail)?;
+                Some(GpuSession {
+                    device,
+                    allocator,
+                    binding,
+                })
+            }
+        };
+
         Ok(DenseGraph {
             session,
             embeddings_input: spec.embeddings_input.clone(),
             dense_input,
             output: spec.output.clone(),
             shape,
+            gpu,
         })
     }
 
     pub fn shape(&self) -> GraphShape {
         self.shape
+    }
+
+    /// The CUDA device whose memory the session reads its embeddings from, or `None` when it runs on the CPU.
+    pub fn cuda_device(&self) -> Option<usize> {
+        self.gpu.as_ref().map(|g| g.device)
+    }
+
+    /// Allocates the embeddings input for `rows` rows in the session's GPU memory.
+    pub fn device_input(&self, rows: usize) -> Result<DeviceInput, ort::Error> {
+        let Some(gpu) = &self.gpu else {
+            return Err(ort::Error::new(
+                "the session runs on the CPU; it takes host input",
+            ));
+        };
+        let GraphShape { fields, dim, .. } = self.shape;
+        let mut tensor = Tensor::<f32>::new(&gpu.allocator, [rows, fields, dim])?;
+        let output = DeviceOutput {
+            ptr: tensor.data_ptr_mut() as u64,
+            len: rows * fields * dim,
+            device: gpu.device,
+        };
+        Ok(DeviceInput {
+            tensor,
+            rows,
+            output,
+        })
+    }
+
+    /// Runs the rows of `input` (filled by a gather) with `dense` (`[rows, N]`, host memory), through the
+    /// session's binding. Replaces `scores` with one score per row.
+    pub fn run_device(
+        &mut self,
+        input: DeviceInput,
+        dense: &[f32],
+        scores: &mut Vec<f32>,
+    ) -> Result<(), ort::Error> {
+        let Some(gpu) = &mut self.gpu else {
+            return Err(ort::Error::new(
+                "the session runs on the CPU; it takes host input",
+            ));
+        };
+        let rows = input.rows;
+        gpu.binding
+            .bind_input(self.embeddings_input.as_str(), &input.tensor)?;
+        if let Some(name) = &self.dense_input {
+            // An owned tensor: ONNX Runtime copies it to the GPU itself, and `ort` need not clone it first.
+            let dense = Tensor::from_array(([rows, self.shape.dense], dense.to_vec()))?;
+            gpu.binding.bind_input(name.as_str(), &dense)?;
+        }
+        let outputs = self.session.run_binding(&gpu.binding)?;
+        let (_, values) = outputs[self.output.as_str()].try_extract_tensor::<f32>()?;
+        if values.len() != rows {
+            return Err(ort::Error::new(format!(
+                "the graph returned {} values for {rows} rows",
+                values.len()
+            )));
+        }
+        scores.clear();
+        scores.extend_from_slice(values);
+        Ok(())
     }
 
     /// Runs `rows` rows: `embeddings` is `[rows, F, D]`, `dense` is `[rows, N]`. Replaces `scores` with one

@@ -1,10 +1,11 @@
 //! Running dense networks: the ONNX Runtime library and environment ([`Runtime`]), one validated session of a
-//! model's dense graph ([`DenseGraph`]), and the executor threads that own those sessions and turn queued jobs
-//! into scores ([`pool::ExecutorPool`]).
+//! model's dense graph ([`DenseGraph`]), and the [`Worker`] an executor thread owns (session, store, buffers)
+//! that turns a batch of rows into scores. The threads themselves are the batcher's (`crate::batching`).
 
 mod graph;
-pub mod pool;
 mod runtime;
+mod worker;
 
-pub use graph::{DenseGraph, GraphShape};
+pub use graph::{DenseGraph, DeviceInput, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};
+pub use worker::{ExecError, Worker};

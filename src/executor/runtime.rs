@@ -1,6 +1,10 @@
 //! Loading the ONNX Runtime shared library (at run time, from the path the config gives) and creating sessions.
 //! A missing or too old library is a start-up error with a hint, never a panic: `ort`'s lazy loader panics, so
 //! the library is always loaded here first, explicitly.
+//!
+//! A session of an executor that gathers on a GPU gets the CUDA or TensorRT execution provider on that GPU
+//! (`--execution-provider`); when the library has no such provider (the CPU-only build fails with "not enabled in
+//! this build") `auto` falls back to the CPU provider with a log line, and an explicit request is a load error.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -10,6 +14,7 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 
 use crate::error::LoadError;
+use crate::gpu::{self, GpuProvider, ProviderRequest, TensorRtOptions};
 
 /// The library could not be loaded or initialised.
 #[derive(Debug, thiserror::Error)]
@@ -28,10 +33,36 @@ pub enum RuntimeError {
 }
 
 /// Per-session settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOptions {
     /// Threads ONNX Runtime may use inside one operator for one session.
     pub intra_op_threads: usize,
+    /// The execution provider for sessions on a GPU.
+    pub provider: ProviderRequest,
+    pub tensorrt: TensorRtOptions,
+    /// The CUDA device of the executor that owns the session (its gather lane's), or `None` on the CPU.
+    pub cuda_device: Option<usize>,
+}
+
+impl SessionOptions {
+    /// These options for an executor whose gather lane is on `cuda_device`.
+    pub fn on_device(&self, cuda_device: Option<usize>) -> SessionOptions {
+        SessionOptions {
+            cuda_device,
+            ..self.clone()
+        }
+    }
+
+    /// The GPU provider to try, and whether failing to get it is an error (else: the CPU provider, logged).
+    fn gpu_provider(&self) -> Option<(usize, GpuProvider, bool)> {
+        let device = self.cuda_device?;
+        match self.provider {
+            ProviderRequest::Cpu => None,
+            ProviderRequest::Auto => Some((device, GpuProvider::Cuda, false)),
+            ProviderRequest::Cuda => Some((device, GpuProvider::Cuda, true)),
+            ProviderRequest::Tensorrt => Some((device, GpuProvider::TensorRt, true)),
+        }
+    }
 }
 
 /// A loaded ONNX Runtime: the library and its one process-wide environment.
@@ -77,23 +108,77 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// Opens `path` as a session with `options`. Errors name the file.
-    pub fn session(&self, path: &Path, options: SessionOptions) -> Result<Session, LoadError> {
+    /// Opens `path` as a session with `options`. Errors name the file. Returns the session and the CUDA device
+    /// its inputs are read from (`None`: host memory, the CPU provider).
+    pub fn session(
+        &self,
+        path: &Path,
+        options: &SessionOptions,
+    ) -> Result<(Session, Option<usize>), LoadError> {
         let fail = |e: ort::Error| {
             LoadError::new(path, format!("ONNX Runtime cannot load the graph: {e}"))
         };
         if !path.is_file() {
             return Err(LoadError::new(path, "dense graph file does not exist"));
         }
-        Session::builder(&self.env)
+        let mut builder = Session::builder(&self.env)
             .map_err(fail)?
             .with_optimization_level(GraphOptimizationLevel::All)
             .map_err(|e| fail(e.into()))?
             .with_intra_threads(options.intra_op_threads)
             .map_err(|e| fail(e.into()))?
             .with_inter_threads(1)
-            .map_err(|e| fail(e.into()))?
-            .commit_from_file(path)
-            .map_err(fail)
+            .map_err(|e| fail(e.into()))?;
+        let mut device = None;
+        if let Some((ordinal, provider, required)) = options.gpu_provider() {
+            if let Some(dir) = &options.tensorrt.engine_cache
+                && provider == GpuProvider::TensorRt
+            {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    LoadError::new(
+                        dir,
+                        format!("cannot create the --tensorrt-engine-cache directory: {e}"),
+                    )
+                })?;
+            }
+            let flag = options.provider.as_str();
+            let providers = gpu::execution_providers(provider, ordinal, &options.tensorrt)
+                .map_err(|e| LoadError::new(path, format!("--execution-provider {flag}: {e}")))?;
+            match builder.with_execution_providers(providers) {
+                Ok(with_gpu) => {
+                    builder = with_gpu;
+                    device = Some(ordinal);
+                }
+                Err(e) if !required => {
+                    tracing::warn!(
+                        graph = %path.display(),
+                        device = %format!("cuda:{ordinal}"),
+                        "--execution-provider auto: ONNX Runtime's {} execution provider is not available ({e}); \
+                         the dense network runs on the CPU provider, with embeddings gathered on the GPU and copied \
+                         to host memory (install onnxruntime-gpu for the GPU path, see docs/gpu.md)",
+                        provider.as_str(),
+                    );
+                    builder = e.recover();
+                }
+                Err(e) => {
+                    return Err(LoadError::new(
+                        path,
+                        format!(
+                            "--execution-provider {flag}: ONNX Runtime cannot use its {} execution provider on \
+                             cuda:{ordinal}: {e}. The ONNX Runtime library must be a GPU build (onnxruntime-gpu, \
+                             with its CUDA{} libraries on the library path); see docs/gpu.md",
+                            provider.as_str(),
+                            if provider == GpuProvider::TensorRt {
+                                " and TensorRT"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        let session = builder.commit_from_file(path).map_err(fail)?;
+        Ok((session, device))
     }
 }

@@ -70,6 +70,18 @@ pub struct ModelSpec {
     pub ranking: Option<RankingSpec>,
     pub dense_graph: Option<DenseGraphSpec>,
     pub recall: Option<RecallSpec>,
+    /// The model author's batching defaults; server settings override them.
+    pub batching: BatchingSpec,
+}
+
+/// `[batching]`: every key optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchingSpec {
+    pub max_batch_rows: Option<usize>,
+    pub max_queue_delay_us: Option<u64>,
+    pub buckets: Option<Vec<usize>>,
+    pub default_deadline_ms: Option<u64>,
 }
 
 /// A table and the file it lives in.
@@ -158,6 +170,8 @@ struct RawModel {
     ranking: Option<RawRanking>,
     dense_graph: Option<RawDenseGraph>,
     recall: Option<RawRecall>,
+    #[serde(default)]
+    batching: BatchingSpec,
 }
 
 #[derive(Deserialize)]
@@ -256,6 +270,20 @@ fn check_name(what: &str, name: &str) -> Result<(), String> {
 
 impl RawModel {
     fn check(self) -> Result<ModelSpec, String> {
+        if let Some(buckets) = &self.batching.buckets {
+            crate::batching::check_buckets(buckets)
+                .map_err(|problem| format!("batching.buckets {problem}"))?;
+        }
+        if let Some(rows) = self.batching.max_batch_rows
+            && !(1..=65_536).contains(&rows)
+        {
+            return Err(format!(
+                "batching.max_batch_rows = {rows} must be between 1 and 65536"
+            ));
+        }
+        if self.batching.default_deadline_ms == Some(0) {
+            return Err("batching.default_deadline_ms must be at least 1".to_owned());
+        }
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
                 "format_version = {} is not supported (this server reads {FORMAT_VERSION})",
@@ -394,6 +422,7 @@ impl RawModel {
                         output: graph.output,
                     }),
                     recall: None,
+                    batching: self.batching,
                 }
             }
             ModelKind::Lightgcn => {
@@ -454,6 +483,7 @@ impl RawModel {
                         item_table,
                         history_table,
                     }),
+                    batching: self.batching,
                 }
             }
         };

@@ -1,0 +1,100 @@
+//! An online estimate of how long executing a batch takes, per bucket size, learned from measurements (warm-up
+//! runs first, then every executed batch) as an exponentially weighted moving average. Read by the batcher for
+//! admission and deadline decisions; written by the executors. Lock-free: one atomic per bucket.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Weight of a new measurement in the moving average.
+const ALPHA: f64 = 0.1;
+
+/// What to assume before any batch size has been measured.
+const UNMEASURED: Duration = Duration::from_millis(1);
+
+#[derive(Debug)]
+pub struct Estimator {
+    buckets: Vec<usize>,
+    /// Nanoseconds per bucket; 0 = not measured yet.
+    nanos: Vec<AtomicU64>,
+}
+
+impl Estimator {
+    /// `buckets`: the ascending batch sizes that will be executed.
+    pub fn new(buckets: &[usize]) -> Estimator {
+        Estimator {
+            buckets: buckets.to_vec(),
+            nanos: buckets.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn index(&self, bucket: usize) -> usize {
+        self.buckets
+            .iter()
+            .position(|&b| b >= bucket)
+            .unwrap_or(self.buckets.len().saturating_sub(1))
+    }
+
+    /// Records that a batch padded to `bucket` rows took `took`.
+    pub fn observe(&self, bucket: usize, took: Duration) {
+        let Some(slot) = self.nanos.get(self.index(bucket)) else {
+            return;
+        };
+        let took = took.as_nanos() as f64;
+        let old = slot.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            took
+        } else {
+            old as f64 * (1.0 - ALPHA) + took * ALPHA
+        };
+        // Concurrent executors may overwrite each other's update: each is a valid average, so that is harmless.
+        slot.store((new as u64).max(1), Ordering::Relaxed);
+    }
+
+    /// The expected execution time of a batch padded to `bucket` rows. An unmeasured bucket is estimated from the
+    /// nearest measured one, in proportion to rows.
+    pub fn estimate(&self, bucket: usize) -> Duration {
+        let i = self.index(bucket);
+        let measured = |j: usize| match self.nanos[j].load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        };
+        if self.nanos.is_empty() {
+            return UNMEASURED;
+        }
+        if let Some(n) = measured(i) {
+            return Duration::from_nanos(n);
+        }
+        let nearest = (1..self.buckets.len())
+            .flat_map(|d| [i.checked_sub(d), Some(i + d)])
+            .flatten()
+            .find(|&j| j < self.buckets.len() && measured(j).is_some());
+        match nearest {
+            Some(j) => {
+                let per_row = measured(j).unwrap_or(0) as f64 / self.buckets[j] as f64;
+                Duration::from_nanos((per_row * self.buckets[i] as f64) as u64)
+            }
+            None => UNMEASURED,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_per_bucket_and_interpolates_the_rest() {
+        let e = Estimator::new(&[8, 64, 512]);
+        assert_eq!(e.estimate(8), UNMEASURED);
+        e.observe(64, Duration::from_micros(640));
+        assert_eq!(e.estimate(64), Duration::from_micros(640));
+        // Unmeasured buckets scale the nearest measured one by rows.
+        assert_eq!(e.estimate(8), Duration::from_micros(80));
+        assert_eq!(e.estimate(512), Duration::from_micros(5120));
+        // Rows between buckets use the bucket they are padded to.
+        assert_eq!(e.estimate(30), Duration::from_micros(640));
+        // A moving average: one slow batch moves the estimate by ALPHA of the difference.
+        e.observe(64, Duration::from_micros(1640));
+        assert_eq!(e.estimate(64), Duration::from_micros(740));
+    }
+}

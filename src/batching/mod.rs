@@ -1,0 +1,467 @@
+//! Dynamic batching: one batcher thread per model forms batches under each request's deadline
+//! ([`policy::Policy`] decides; this module is the thin thread around it), and hands them to executor threads
+//! through a rendezvous channel, so a batch keeps growing until an executor is actually free. Plain OS threads:
+//! tokio timers have millisecond granularity, the batcher wakes within tens of microseconds (park with a
+//! timeout, then a short spin).
+
+pub mod estimator;
+pub mod policy;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+use prometheus::{Histogram, IntCounter, IntGauge};
+
+pub use estimator::Estimator;
+pub use policy::{Batch, BatchConfig, CloseReason, Entry, Refusal, split_rows};
+use policy::{Decision, Policy};
+
+/// Closer than this to a wake-up time, the batcher spins instead of parking (parking overshoots by tens of µs).
+const SPIN: Duration = Duration::from_micros(80);
+
+/// Built-in defaults (documented in docs/batching.md).
+pub const DEFAULT_MAX_BATCH_ROWS: usize = 1024;
+pub const DEFAULT_MAX_QUEUE_DELAY_US: u64 = 500;
+pub const DEFAULT_DEADLINE_MS: u64 = 100;
+
+/// Checks a bucket list: not empty, every size ≥ 1, strictly ascending.
+pub fn check_buckets(buckets: &[usize]) -> Result<(), String> {
+    if buckets.is_empty() {
+        return Err("must list at least one batch size".to_owned());
+    }
+    if buckets[0] == 0 {
+        return Err("sizes must be at least 1".to_owned());
+    }
+    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "must be strictly ascending ({} then {})",
+            w[0], w[1]
+        ));
+    }
+    Ok(())
+}
+
+/// Batch sizes about 25% apart up to `max` (1, 2, 4, …, 64, 80, 96, 112, 128, 160, …), so padding wastes at most
+/// about a fifth of a batch.
+pub fn default_buckets(max: usize) -> Vec<usize> {
+    let mut out = vec![1, 2, 4, 8, 16, 32, 48];
+    let mut base = 64;
+    while base < max {
+        out.extend([base, base + base / 4, base + base / 2, base + 3 * base / 4]);
+        base *= 2;
+    }
+    out.retain(|&b| b < max);
+    out.push(max);
+    out
+}
+
+/// Batching settings of the server (flags, environment, config file): each one that is set overrides the
+/// model's `[batching]` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSettings {
+    pub enabled: bool,
+    pub max_batch_rows: Option<usize>,
+    pub max_queue_delay_us: Option<u64>,
+    pub buckets: Option<Vec<usize>>,
+    pub default_deadline_ms: Option<u64>,
+    pub queue_capacity: usize,
+}
+
+impl BatchSettings {
+    /// The batching of a model whose `model.toml` says `model`: server setting, else model setting, else default.
+    /// Returns the configuration and the default deadline.
+    pub fn resolve(&self, model: &crate::repository::BatchingSpec) -> (BatchConfig, Duration) {
+        let max_batch_rows = self
+            .max_batch_rows
+            .or(model.max_batch_rows)
+            .unwrap_or(DEFAULT_MAX_BATCH_ROWS);
+        let mut buckets = self
+            .buckets
+            .clone()
+            .or_else(|| model.buckets.clone())
+            .unwrap_or_else(|| default_buckets(max_batch_rows));
+        buckets.retain(|&b| b < max_batch_rows);
+        buckets.push(max_batch_rows);
+        let delay = self
+            .max_queue_delay_us
+            .or(model.max_queue_delay_us)
+            .unwrap_or(DEFAULT_MAX_QUEUE_DELAY_US);
+        let deadline = self
+            .default_deadline_ms
+            .or(model.default_deadline_ms)
+            .unwrap_or(DEFAULT_DEADLINE_MS);
+        (
+            BatchConfig {
+                enabled: self.enabled,
+                max_batch_rows,
+                max_queue_delay: Duration::from_micros(delay),
+                buckets,
+                queue_capacity: self.queue_capacity,
+            },
+            Duration::from_millis(deadline),
+        )
+    }
+}
+
+/// A queued unit of work, as the batcher needs to see it.
+pub trait Job: Send + 'static {
+    /// Whether the client has gone (its answer would be thrown away).
+    fn is_abandoned(&self) -> bool;
+    /// Answers without executing: the deadline passed (or could not be met) or the server is stopping.
+    fn refuse(self, why: Unexecuted);
+}
+
+/// Why a job was answered without being executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unexecuted {
+    Expired,
+    ShuttingDown,
+}
+
+/// Executes batches on an executor thread. Must answer every job of the batch.
+pub trait BatchExecutor: Send + 'static {
+    type Job: Job;
+    fn execute(&mut self, batch: Batch<Self::Job>);
+}
+
+/// The batching metrics of one model.
+#[derive(Debug, Clone)]
+pub struct BatchMetrics {
+    pub queue_duration: Histogram,
+    pub batch_rows: Histogram,
+    pub padding_rows: IntCounter,
+    /// By close reason, in [`CloseReason`] order.
+    pub batches: [IntCounter; 5],
+    pub queue_depth: IntGauge,
+    pub execution: Histogram,
+    pub estimate_ratio: Histogram,
+    pub expired: IntCounter,
+    pub abandoned: IntCounter,
+}
+
+impl BatchMetrics {
+    fn closed(&self, reason: CloseReason) -> &IntCounter {
+        let i = match reason {
+            CloseReason::Full => 0,
+            CloseReason::Delay => 1,
+            CloseReason::Deadline => 2,
+            CloseReason::Unbatched => 3,
+            CloseReason::Drain => 4,
+        };
+        &self.batches[i]
+    }
+}
+
+struct State<J> {
+    policy: Policy<J>,
+    closing: bool,
+}
+
+struct Shared<J> {
+    state: Mutex<State<J>>,
+    estimator: Estimator,
+    /// Executors blocked (or about to block) on the batch channel: a batch sent now starts at once.
+    idle_executors: AtomicUsize,
+    batcher: OnceLock<Thread>,
+    metrics: BatchMetrics,
+}
+
+impl<J> Shared<J> {
+    fn lock(&self) -> MutexGuard<'_, State<J>> {
+        // A panic while holding the lock leaves the queue consistent (every update is a single push or drain).
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake_batcher(&self) {
+        if let Some(thread) = self.batcher.get() {
+            thread.unpark();
+        }
+    }
+}
+
+/// The batcher of one model: its queue, its batcher thread and its executor threads.
+pub struct Batcher<J: Job> {
+    shared: Arc<Shared<J>>,
+    batcher: Option<JoinHandle<()>>,
+    executors: Vec<JoinHandle<()>>,
+}
+
+impl<J: Job> std::fmt::Debug for Batcher<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("executors", &self.executors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Job> Batcher<J> {
+    /// Starts the batcher thread and one thread per executor. `estimator` should already hold warm-up
+    /// measurements of every bucket.
+    pub fn start<E: BatchExecutor<Job = J>>(
+        model: &str,
+        config: BatchConfig,
+        estimator: Estimator,
+        executors: Vec<E>,
+        metrics: BatchMetrics,
+    ) -> std::io::Result<Batcher<J>> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                policy: Policy::new(config, executors.len()),
+                closing: false,
+            }),
+            estimator,
+            idle_executors: AtomicUsize::new(0),
+            batcher: OnceLock::new(),
+            metrics,
+        });
+        // Rendezvous: a send completes only when an executor takes the batch.
+        let (sender, receiver) = bounded::<Batch<J>>(0);
+        let mut threads = Vec::with_capacity(executors.len());
+        for (i, executor) in executors.into_iter().enumerate() {
+            let (shared, receiver) = (Arc::clone(&shared), receiver.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("exec-{model}-{i}"))
+                    .spawn(move || run_executor(executor, &shared, &receiver))?,
+            );
+        }
+        let batcher = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(format!("batch-{model}"))
+                .spawn(move || run_batcher(&shared, sender))?
+        };
+        let _ = shared.batcher.set(batcher.thread().clone());
+        Ok(Batcher {
+            shared,
+            batcher: Some(batcher),
+            executors: threads,
+        })
+    }
+
+    /// Queues the chunks of one request, all or none, or refuses them at once (handing them back).
+    pub fn submit(
+        &self,
+        chunks: Vec<(J, usize)>,
+        deadline: Instant,
+    ) -> Result<(), (Refusal, Vec<(J, usize)>)> {
+        let now = Instant::now();
+        {
+            let mut state = self.shared.lock();
+            if state.closing {
+                return Err((Refusal::ShuttingDown, chunks));
+            }
+            state
+                .policy
+                .admit(chunks, deadline, now, &self.shared.estimator)?;
+            self.shared
+                .metrics
+                .queue_depth
+                .set(state.policy.len() as i64);
+        }
+        self.shared.wake_batcher();
+        Ok(())
+    }
+
+    /// The execution-time estimate, for tests and the admission of callers.
+    pub fn estimator(&self) -> &Estimator {
+        &self.shared.estimator
+    }
+}
+
+impl<J: Job> Drop for Batcher<J> {
+    /// Stops admitting, executes everything already queued, then joins every thread.
+    fn drop(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.wake_batcher();
+        if let Some(batcher) = self.batcher.take()
+            && batcher.join().is_err()
+        {
+            tracing::error!("a batcher thread panicked");
+        }
+        for executor in self.executors.drain(..) {
+            if executor.join().is_err() {
+                tracing::error!("an executor thread panicked");
+            }
+        }
+    }
+}
+
+/// Sleeps until `until`, or until unparked: parks while far, spins when close.
+fn wait_until(until: Instant) {
+    let now = Instant::now();
+    if until <= now {
+        return;
+    }
+    let left = until - now;
+    if left > SPIN {
+        std::thread::park_timeout(left - SPIN);
+        return;
+    }
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
+    let metrics = &shared.metrics;
+    loop {
+        let now = Instant::now();
+        let (decision, dropped, closing) = {
+            let mut state = shared.lock();
+            let dropped = state
+                .policy
+                .drop_dead(now, &shared.estimator, J::is_abandoned);
+            let free = shared.idle_executors.load(Ordering::Acquire) > 0;
+            let closing = state.closing;
+            let decision = state.policy.decide(now, free, closing, &shared.estimator);
+            metrics.queue_depth.set(state.policy.len() as i64);
+            (decision, dropped, closing)
+        };
+        for entry in dropped.expired {
+            metrics.expired.inc();
+            entry.job.refuse(Unexecuted::Expired);
+        }
+        for _ in dropped.abandoned {
+            metrics.abandoned.inc();
+        }
+        match decision {
+            Decision::Dispatch(batch) => {
+                metrics.closed(batch.reason).inc();
+                metrics.batch_rows.observe(batch.rows as f64);
+                metrics
+                    .padding_rows
+                    .inc_by((batch.bucket - batch.rows) as u64);
+                for entry in &batch.entries {
+                    metrics
+                        .queue_duration
+                        .observe(now.saturating_duration_since(entry.enqueued).as_secs_f64());
+                }
+                shared.idle_executors.fetch_sub(1, Ordering::AcqRel);
+                // An idle executor is committed to receiving, so this completes at once.
+                if let Err(unsent) = sender.send(batch) {
+                    for entry in unsent.0.entries {
+                        entry.job.refuse(Unexecuted::ShuttingDown);
+                    }
+                }
+            }
+            Decision::Idle if closing => break,
+            Decision::Idle | Decision::WaitForExecutor => std::thread::park(),
+            Decision::WaitUntil(until) => wait_until(until),
+        }
+    }
+}
+
+fn run_executor<E: BatchExecutor>(
+    mut executor: E,
+    shared: &Shared<E::Job>,
+    batches: &Receiver<Batch<E::Job>>,
+) {
+    let metrics = &shared.metrics;
+    loop {
+        shared.idle_executors.fetch_add(1, Ordering::AcqRel);
+        shared.wake_batcher();
+        let Ok(batch) = batches.recv() else {
+            break;
+        };
+        let (rows, bucket, estimate) = (batch.rows, batch.bucket, batch.estimate);
+        let start = Instant::now();
+        executor.execute(batch);
+        let took = start.elapsed();
+        shared.estimator.observe(bucket, took);
+        metrics.execution.observe(took.as_secs_f64());
+        if !estimate.is_zero() {
+            metrics
+                .estimate_ratio
+                .observe(took.as_secs_f64() / estimate.as_secs_f64());
+        }
+        shared.lock().policy.finished(rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repository::BatchingSpec;
+
+    #[test]
+    fn default_buckets_are_about_a_quarter_apart_and_end_at_max() {
+        assert_eq!(
+            default_buckets(1024),
+            vec![
+                1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
+                512, 640, 768, 896, 1024
+            ]
+        );
+        assert_eq!(
+            default_buckets(100),
+            vec![1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100]
+        );
+        assert_eq!(default_buckets(1), vec![1]);
+        for max in [1, 7, 100, 1000, 4096] {
+            let b = default_buckets(max);
+            assert!(
+                check_buckets(&b).is_ok() && b.last() == Some(&max),
+                "{max}: {b:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn checks_bucket_lists() {
+        assert!(check_buckets(&[1, 8, 64]).is_ok());
+        assert_eq!(
+            check_buckets(&[]),
+            Err("must list at least one batch size".to_owned())
+        );
+        assert_eq!(
+            check_buckets(&[0, 4]),
+            Err("sizes must be at least 1".to_owned())
+        );
+        assert_eq!(
+            check_buckets(&[4, 4]),
+            Err("must be strictly ascending (4 then 4)".to_owned())
+        );
+    }
+
+    #[test]
+    fn server_settings_override_the_model_which_overrides_defaults() {
+        let server = BatchSettings {
+            enabled: true,
+            max_batch_rows: None,
+            max_queue_delay_us: Some(250),
+            buckets: None,
+            default_deadline_ms: None,
+            queue_capacity: 64,
+        };
+        let (config, deadline) = server.resolve(&BatchingSpec::default());
+        assert_eq!(config.max_batch_rows, DEFAULT_MAX_BATCH_ROWS);
+        assert_eq!(config.max_queue_delay, Duration::from_micros(250));
+        assert_eq!(config.buckets, default_buckets(DEFAULT_MAX_BATCH_ROWS));
+        assert_eq!(deadline, Duration::from_millis(DEFAULT_DEADLINE_MS));
+
+        let model = BatchingSpec {
+            max_batch_rows: Some(300),
+            max_queue_delay_us: Some(900),
+            buckets: Some(vec![10, 100, 500]),
+            default_deadline_ms: Some(20),
+        };
+        let (config, deadline) = server.resolve(&model);
+        assert_eq!(config.max_batch_rows, 300);
+        assert_eq!(
+            config.max_queue_delay,
+            Duration::from_micros(250),
+            "the server's setting wins"
+        );
+        assert_eq!(
+            config.buckets,
+            vec![10, 100, 300],
+            "buckets beyond max_batch_rows give way to it"
+        );
+        assert_eq!(deadline, Duration::from_millis(20));
+        assert_eq!(config.queue_capacity, 64);
+    }
+}

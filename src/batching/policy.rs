@@ -1,0 +1,607 @@
+//! The batching policy as a plain struct: a FIFO queue of requests with rows and deadlines, the admission rule,
+//! and the decision of when to close a batch. No threads, no clock of its own: every call takes `now`, so the unit
+//! tests drive it with a fake clock. [`super::Batcher`] is the thin thread around it.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use super::estimator::Estimator;
+
+/// How long before a batch must start the batcher closes it: covers waking up and handing the batch over.
+pub const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
+
+/// The knobs of one model's batching. Documented with their defaults in `docs/batching.md`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// `false`: every request (or chunk of `max_batch_rows`) is executed alone, as soon as an executor is free.
+    pub enabled: bool,
+    /// A batch closes when it holds this many rows; larger requests are split into chunks of at most this size.
+    pub max_batch_rows: usize,
+    /// A batch closes when its oldest request has waited this long.
+    pub max_queue_delay: Duration,
+    /// Batch sizes executed: a batch is padded up to the smallest bucket that holds it. Ascending; the last is
+    /// `max_batch_rows`.
+    pub buckets: Vec<usize>,
+    /// Requests (chunks) that may wait; more are refused at once.
+    pub queue_capacity: usize,
+}
+
+impl BatchConfig {
+    /// The bucket a batch of `rows` rows is padded to.
+    pub fn bucket(&self, rows: usize) -> usize {
+        self.buckets
+            .iter()
+            .copied()
+            .find(|&b| b >= rows)
+            .unwrap_or(self.max_batch_rows)
+    }
+}
+
+/// Row ranges of the chunks a request of `rows` rows is split into, in order.
+pub fn split_rows(rows: usize, max_batch_rows: usize) -> Vec<Range<usize>> {
+    let max = max_batch_rows.max(1);
+    (0..rows.div_ceil(max))
+        .map(|i| i * max..((i + 1) * max).min(rows))
+        .collect()
+}
+
+/// Why a batch was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// It reached `max_batch_rows` (or the next request would not fit).
+    Full,
+    /// Its oldest request had waited `max_queue_delay`.
+    Delay,
+    /// Waiting longer would miss the tightest deadline in it.
+    Deadline,
+    /// Batching is off: one request per batch.
+    Unbatched,
+    /// The server is shutting down: whatever is queued goes now.
+    Drain,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Full => "full",
+            CloseReason::Delay => "delay",
+            CloseReason::Deadline => "deadline",
+            CloseReason::Unbatched => "unbatched",
+            CloseReason::Drain => "drain",
+        }
+    }
+}
+
+/// Why a request was refused at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// `queue_capacity` requests are already waiting.
+    QueueFull { retry_after: Duration },
+    /// The work queued ahead of it plus its own execution would end after its deadline.
+    PredictedLate {
+        predicted_wait: Duration,
+        budget: Duration,
+    },
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl Refusal {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::QueueFull { .. } => "queue_full",
+            Refusal::PredictedLate { .. } => "predicted_late",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// When retrying has a chance.
+    pub fn retry_after(&self) -> Duration {
+        match *self {
+            Refusal::QueueFull { retry_after } => retry_after,
+            Refusal::PredictedLate {
+                predicted_wait,
+                budget,
+            } => predicted_wait.saturating_sub(budget),
+            Refusal::ShuttingDown => Duration::from_secs(1),
+        }
+    }
+}
+
+/// A queued request (or chunk of one).
+#[derive(Debug)]
+pub struct Entry<J> {
+    pub job: J,
+    pub rows: usize,
+    pub enqueued: Instant,
+    pub deadline: Instant,
+}
+
+/// A closed batch, to hand to an executor.
+#[derive(Debug)]
+pub struct Batch<J> {
+    pub entries: Vec<Entry<J>>,
+    pub rows: usize,
+    /// The padded size it executes at.
+    pub bucket: usize,
+    pub reason: CloseReason,
+    /// The execution time predicted for `bucket`, for comparison with the actual one.
+    pub estimate: Duration,
+}
+
+/// What the batcher thread should do now.
+#[derive(Debug)]
+pub enum Decision<J> {
+    /// Hand this batch to a free executor.
+    Dispatch(Batch<J>),
+    /// A batch is ready but every executor is busy: wait for one.
+    WaitForExecutor,
+    /// Nothing is ready; look again at this instant (or when a request arrives).
+    WaitUntil(Instant),
+    /// The queue is empty.
+    Idle,
+}
+
+/// Requests dropped from the queue without execution.
+#[derive(Debug)]
+pub struct Dropped<J> {
+    /// Their deadline has passed, or cannot be met even if executed at once.
+    pub expired: Vec<Entry<J>>,
+    /// Their client has gone.
+    pub abandoned: Vec<Entry<J>>,
+}
+
+impl<J> Default for Dropped<J> {
+    fn default() -> Self {
+        Dropped {
+            expired: Vec::new(),
+            abandoned: Vec::new(),
+        }
+    }
+}
+
+/// One model's queue and batching rule.
+#[derive(Debug)]
+pub struct Policy<J> {
+    config: BatchConfig,
+    queue: VecDeque<Entry<J>>,
+    queued_rows: usize,
+    /// Rows handed to executors and not yet finished, for the admission estimate.
+    in_flight_rows: usize,
+    executors: usize,
+}
+
+impl<J> Policy<J> {
+    pub fn new(config: BatchConfig, executors: usize) -> Policy<J> {
+        Policy {
+            config,
+            queue: VecDeque::new(),
+            queued_rows: 0,
+            in_flight_rows: 0,
+            executors: executors.max(1),
+        }
+    }
+
+    pub fn config(&self) -> &BatchConfig {
+        &self.config
+    }
+
+    /// Requests (chunks) waiting.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The wait predicted for a request of `rows` rows arriving now: the queued and running work ahead of it,
+    /// spread over the executors at the throughput of full batches, plus its own execution.
+    pub fn predicted_wait(&self, rows: usize, estimator: &Estimator) -> Duration {
+        let full = self.config.max_batch_rows;
+        let per_full_batch = estimator.estimate(full);
+        let ahead =
+            (self.queued_rows + self.in_flight_rows) as f64 / full as f64 / self.executors as f64;
+        per_full_batch.mul_f64(ahead) + estimator.estimate(self.config.bucket(rows.min(full)))
+    }
+
+    /// Admits the chunks of one request (all or none) or refuses it at once.
+    pub fn admit(
+        &mut self,
+        chunks: Vec<(J, usize)>,
+        deadline: Instant,
+        now: Instant,
+        estimator: &Estimator,
+    ) -> Result<(), (Refusal, Vec<(J, usize)>)> {
+        let rows: usize = chunks.iter().map(|(_, r)| r).sum();
+        if self.queue.len() + chunks.len() > self.config.queue_capacity {
+            let retry_after = self
+                .predicted_wait(rows, estimator)
+                .max(Duration::from_millis(1));
+            return Err((Refusal::QueueFull { retry_after }, chunks));
+        }
+        let budget = deadline.saturating_duration_since(now);
+        // Each chunk after the first waits for the ones before it; the request is late if its last chunk is.
+        let predicted_wait = self.predicted_wait(rows, estimator);
+        if predicted_wait > budget {
+            return Err((
+                Refusal::PredictedLate {
+                    predicted_wait,
+                    budget,
+                },
+                chunks,
+            ));
+        }
+        for (job, rows) in chunks {
+            self.queued_rows += rows;
+            self.queue.push_back(Entry {
+                job,
+                rows,
+                enqueued: now,
+                deadline,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes requests that can no longer be served usefully: past (or certain to miss) their deadline, or
+    /// abandoned by their client.
+    pub fn drop_dead(
+        &mut self,
+        now: Instant,
+        estimator: &Estimator,
+        is_abandoned: impl Fn(&J) -> bool,
+    ) -> Dropped<J> {
+        let mut dropped = Dropped::default();
+        if self.queue.is_empty() {
+            return dropped;
+        }
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for entry in self.queue.drain(..) {
+            let earliest_end = now + estimator.estimate(self.config.bucket(entry.rows));
+            if is_abandoned(&entry.job) {
+                self.queued_rows -= entry.rows;
+                dropped.abandoned.push(entry);
+            } else if entry.deadline <= earliest_end {
+                self.queued_rows -= entry.rows;
+                dropped.expired.push(entry);
+            } else {
+                kept.push_back(entry);
+            }
+        }
+        self.queue = kept;
+        dropped
+    }
+
+    /// Decides what to do at `now`. `executor_free`: whether a batch handed over now would start at once.
+    /// `draining`: the server is shutting down and everything queued goes now.
+    pub fn decide(
+        &mut self,
+        now: Instant,
+        executor_free: bool,
+        draining: bool,
+        estimator: &Estimator,
+    ) -> Decision<J> {
+        let Some(oldest) = self.queue.front() else {
+            return Decision::Idle;
+        };
+        let max = self.config.max_batch_rows;
+
+        // The batch that would close now: FIFO, as many requests as fit.
+        let mut count = 0;
+        let mut rows = 0;
+        let mut tightest = oldest.deadline;
+        let limit = if self.config.enabled {
+            self.queue.len()
+        } else {
+            1
+        };
+        for entry in self.queue.iter().take(limit) {
+            if rows + entry.rows > max {
+                break;
+            }
+            rows += entry.rows;
+            tightest = tightest.min(entry.deadline);
+            count += 1;
+        }
+        let next_does_not_fit = count < self.queue.len() && self.config.enabled;
+        let estimate = estimator.estimate(self.config.bucket(rows));
+        let latest_start = tightest
+            .checked_sub(estimate + DISPATCH_MARGIN)
+            .unwrap_or(now);
+        let delay_ends = oldest.enqueued + self.config.max_queue_delay;
+
+        let reason = if draining {
+            Some(CloseReason::Drain)
+        } else if !self.config.enabled {
+            Some(CloseReason::Unbatched)
+        } else if rows >= max || next_does_not_fit {
+            Some(CloseReason::Full)
+        } else if now >= latest_start {
+            Some(CloseReason::Deadline)
+        } else if now >= delay_ends {
+            Some(CloseReason::Delay)
+        } else {
+            None
+        };
+        match reason {
+            None => Decision::WaitUntil(delay_ends.min(latest_start)),
+            Some(_) if !executor_free => Decision::WaitForExecutor,
+            Some(reason) => {
+                let entries: Vec<Entry<J>> = self.queue.drain(..count).collect();
+                self.queued_rows -= rows;
+                self.in_flight_rows += rows;
+                Decision::Dispatch(Batch {
+                    entries,
+                    rows,
+                    bucket: self.config.bucket(rows),
+                    reason,
+                    estimate,
+                })
+            }
+        }
+    }
+
+    /// An executor finished a batch of `rows` rows.
+    pub fn finished(&mut self, rows: usize) {
+        self.in_flight_rows = self.in_flight_rows.saturating_sub(rows);
+    }
+
+    /// Takes every queued request out (when the batcher cannot run them any more).
+    pub fn take_all(&mut self) -> Vec<Entry<J>> {
+        self.queued_rows = 0;
+        self.queue.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn config() -> BatchConfig {
+        BatchConfig {
+            enabled: true,
+            max_batch_rows: 100,
+            max_queue_delay: 2 * MS,
+            buckets: vec![10, 50, 100],
+            queue_capacity: 8,
+        }
+    }
+
+    /// An estimator that predicts 1 ms for every bucket.
+    fn one_ms() -> Estimator {
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(b, MS);
+        }
+        e
+    }
+
+    fn admit(
+        p: &mut Policy<u32>,
+        job: u32,
+        rows: usize,
+        deadline: Instant,
+        now: Instant,
+        e: &Estimator,
+    ) {
+        p.admit(vec![(job, rows)], deadline, now, e)
+            .unwrap_or_else(|(refusal, _)| panic!("job {job} refused: {refusal:?}"));
+    }
+
+    fn dispatched(decision: Decision<u32>) -> (Vec<u32>, usize, usize, CloseReason) {
+        match decision {
+            Decision::Dispatch(b) => (
+                b.entries.iter().map(|e| e.job).collect(),
+                b.rows,
+                b.bucket,
+                b.reason,
+            ),
+            other => panic!("expected a dispatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn closes_when_full() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut p = Policy::new(config(), 1);
+        for job in 0..4 {
+            admit(&mut p, job, 30, t0 + 50 * MS, t0, &e);
+        }
+        // 30+30+30 fit in 100, the fourth does not: the batch is as full as it can be.
+        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, true, false, &e));
+        assert_eq!(
+            (jobs, rows, bucket, reason),
+            (vec![0, 1, 2], 90, 100, CloseReason::Full)
+        );
+        // The fourth waits for its own delay.
+        assert!(
+            matches!(p.decide(t0, true, false, &e), Decision::WaitUntil(t) if t == t0 + 2 * MS)
+        );
+
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 7, 60, t0 + 50 * MS, t0, &e);
+        admit(&mut p, 8, 40, t0 + 50 * MS, t0, &e);
+        let (jobs, rows, _, reason) = dispatched(p.decide(t0, true, false, &e));
+        assert_eq!((jobs, rows, reason), (vec![7, 8], 100, CloseReason::Full));
+    }
+
+    #[test]
+    fn closes_when_the_oldest_has_waited_the_delay() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        admit(&mut p, 2, 5, t0 + 50 * MS, t0 + MS, &e);
+        match p.decide(t0 + MS, true, false, &e) {
+            Decision::WaitUntil(t) => assert_eq!(t, t0 + 2 * MS),
+            other => panic!("{other:?}"),
+        }
+        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0 + 2 * MS, true, false, &e));
+        assert_eq!(
+            (jobs, rows, bucket, reason),
+            (vec![1, 2], 10, 10, CloseReason::Delay)
+        );
+        assert!(p.is_empty());
+        assert!(matches!(
+            p.decide(t0 + 3 * MS, true, false, &e),
+            Decision::Idle
+        ));
+    }
+
+    #[test]
+    fn closes_early_when_waiting_would_miss_the_tightest_deadline() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut c = config();
+        c.max_queue_delay = 10 * MS;
+        let mut p = Policy::new(c, 1);
+        admit(&mut p, 1, 5, t0 + 20 * MS, t0, &e);
+        // A later request with a tighter deadline: 1 ms of execution + the margin must fit before it.
+        admit(&mut p, 2, 5, t0 + 3 * MS, t0, &e);
+        let latest_start = t0 + 3 * MS - MS - DISPATCH_MARGIN;
+        match p.decide(t0, true, false, &e) {
+            Decision::WaitUntil(t) => assert_eq!(t, latest_start),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            p.decide(latest_start - Duration::from_micros(1), true, false, &e),
+            Decision::WaitUntil(_)
+        ));
+        let (jobs, _, _, reason) = dispatched(p.decide(latest_start, true, false, &e));
+        assert_eq!((jobs, reason), (vec![1, 2], CloseReason::Deadline));
+    }
+
+    #[test]
+    fn drops_expired_and_abandoned_requests_before_execution() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 1, 5, t0 + 10 * MS, t0, &e);
+        admit(&mut p, 2, 5, t0 + 4 * MS, t0, &e);
+        admit(&mut p, 3, 5, t0 + 10 * MS, t0, &e);
+        // At t0 + 3.5 ms, job 2 cannot finish before its deadline (1 ms of execution); job 3's client is gone.
+        let dropped = p.drop_dead(t0 + 3 * MS + MS / 2, &e, |job| *job == 3);
+        assert_eq!(
+            dropped.expired.iter().map(|x| x.job).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(
+            dropped.abandoned.iter().map(|x| x.job).collect::<Vec<_>>(),
+            vec![3]
+        );
+        let (jobs, rows, _, _) = dispatched(p.decide(t0 + 4 * MS, true, false, &e));
+        assert_eq!((jobs, rows), (vec![1], 5));
+    }
+
+    #[test]
+    fn refuses_at_admission_when_full_or_predicted_late() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut c = config();
+        c.queue_capacity = 3;
+        let mut p = Policy::new(c, 1);
+        for job in 0..3 {
+            admit(&mut p, job, 100, t0 + 50 * MS, t0, &e);
+        }
+        let (refusal, back) = p
+            .admit(vec![(9, 1)], t0 + 50 * MS, t0, &e)
+            .expect_err("queue full");
+        assert_eq!(refusal.reason(), "queue_full");
+        assert_eq!(back, vec![(9, 1)], "a refused request is handed back");
+
+        // Three full batches (1 ms each) are ahead: a request with a 2 ms budget cannot make it.
+        let mut p = Policy::new(config(), 1);
+        for job in 0..3 {
+            admit(&mut p, job, 100, t0 + 50 * MS, t0, &e);
+        }
+        let (refusal, _) = p
+            .admit(vec![(9, 10)], t0 + 2 * MS, t0, &e)
+            .expect_err("predicted late");
+        assert_eq!(
+            refusal,
+            Refusal::PredictedLate {
+                predicted_wait: 4 * MS,
+                budget: 2 * MS
+            }
+        );
+        assert_eq!(refusal.retry_after(), 2 * MS);
+        // With two executors the same backlog drains twice as fast.
+        let mut p = Policy::new(config(), 2);
+        for job in 0..3 {
+            admit(&mut p, job, 100, t0 + 50 * MS, t0, &e);
+        }
+        assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
+        // Work handed to executors counts until it finishes.
+        let _ = p.decide(t0, true, false, &e);
+        assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
+        p.finished(100);
+        assert_eq!(p.predicted_wait(10, &e), MS + MS);
+    }
+
+    #[test]
+    fn splits_large_requests_and_admits_all_chunks_or_none() {
+        assert_eq!(split_rows(250, 100), vec![0..100, 100..200, 200..250]);
+        assert_eq!(split_rows(100, 100), vec![0..100]);
+        assert_eq!(split_rows(1, 100), vec![0..1]);
+        assert_eq!(split_rows(0, 100), Vec::<Range<usize>>::new());
+
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut c = config();
+        c.queue_capacity = 4;
+        let mut p = Policy::new(c, 1);
+        admit(&mut p, 0, 10, t0 + 50 * MS, t0, &e);
+        let chunks: Vec<(u32, usize)> = split_rows(250, 100)
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (10 + i as u32, r.len()))
+            .collect();
+        p.admit(chunks, t0 + 50 * MS, t0, &e)
+            .expect("three chunks fit in a queue of four");
+        assert_eq!(p.len(), 4);
+        let two: Vec<(u32, usize)> = vec![(20, 100), (21, 1)];
+        assert!(p.admit(two, t0 + 50 * MS, t0, &e).is_err());
+        assert_eq!(p.len(), 4, "a refused request leaves no chunk behind");
+        // Chunks run in order, each in its own full batch after the small request.
+        let (jobs, ..) = dispatched(p.decide(t0, true, false, &e));
+        assert_eq!(jobs, vec![0]);
+        for want in [10, 11, 12] {
+            let (jobs, ..) = dispatched(p.decide(t0 + 2 * MS, true, false, &e));
+            assert_eq!(jobs, vec![want]);
+        }
+    }
+
+    #[test]
+    fn waits_for_a_free_executor_and_batches_one_by_one_when_off() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 1, 100, t0 + 50 * MS, t0, &e);
+        assert!(matches!(
+            p.decide(t0, false, false, &e),
+            Decision::WaitForExecutor
+        ));
+        assert_eq!(
+            p.len(),
+            1,
+            "nothing leaves the queue while executors are busy"
+        );
+
+        let mut c = config();
+        c.enabled = false;
+        let mut p = Policy::new(c, 1);
+        for job in 0..3 {
+            admit(&mut p, job, 5, t0 + 50 * MS, t0, &e);
+        }
+        for want in 0..3 {
+            let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, true, false, &e));
+            assert_eq!(
+                (jobs, rows, bucket, reason),
+                (vec![want], 5, 10, CloseReason::Unbatched)
+            );
+        }
+
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        let (jobs, _, _, reason) = dispatched(p.decide(t0, true, true, &e));
+        assert_eq!((jobs, reason), (vec![1], CloseReason::Drain));
+    }
+}

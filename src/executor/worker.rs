@@ -1,0 +1,142 @@
+//! What one executor thread owns: a dense-graph session, its gather lane, and scratch buffers. When the session
+//! runs on a GPU the lane gathers straight into the session's device input; otherwise into host memory. [`Worker::run`] is the compute path of a batch (gather, then inference); the batcher's executor threads
+//! call it, and so does the in-process throughput benchmark.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::DenseGraph;
+use crate::batching::Estimator;
+use crate::embedding::{GatherError, GatherLane};
+use crate::metrics::ModelMetrics;
+
+/// Why a job failed inside the executor. Never the client's fault: validation happens before queueing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ExecError {
+    #[error("gather failed: {0}")]
+    Gather(#[from] GatherError),
+    #[error("ONNX Runtime failed: {0}")]
+    Inference(String),
+    #[error("the executor panicked: {0}")]
+    Panicked(String),
+    /// The job's deadline passed while it waited; it was not executed.
+    #[error("deadline passed before execution")]
+    DeadlineExceeded,
+    /// The server stopped before the job could run.
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+/// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
+#[derive(Debug)]
+pub struct Worker {
+    graph: DenseGraph,
+    lane: Box<dyn GatherLane>,
+    /// Table index of each field, in graph order.
+    fields: Arc<[usize]>,
+    embeddings: Vec<f32>,
+    metrics: ModelMetrics,
+}
+
+impl Worker {
+    /// `lane` comes from [`crate::embedding::lane`]; a graph on a GPU must be on the lane's GPU.
+    pub fn new(
+        graph: DenseGraph,
+        lane: Box<dyn GatherLane>,
+        fields: Arc<[usize]>,
+        metrics: ModelMetrics,
+    ) -> Worker {
+        Worker {
+            graph,
+            lane,
+            fields,
+            embeddings: Vec::new(),
+            metrics,
+        }
+    }
+
+    /// Gathers and scores `rows` rows, recording gather and inference durations.
+    pub fn execute(
+        &mut self,
+        rows: usize,
+        ids: &[i64],
+        dense: &[f32],
+    ) -> Result<Vec<f32>, ExecError> {
+        let mut scores = Vec::with_capacity(rows);
+        let (gather, inference) = self.run(rows, ids, dense, &mut scores)?;
+        self.metrics.gather_duration.observe(gather);
+        self.metrics.inference_duration.observe(inference);
+        Ok(scores)
+    }
+
+    /// Runs each batch size in `sizes` twice with in-vocabulary ids, so that no request pays for first-run
+    /// allocations or shape specialisation, and seeds `estimator` with the second run's time. Not recorded in the
+    /// metrics.
+    pub fn warm_up(
+        &mut self,
+        sizes: &[usize],
+        estimator: Option<&Estimator>,
+    ) -> Result<(), ExecError> {
+        let shape = self.graph.shape();
+        let mut scores = Vec::new();
+        for &rows in sizes {
+            let ids = vec![0i64; rows * shape.fields];
+            let dense = vec![0f32; rows * shape.dense];
+            for round in 0..2 {
+                let start = Instant::now();
+                self.run(rows, &ids, &dense, &mut scores)?;
+                if round == 1
+                    && let Some(estimator) = estimator
+                {
+                    estimator.observe(rows, start.elapsed());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The graph's input sizes.
+    pub fn shape(&self) -> super::GraphShape {
+        self.graph.shape()
+    }
+
+    /// Gather, then inference, of `rows` rows into `scores`; returns their durations in seconds. Records no
+    /// metrics (the in-process benchmark calls this).
+    pub fn run(
+        &mut self,
+        rows: usize,
+        ids: &[i64],
+        dense: &[f32],
+        scores: &mut Vec<f32>,
+    ) -> Result<(f64, f64), ExecError> {
+        let inference = |e: ort::Error| ExecError::Inference(e.to_string());
+        if self.graph.cuda_device().is_some() {
+            // Gather into the session's device input (allocation included in the gather time).
+            let start = Instant::now();
+            let input = self.graph.device_input(rows).map_err(inference)?;
+            self.lane.gather_device(&self.fields, ids, input.output())?;
+            let gathered = Instant::now();
+            self.graph
+                .run_device(input, dense, scores)
+                .map_err(inference)?;
+            return Ok((
+                (gathered - start).as_secs_f64(),
+                gathered.elapsed().as_secs_f64(),
+            ));
+        }
+        let shape = self.graph.shape();
+        self.embeddings.clear();
+        self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
+        let start = Instant::now();
+        self.lane
+            .gather_host(&self.fields, ids, &mut self.embeddings)?;
+        let gathered = Instant::now();
+        self.graph
+            .run(rows, &self.embeddings, dense, scores)
+            .map_err(inference)?;
+        Ok((
+            (gathered - start).as_secs_f64(),
+            gathered.elapsed().as_secs_f64(),
+        ))
+    }
+}
