@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing recserve needs besides Rust, without touching the system Python:
-#   .venv/  numpy, onnx, onnxruntime (its libonnxruntime.so is what the server loads), safetensors, pytest
+#   .venv/  numpy, onnx, onnxruntime (its libonnxruntime.so is what the server loads), safetensors, scipy, pytest
 # Idempotent: re-running is quick once the requirements have not changed. Prints nothing on success unless
 # something was installed. Source scripts/env.sh afterwards for ORT_DYLIB_PATH.
 set -euo pipefail
@@ -10,7 +10,7 @@ requirements=models/requirements.txt
 stamp=.venv/.requirements.sha256
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing Python requirements into .venv (numpy, onnx, onnxruntime, safetensors, pytest)" >&2
+  echo "setup: installing Python requirements into .venv (numpy, onnx, onnxruntime, safetensors, scipy, pytest)" >&2
   python3 -m venv .venv
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
   echo "$want" > "$stamp"
