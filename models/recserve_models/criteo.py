@@ -350,7 +350,7 @@ def read(path: Path, max_rows: int | None = None, *, chunk_rows: int = 200_000) 
                 bad = ~np.isin(label_text, ("0", "1"))
                 if bad.any():
                     at = line_number + int(np.flatnonzero(bad)[0]) + 1
-                    raise CriteoError(f"{path}:{at}: the label must be 0 or 1, not {label_text[bad][0]!r}")
+                    raise CriteoError(f"{path}:{at}: the label must be 0 or 1, not {str(label_text[bad][0])!r}")
                 labels.append((label_text == "1").astype(np.int8))
                 ints = table[:, 1 : 1 + len(DENSE_FEATURES)]
                 try:
@@ -362,7 +362,7 @@ def read(path: Path, max_rows: int | None = None, *, chunk_rows: int = 200_000) 
                                 float(text or "0")
                             except ValueError:
                                 raise CriteoError(
-                                    f"{path}:{line_number + r + 1}: {DENSE_FEATURES[c]} = {text!r} is not a number"
+                                    f"{path}:{line_number + r + 1}: {DENSE_FEATURES[c]} = {str(text)!r} is not a number"
                                 ) from e
                     raise
                 chunk_codes = np.empty((len(table), len(CATEGORICAL_FIELDS)), dtype=np.int64)
