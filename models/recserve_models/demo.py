@@ -50,7 +50,7 @@ DEEPFM = train_deepfm.TrainConfig(epochs=2, min_count=20)
 LIGHTGCN = lightgcn.TrainConfig(epochs=40, batch=16384, lr=0.01)
 LIGHTGCN_EVAL_EVERY = 10
 ITEM_ID_FIELD = "C21"
-COMMAND = "python -m recserve_models demo --out models/demo --report docs/model-quality.md"
+COMMAND = "nice -n 10 python -m recserve_models demo --out models/demo --report docs/model-quality.md"
 COMMITTED = {
     "deepfm": "DeepFM, int8 tables, INT8 QDQ dense graph",
     "deepfm-fp32": "DeepFM, fp32 tables, fp32 dense graph",
@@ -316,6 +316,8 @@ class DemoCases:
 
     @staticmethod
     def run(args: argparse.Namespace) -> None:
+        if not (args.repository / "quality.json").is_file():
+            raise SystemExit(f"demo-cases: {args.repository} has no quality.json: is it the demo repository?")
         document = demo_cases(args.repository, (1, 2, 10, 50, 100, 250))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(document) + "\n", encoding="utf-8")
