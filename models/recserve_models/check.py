@@ -121,9 +121,9 @@ class Version:
     session: ort.InferenceSession | None  # DeepFM only
 
 
-def _tensor_dims(type_name: str, shape: Sequence[Any]) -> list[int]:
-    # onnxruntime reports a symbolic or unknown dimension as a string or None, a fixed one as an int.
-    del type_name
+def _tensor_dims(shape: Sequence[Any]) -> list[int]:
+    """Dimensions as the server sees them: onnxruntime-Python reports a symbolic or unknown dimension as a string
+    or None, the Rust binding as -1."""
     return [d if isinstance(d, int) else -1 for d in shape]
 
 
@@ -138,7 +138,7 @@ def _check_outlet(path: Path, role: str, outlet: Any, expected: list[int | None]
         raise CheckError(f"{path}: {role} {name!r} is not a tensor")
     if outlet.type != "tensor(float)":
         raise CheckError(f"{path}: {role} {name!r} has element type {outlet.type}, but recserve feeds float32")
-    dims = _tensor_dims(outlet.type, outlet.shape)
+    dims = _tensor_dims(outlet.shape)
     if len(dims) != len(expected) + 1:
         raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
     if dims[0] >= 0:
@@ -341,6 +341,13 @@ def compare_deepfm(validation: Validation, data: Path) -> list[dict[str, Any]]:
             assert isinstance(m, DeepFMToml)
             return m.dense_graph.precision == "fp32" and all(t.storage == "fp32" for t in m.tables)
 
+        vocabularies = {n: deepfm[n].directory / VOCABULARY for n in names}
+        texts = {n: p.read_bytes() if p.is_file() else None for n, p in vocabularies.items()}
+        if len(set(texts.values())) > 1:
+            raise CheckError(
+                f"models {', '.join(sorted(names))} have the same fields and table shapes but different "
+                f"{VOCABULARY} files: their ids mean different values, so they cannot be compared row by row"
+            )
         reference = next((n for n in names if is_fp32(n)), None)
         ordered = ([reference] if reference else []) + [n for n in names if n != reference]
         ref_version = deepfm[reference] if reference else None

@@ -131,6 +131,17 @@ def read_interactions(train_path: Path, test_path: Path) -> Interactions:
     return Interactions(users, items, train_indptr, train_indices, test_indptr, test_indices)
 
 
+def write_interactions(directory: Path, data: Interactions) -> None:
+    """Writes `directory/train.txt` and `directory/test.txt` in the format `read_interactions` reads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, indptr, indices in (
+        ("train.txt", data.train_indptr, data.train_indices),
+        ("test.txt", data.test_indptr, data.test_indices),
+    ):
+        lines = [" ".join(map(str, [u, *indices[indptr[u] : indptr[u + 1]]])) for u in range(data.users)]
+        (directory / name).write_text("\n".join(lines) + "\n", encoding="ascii")
+
+
 def synthetic_interactions(
     rng: np.random.Generator, users: int, items: int, per_user: int, *, clusters: int = 8, test_fraction: float = 0.2
 ) -> Interactions:

@@ -54,12 +54,7 @@ def test_every_version_is_checked_not_only_the_served_one(tmp_path: Path) -> Non
 def lightgcn_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, lightgcn.LightGCNRun]:
     directory = tmp_path_factory.mktemp("lightgcn")
     data = lightgcn.synthetic_interactions(np.random.default_rng(0), 120, 150, 15)
-    for name, indptr, indices in (
-        ("train.txt", data.train_indptr, data.train_indices),
-        ("test.txt", data.test_indptr, data.test_indices),
-    ):
-        lines = [" ".join(map(str, [u, *indices[indptr[u] : indptr[u + 1]]])) for u in range(data.users)]
-        (directory / name).write_text("\n".join(lines) + "\n")
+    lightgcn.write_interactions(directory, data)
     config = lightgcn.TrainConfig(dim=8, epochs=6, batch=256, lr=0.01)
     return directory, lightgcn.run_training(directory, directory / "run", config)
 

@@ -116,18 +116,9 @@ def test_evaluate_counts_like_brute_force() -> None:
     assert metrics.ndcg == pytest.approx(np.mean(ndcgs), abs=1e-12)
 
 
-def write_split(directory: Path, data: Interactions) -> None:
-    for name, indptr, indices in (
-        ("train.txt", data.train_indptr, data.train_indices),
-        ("test.txt", data.test_indptr, data.test_indices),
-    ):
-        lines = [" ".join(map(str, [u, *indices[indptr[u] : indptr[u + 1]]])) for u in range(data.users)]
-        (directory / name).write_text("\n".join(lines) + "\n")
-
-
 def test_quick_training_learns_and_reads_back(tmp_path: Path) -> None:
     data = small_data(8, users=300, items=400, per_user=20)
-    write_split(tmp_path, data)
+    lightgcn.write_interactions(tmp_path, data)
     main(
         ["train-lightgcn", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--dim", "16", "--epochs", "15",
          "--batch", "512", "--lr", "0.01", "--eval-every", "5"]
