@@ -21,10 +21,12 @@ server will feed. Both commands validate what they wrote with `check`'s rules be
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from . import criteo, model_toml
 from .check import VOCABULARY, CheckError, check_version
@@ -157,8 +159,6 @@ def quantize_version(
         write_lightgcn_version(out, new, floats)
         check_version(out)
         return
-    import onnx
-
     graph = onnx.load(str(source / model.dense_graph.file))
     precision = model.dense_graph.precision
     new_model = DeepFMToml(
@@ -242,8 +242,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _run_kind(directory: Path) -> str:
-    import json
-
     path = directory / "training.json"
     try:
         kind = json.loads(path.read_text(encoding="utf-8")).get("kind")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from . import criteo, deepfm
@@ -271,8 +272,6 @@ def save_params(params: DeepFMParams, path: Path) -> None:
 
 
 def load_params(path: Path) -> DeepFMParams:
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="numpy") as f:
         field_tables = tuple(json.loads((f.metadata() or {})["field_tables"]))
     tensors = load_file(str(path))
