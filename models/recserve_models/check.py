@@ -70,8 +70,8 @@ class ModelDir:
 
 
 def _version_number(name: str) -> int | None:
-    # Rust's `u64::from_str` (an optional '+', then digits), then the server's own rule: ≥ 1, no leading zero.
-    if not re.fullmatch(r"\+?[0-9]+", name) or name.startswith("0"):
+    # The server's rule: plain decimal digits, ≥ 1, no leading zero (`+1` and `01` are not versions).
+    if not re.fullmatch(r"[0-9]+", name) or name.startswith("0"):
         return None
     value = int(name)
     return value if 1 <= value <= _U64_MAX else None
@@ -103,8 +103,7 @@ def discover(root: Path) -> list[ModelDir]:
 
 
 def version_dir(model: ModelDir, version: int) -> Path:
-    """The directory the server reads a version from: `<model>/<version>` with the number written plainly (so a
-    directory named `+1` counts as version 1 but is looked up as `1/`, as the server does)."""
+    """The directory the server reads a version from: `<model>/<version>`."""
     return model.path / str(version)
 
 

@@ -481,7 +481,7 @@ def _cases() -> list[Case]:
             "layout-version-plus-sign",
             "deepfm",
             "refuse",
-            MODEL_TOML,
+            MODEL,
             lambda v: None,
             lambda root: (root / MODEL / "1").rename(root / MODEL / "+1"),
         ),
