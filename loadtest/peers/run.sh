@@ -7,9 +7,11 @@
 # under the same open-loop load from recload, after checking that the peers' scores equal recserve's. Writes the
 # "Peer benchmark" section of docs/benchmarks.md (between its markers) and docs/peers-<precision>.svg.
 #
-# Usage: loadtest/peers/run.sh [--models DIR] [--results DIR] [--quick]
-#   --models DIR    model repository with deepfm-fp32 and deepfm-int8 [default: models/demo when it has them, else
-#                   the generated test repository target/test-fixture/repo]
+# Usage: loadtest/peers/run.sh [--models DIR] [--fp32-model NAME] [--int8-model NAME] [--results DIR] [--quick]
+#   --models DIR    model repository holding the two DeepFM models [default: models/demo (the trained demo models:
+#                   deepfm-fp32 and deepfm, its INT8 one), else the generated test repository
+#                   target/test-fixture/repo (deepfm-fp32 and deepfm-int8)]
+#   --fp32-model, --int8-model NAME   the models of that repository to serve [defaults as above]
 #   --results DIR   recload's JSON reports and the Triton model repository [default: target/peers]
 #   --quick         short runs: a check that the script works end to end, not figures to publish
 # Environment (defaults in brackets):
@@ -26,11 +28,15 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 
 models=""
+fp32_model=""
+int8_model=""
 results=target/peers
 quick=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --models) models=$2; shift 2 ;;
+    --fp32-model) fp32_model=$2; shift 2 ;;
+    --int8-model) int8_model=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -43,7 +49,8 @@ for name in BENCH_NOTE WARMUP DURATION RATES SLA REFINE FIXED_RATES CONNECTIONS 
   TIMEOUT RECSERVE_FLAGS TRITON_MAX_BATCH PEERS_PYTHON; do
   [ -n "${!name:-}" ] && command_line+="$name=\"${!name}\" "
 done
-command_line+="loadtest/peers/run.sh${models:+ --models $models}"
+command_line+="loadtest/peers/run.sh${models:+ --models $models}${fp32_model:+ --fp32-model $fp32_model}"
+command_line+="${int8_model:+ --int8-model $int8_model}"
 [ "$results" = target/peers ] || command_line+=" --results $results"
 [ $quick = 1 ] && command_line+=" --quick"
 
@@ -74,17 +81,32 @@ source scripts/env.sh
 
 # --- the models ---------------------------------------------------------------------------------------------
 if [ -z "$models" ]; then
-  if [ -d models/demo/deepfm-fp32 ] && [ -d models/demo/deepfm-int8 ]; then
+  if [ -d models/demo/deepfm-fp32 ] && [ -d models/demo/deepfm ]; then
     models=models/demo
+    : "${fp32_model:=deepfm-fp32}" "${int8_model:=deepfm}"
   else
     models=target/test-fixture/repo
     [ -d "$models" ] || python -m recserve_models fixture --out target/test-fixture >&2
   fi
 fi
-for p in $precisions; do
-  [ -d "$models/deepfm-$p" ] || die "$models has no deepfm-$p model (give --models DIR)"
-done
+fp32_model=${fp32_model:-deepfm-fp32}
+int8_model=${int8_model:-deepfm-int8}
+declare -A model_of=([fp32]=$fp32_model [int8]=$int8_model)
 models=$(cd "$models" && pwd)
+# The servers get a repository of just these two models (symbolic links), so that other models in the directory
+# (e.g. the demo's LightGCN) play no part.
+mkdir -p "$results"
+results=$(cd "$results" && pwd)
+repo=$results/repo
+rm -rf "$repo"
+mkdir -p "$repo"
+for p in $precisions; do
+  name=${model_of[$p]}
+  [ -d "$models/$name" ] || die "$models has no model $name (see --help for --models, --$p-model)"
+  toml=$(ls -d "$models/$name"/[0-9]*/ | sort -V | tail -n 1)model.toml
+  grep -q "^precision = \"$p\"" "$toml" || die "$toml: the dense graph is not $p (see --$p-model)"
+  ln -s "$models/$name" "$repo/$name"
+done
 
 # --- builds and the peer virtualenv -------------------------------------------------------------------------
 log "building recserve and recload (release)"
@@ -154,23 +176,21 @@ wait_ready() { # URL LOG
   tail -20 "$2" >&2; die "not ready after 120 s: $1"
 }
 
-mkdir -p "$results"
-results=$(cd "$results" && pwd)
 triton_repo=$results/triton-repo
 rm -rf "$triton_repo"
 for p in $precisions; do
-  dir=$triton_repo/deepfm-$p
+  dir=$triton_repo/${model_of[$p]}
   mkdir -p "$dir/1"
   cat > "$dir/config.pbtxt" <<EOF
-name: "deepfm-$p"
+name: "${model_of[$p]}"
 backend: "python"
 max_batch_size: $TRITON_MAX_BATCH
 input [ { name: "REQUEST" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ -1 ] } ]
 dynamic_batching { }
 instance_group [ { kind: KIND_CPU count: $server_cores } ]
-parameters: { key: "repository" value: { string_value: "$models" } }
-parameters: { key: "model" value: { string_value: "deepfm-$p" } }
+parameters: { key: "repository" value: { string_value: "$repo" } }
+parameters: { key: "model" value: { string_value: "${model_of[$p]}" } }
 parameters: { key: "intra_op_threads" value: { string_value: "1" } }
 EOF
   cat > "$dir/1/model.py" <<EOF
@@ -191,7 +211,7 @@ start_server() { # SYSTEM → sets server_pid, url, target_args
   case "$1" in
     recserve)
       # shellcheck disable=SC2086
-      "${server[@]}" "$recserve_bin" serve --repository "$models" --http-addr "127.0.0.1:$port" \
+      "${server[@]}" "$recserve_bin" serve --repository "$repo" --http-addr "127.0.0.1:$port" \
         --executors "$server_cores" --intra-op-threads 1 $RECSERVE_FLAGS > "$log" 2>&1 &
       server_pid=$!
       wait_ready "$url/health/ready" "$log"
@@ -205,7 +225,7 @@ start_server() { # SYSTEM → sets server_pid, url, target_args
       wait_ready "$url/v2/health/ready" "$log"
       target_args=(--url "$url" --envelope kserve-v2-bytes) ;;
     fastapi)
-      PEER_REPOSITORY=$models PEER_MODELS=deepfm-fp32,deepfm-int8 PEER_INTRA_OP_THREADS=1 \
+      PEER_REPOSITORY=$repo PEER_MODELS=$fp32_model,$int8_model PEER_INTRA_OP_THREADS=1 \
         "${server[@]}" "$venv/bin/uvicorn" fastapi_server:app --app-dir loadtest/peers --host 127.0.0.1 \
         --port "$port" --workers "$server_cores" --no-access-log --log-level warning > "$log" 2>&1 &
       server_pid=$!
@@ -235,17 +255,18 @@ for system in $systems; do
   for p in $precisions; do
     out=$results/$p/$system
     mkdir -p "$out"
-    common=(--model "deepfm-$p" --repository "$models" --candidates "$CANDIDATES" --seed 1 --pool 1000)
+    model=${model_of[$p]}
+    common=(--model "$model" --repository "$repo" --candidates "$CANDIDATES" --seed 1 --pool 1000)
     if [ "$system" = recserve ]; then
       recload check "${target_args[@]}" "${common[@]}" --samples 32 --save "$results/$p/scores.json" > /dev/null
     else
-      log "$system deepfm-$p: checking its scores against recserve's"
+      log "$system $model: checking its scores against recserve's"
       recload check "${target_args[@]}" "${common[@]}" --expect "$results/$p/scores.json" --tolerance 1e-5 \
         --json "$out/check.json" || die "$system's scores differ from recserve's: not benchmarking it"
     fi
     timing=(--warmup "$WARMUP" --duration "$DURATION" --timeout "$TIMEOUT" --connections "$CONNECTIONS" --quiet
       --label "${names[$system]}")
-    log "$system deepfm-$p: sweep $RATES, SLA $SLA"
+    log "$system $model: sweep $RATES, SLA $SLA"
     recload sweep "${target_args[@]}" "${common[@]}" "${timing[@]}" --rates "$RATES" --sla "$SLA" \
       --refine "$REFINE" --json "$out/sweep.json" > "$out/sweep.txt"
     cat "$out/sweep.txt" >&2
@@ -253,13 +274,13 @@ for system in $systems; do
       recload run "${target_args[@]}" "${common[@]}" "${timing[@]}" --rate "$rate" \
         --json "$out/fixed-$rate.json" > /dev/null
     done
-    log "$system deepfm-$p: closed loop, $CLOSED_CONCURRENCY workers"
+    log "$system $model: closed loop, $CLOSED_CONCURRENCY workers"
     [ "$system" = recserve ] && curl -s "$url/metrics" > "$out/metrics-before.prom"
     recload run "${target_args[@]}" "${common[@]}" "${timing[@]}" --closed --concurrency "$CLOSED_CONCURRENCY" \
       --json "$out/closed.json" | sed -n 3p >&2
     if [ "$system" = recserve ]; then
       curl -s "$url/metrics" > "$out/metrics-after.prom"
-      python loadtest/peers/batch_stats.py "deepfm-$p" "$out/metrics-before.prom" "$out/metrics-after.prom" \
+      python loadtest/peers/batch_stats.py "$model" "$out/metrics-before.prom" "$out/metrics-after.prom" \
         > "$out/batches.json"
     fi
   done
@@ -273,9 +294,9 @@ for system in $systems; do
       saturated=$(python -c 'import sys; c = int(sys.argv[2]); print(max(c, round(float(sys.argv[1]) / c) * c))' \
         "$mean" "$CANDIDATES")
       rows=$CANDIDATES; [ "$saturated" != "$CANDIDATES" ] && rows="$CANDIDATES,$saturated"
-      log "deepfm-$p: in-process ceiling at $rows rows per batch (recserve's mean batch at saturation: $mean rows)"
+      log "${model_of[$p]}: in-process ceiling at $rows rows per batch (recserve's mean batch at saturation: $mean rows)"
       # shellcheck disable=SC2086
-      "${server[@]}" "$recload_bin" ceiling --repository "$models" --model "deepfm-$p" --candidates "$CANDIDATES" \
+      "${server[@]}" "$recload_bin" ceiling --repository "$repo" --model "${model_of[$p]}" --candidates "$CANDIDATES" \
         --executors "$server_cores" --intra-op-threads 1 --batch-rows "$rows" --warmup "$WARMUP" \
         --duration "$DURATION" --json "$results/$p/ceiling.json" $RECSERVE_FLAGS >&2
     done
@@ -290,6 +311,7 @@ done
 
 # --- describe the run, write the section --------------------------------------------------------------------
 BENCH_NOTE=${BENCH_NOTE:-} COMMAND_LINE=$command_line PINNING=$pinning MODELS=$models CANDIDATES=$CANDIDATES \
+FP32_MODEL=$fp32_model INT8_MODEL=$int8_model \
 TRITON_VERSION=$triton_version SERVER_CORES=$server_cores FIXED_RATES=$FIXED_RATES TRITON_MAX_BATCH=$TRITON_MAX_BATCH \
 VENV_PYTHON=$venv/bin/python ROOT=$root RECSERVE_FLAGS=$RECSERVE_FLAGS python - > "$results/meta.json" <<'EOF'
 import json, os, platform, re, subprocess, datetime
@@ -343,7 +365,10 @@ print(json.dumps({
         f"hands the Python model up to {os.environ['TRITON_MAX_BATCH']} queued requests per call, which it scores in "
         "one onnxruntime run; FastAPI scores each request on its own."
     ),
-    "precisions": [{"name": "fp32", "model": "deepfm-fp32"}, {"name": "int8", "model": "deepfm-int8"}],
+    "precisions": [
+        {"name": "fp32", "model": os.environ["FP32_MODEL"]},
+        {"name": "int8", "model": os.environ["INT8_MODEL"]},
+    ],
     "systems": [
         {"key": "recserve", "name": "recserve",
          "how": f"`recserve serve --executors {cores} --intra-op-threads 1`{flags_note}: axum HTTP, the Rust gather "

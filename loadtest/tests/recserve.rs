@@ -16,6 +16,7 @@ use recload::report::RunReport;
 use recload::target::{Envelope, HttpTarget, Target};
 use recload::workload::IdDistribution;
 use recserve::config::ServeArgs;
+use recserve::server::Listeners;
 use tokio::sync::oneshot;
 
 fn fixture_repo() -> PathBuf {
@@ -45,12 +46,18 @@ struct Server {
 
 async fn start_recserve() -> Server {
     let config = serve_config(|_| {});
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind port 0");
-    let addr = listener.local_addr().expect("address");
+    let bind = || async {
+        tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind port 0")
+    };
+    let listeners = Listeners {
+        http: bind().await,
+        grpc: bind().await,
+    };
+    let addr = listeners.http.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(recserve::server::run(config, listener, async {
+    let handle = tokio::spawn(recserve::server::run(config, listeners, async {
         let _ = stopped.await;
     }));
     let probe = HttpTarget::new(&format!("http://{addr}"), Envelope::None)
