@@ -16,8 +16,8 @@
 #   --quick         short runs: a check that the script works end to end, not figures to publish
 # Environment (defaults in brackets):
 #   BENCH_NOTE            a warning printed above the figures, e.g. "Machine shared with concurrent builds: preliminary"
-#   WARMUP [2s] DURATION [8s] RATES [25:20000:x1.6] SLA [5ms,20ms] REFINE [3] FIXED_RATES ["100 400 1600"]
-#   CONNECTIONS [64] CLOSED_CONCURRENCY [16] CANDIDATES [100] TIMEOUT [2s]
+#   WARMUP [2s] DURATION [8s] MIN_REQUESTS [1000] RATES [50:20000:x1.5] SLA [5ms,20ms] REFINE [3]
+#   FIXED_RATES ["100 400 1600"] CONNECTIONS [64] CLOSED_CONCURRENCY [16] CANDIDATES [100] TIMEOUT [2s]
 #   RECSERVE_FLAGS        extra flags for `recserve serve` and `recload ceiling` (e.g. "--batching off")
 #   TRITON_MAX_BATCH [64] most requests Triton's dynamic batcher puts in one execute()
 #   PEERS_PYTHON [python3] the interpreter for the peer virtualenv (needs its shared libpython, e.g. pyenv's)
@@ -45,8 +45,8 @@ while [ $# -gt 0 ]; do
 done
 # The command as given, with the settings that came from the environment, for the report.
 command_line=""
-for name in BENCH_NOTE WARMUP DURATION RATES SLA REFINE FIXED_RATES CONNECTIONS CLOSED_CONCURRENCY CANDIDATES \
-  TIMEOUT RECSERVE_FLAGS TRITON_MAX_BATCH PEERS_PYTHON; do
+for name in BENCH_NOTE WARMUP DURATION MIN_REQUESTS RATES SLA REFINE FIXED_RATES CONNECTIONS CLOSED_CONCURRENCY \
+  CANDIDATES TIMEOUT RECSERVE_FLAGS TRITON_MAX_BATCH PEERS_PYTHON; do
   [ -n "${!name:-}" ] && command_line+="$name=\"${!name}\" "
 done
 command_line+="loadtest/peers/run.sh${models:+ --models $models}${fp32_model:+ --fp32-model $fp32_model}"
@@ -55,11 +55,13 @@ command_line+="${int8_model:+ --int8-model $int8_model}"
 [ $quick = 1 ] && command_line+=" --quick"
 
 if [ $quick = 1 ]; then
-  : "${WARMUP:=500ms}" "${DURATION:=2s}" "${RATES:=50:20000:x3}" "${REFINE:=1}" "${FIXED_RATES:=100 400}"
+  : "${WARMUP:=500ms}" "${DURATION:=2s}" "${MIN_REQUESTS:=200}" "${RATES:=50:20000:x3}" "${REFINE:=1}"
+  : "${FIXED_RATES:=100 400}"
 fi
 WARMUP=${WARMUP:-2s}
 DURATION=${DURATION:-8s}
-RATES=${RATES:-25:20000:x1.6}
+MIN_REQUESTS=${MIN_REQUESTS:-1000}
+RATES=${RATES:-50:20000:x1.5}
 SLA=${SLA:-5ms,20ms}
 REFINE=${REFINE:-3}
 FIXED_RATES=${FIXED_RATES:-100 400 1600}
@@ -268,12 +270,8 @@ for system in $systems; do
       --label "${names[$system]}")
     log "$system $model: sweep $RATES, SLA $SLA"
     recload sweep "${target_args[@]}" "${common[@]}" "${timing[@]}" --rates "$RATES" --sla "$SLA" \
-      --refine "$REFINE" --json "$out/sweep.json" > "$out/sweep.txt"
+      --refine "$REFINE" --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
     cat "$out/sweep.txt" >&2
-    for rate in $FIXED_RATES; do
-      recload run "${target_args[@]}" "${common[@]}" "${timing[@]}" --rate "$rate" \
-        --json "$out/fixed-$rate.json" > /dev/null
-    done
     log "$system $model: closed loop, $CLOSED_CONCURRENCY workers"
     [ "$system" = recserve ] && curl -s "$url/metrics" > "$out/metrics-before.prom"
     recload run "${target_args[@]}" "${common[@]}" "${timing[@]}" --closed --concurrency "$CLOSED_CONCURRENCY" \
@@ -283,6 +281,11 @@ for system in $systems; do
       python loadtest/peers/batch_stats.py "$model" "$out/metrics-before.prom" "$out/metrics-after.prom" \
         > "$out/batches.json"
     fi
+    # Last, as the highest of them overloads the slower systems.
+    for rate in $FIXED_RATES; do
+      recload run "${target_args[@]}" "${common[@]}" "${timing[@]}" --rate "$rate" \
+        --json "$out/fixed-$rate.json" > /dev/null
+    done
   done
   stop_server
   if [ "$system" = recserve ]; then
@@ -294,7 +297,7 @@ for system in $systems; do
       saturated=$(python -c 'import sys; c = int(sys.argv[2]); print(max(c, round(float(sys.argv[1]) / c) * c))' \
         "$mean" "$CANDIDATES")
       rows=$CANDIDATES; [ "$saturated" != "$CANDIDATES" ] && rows="$CANDIDATES,$saturated"
-      log "${model_of[$p]}: in-process ceiling at $rows rows per batch (recserve's mean batch at saturation: $mean rows)"
+      log "${model_of[$p]}: in-process ceiling at $rows rows per batch (recserve's mean at saturation: $mean rows)"
       # shellcheck disable=SC2086
       "${server[@]}" "$recload_bin" ceiling --repository "$repo" --model "${model_of[$p]}" --candidates "$CANDIDATES" \
         --executors "$server_cores" --intra-op-threads 1 --batch-rows "$rows" --warmup "$WARMUP" \

@@ -175,6 +175,13 @@ pub struct TimingArgs {
     /// Runtime threads [default: the cores recload may use].
     #[arg(long, env = "RECLOAD_THREADS")]
     pub threads: Option<usize>,
+    /// Before each run, wait until 3 requests in a row, sent one at a time, are answered within this (a server
+    /// may still be working off the backlog of an earlier overloaded run).
+    #[arg(long, env = "RECLOAD_SETTLE_LATENCY", value_parser = duration, default_value = "100ms")]
+    pub settle_latency: Duration,
+    /// Longest wait for that before the run starts anyway, with a warning; 0s skips the wait.
+    #[arg(long, env = "RECLOAD_SETTLE_TIMEOUT", value_parser = duration, default_value = "60s")]
+    pub settle_timeout: Duration,
     /// No progress line.
     #[arg(long, short, env = "RECLOAD_QUIET")]
     pub quiet: bool,
@@ -230,6 +237,14 @@ pub struct SweepArgs {
     /// Most failed requests a passing step may have, as a fraction.
     #[arg(long, env = "RECLOAD_MAX_ERROR_RATIO", default_value_t = 0.001)]
     pub max_error_ratio: f64,
+    /// Runs added at a rate that fails an SLA before it counts as failing (a rate passes when any of its runs
+    /// does), so that one hiccup does not end the search.
+    #[arg(long, env = "RECLOAD_CONFIRM", default_value_t = 1)]
+    pub confirm: u32,
+    /// Lengthen a step's measurement window to hold at least this many requests (a p99 from 200 requests is
+    /// their second-worst).
+    #[arg(long, env = "RECLOAD_MIN_REQUESTS", default_value_t = 1000)]
+    pub min_requests: u64,
     #[arg(long, env = "RECLOAD_JSON")]
     pub json: Option<PathBuf>,
     /// Also draw the sweep's latency-vs-throughput chart into this SVG file.
@@ -588,6 +603,10 @@ fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOptions {
         seed,
         precise_pacing: !timing.coarse_pacing,
         progress: !timing.quiet && std::io::stderr().is_terminal(),
+        settle: (!timing.settle_timeout.is_zero()).then_some(engine::Settle {
+            latency: timing.settle_latency,
+            timeout: timing.settle_timeout,
+        }),
     }
 }
 
@@ -667,8 +686,13 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
     let started_at = now_rfc3339();
     let slas_ms: Vec<f64> = slas.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     let quiet = args.timing.quiet;
-    let (steps, sla) = sweep::search(&rates, &slas_ms, args.refine, args.max_error_ratio, |rate| {
-        let options = run_options(
+    let rules = sweep::SearchRules {
+        refine: args.refine,
+        max_error_ratio: args.max_error_ratio,
+        confirm: args.confirm,
+    };
+    let (steps, sla) = sweep::search(&rates, &slas_ms, rules, |rate| {
+        let mut options = run_options(
             &args.timing,
             Mode::Open {
                 rate,
@@ -677,6 +701,9 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
             },
             args.workload.seed,
         );
+        options.duration = options
+            .duration
+            .max(Duration::from_secs_f64(args.min_requests as f64 / rate));
         let target = Arc::clone(&p.target);
         let prepared = Arc::clone(&p.prepared);
         let workload = p.workload.clone();
@@ -684,7 +711,8 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         async move {
             let started_at = now_rfc3339();
             let stats = engine::run(Arc::clone(&target), prepared, &options).await?;
-            let report = RunReport::new(label, started_at, target.info(), workload, &options, &stats);
+            let report =
+                RunReport::new(label, started_at, target.info(), workload, &options, &stats);
             if !quiet {
                 let l = report.latency_ms;
                 eprintln!(
@@ -712,6 +740,8 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         duration_s: args.timing.duration.as_secs_f64(),
         timeout_s: args.timing.timeout.as_secs_f64(),
         max_error_ratio: args.max_error_ratio,
+        confirm: args.confirm,
+        min_requests: args.min_requests,
         steps,
         sla,
     })

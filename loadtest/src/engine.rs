@@ -64,6 +64,21 @@ pub struct RunOptions {
     pub precise_pacing: bool,
     /// Print a progress line on stderr every second.
     pub progress: bool,
+    /// Before the clock starts, wait until the server answers promptly again (it may still be working off the
+    /// backlog of an earlier overloaded run).
+    pub settle: Option<Settle>,
+}
+
+/// When a server counts as settled: `CONSECUTIVE` requests in a row, sent one at a time, each answered with a
+/// 2xx within `latency`. Waiting stops after `timeout` (the run then starts anyway).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settle {
+    pub latency: Duration,
+    pub timeout: Duration,
+}
+
+impl Settle {
+    pub const CONSECUTIVE: u32 = 3;
 }
 
 /// A run that could not start.
@@ -90,6 +105,9 @@ pub struct RunStats {
     pub peak_in_flight: u64,
     /// From the first send to the last answer or timeout, warm-up and drain included.
     pub wall: Duration,
+    /// Time spent waiting for the server to settle before the run, and whether it did.
+    pub settle_wait: Duration,
+    pub settled: bool,
 }
 
 /// Live counters for the progress line.
@@ -331,6 +349,16 @@ pub async fn run<T: Target>(
         }
     }
 
+    let (settle_wait, settled) = match options.settle {
+        Some(settle) => {
+            let conn = conns
+                .first_mut()
+                .ok_or_else(|| RunError::Invalid("no connection to settle with".to_owned()))?;
+            settle_server(&*target, conn, &requests[0], settle).await
+        }
+        None => (Duration::ZERO, true),
+    };
+
     let start = Instant::now();
     let measure_from = start + options.warmup;
     let shared = Arc::new(Shared {
@@ -385,7 +413,46 @@ pub async fn run<T: Target>(
         peak_in_flight: shared.live.peak_in_flight.load(Ordering::Relaxed).max(0) as u64,
         recorder,
         wall,
+        settle_wait,
+        settled,
     })
+}
+
+/// Sends `request` one at a time on `conn` until [`Settle::CONSECUTIVE`] answers in a row were 2xx within
+/// `settle.latency`, or `settle.timeout` passed. Returns the time waited and whether the server settled.
+async fn settle_server<T: Target>(
+    target: &T,
+    conn: &mut T::Conn,
+    request: &T::Prepared,
+    settle: Settle,
+) -> (Duration, bool) {
+    let begin = Instant::now();
+    let mut in_a_row = 0;
+    while in_a_row < Settle::CONSECUTIVE {
+        if begin.elapsed() >= settle.timeout {
+            return (begin.elapsed(), false);
+        }
+        let sent = Instant::now();
+        // A probe that takes longer than the bound is abandoned with its connection (its answer may still come).
+        match tokio::time::timeout(settle.latency, target.send(conn, request)).await {
+            Ok(Ok(_)) if sent.elapsed() <= settle.latency => in_a_row += 1,
+            Ok(Err(failure)) if failure.breaks_connection() => {
+                in_a_row = 0;
+                match target.connect().await {
+                    Ok(fresh) => *conn = fresh,
+                    Err(_) => tokio::time::sleep(CONNECT_BACKOFF).await,
+                }
+            }
+            Ok(_) => in_a_row = 0,
+            Err(_elapsed) => {
+                in_a_row = 0;
+                if let Ok(fresh) = target.connect().await {
+                    *conn = fresh;
+                }
+            }
+        }
+    }
+    (begin.elapsed(), true)
 }
 
 /// Rewrites one stderr line every second: phase, counts, and the last second's rate and p99.
@@ -534,6 +601,7 @@ mod tests {
             seed: 1,
             precise_pacing: false,
             progress: false,
+            settle: None,
         }
     }
 

@@ -239,9 +239,11 @@ pub fn render(results: &Path) -> Result<String, DocError> {
     if let Some(s) = first_sweep {
         let _ = writeln!(
             w,
-            "Load: recload, open loop, {} arrivals, {} connections, {} s warm-up then {} s measured per step, latency from each \
-             request's scheduled send time; a step fails an SLA when its p99 exceeds it or more than {:.2}% of its \
-             requests fail. Saturation: closed loop, {} s.",
+            "Load: recload, open loop, {} arrivals, {} connections, {} s warm-up then at least {} s and {} requests \
+             measured per step, latency from each request's scheduled send time; before each run recload waits until \
+             the server answers promptly again (an overloaded step can leave a backlog). A step fails an SLA when its \
+             p99 exceeds it or more than {:.2}% of its requests fail; a failing rate is run {} more time(s) and passes \
+             if any run does. Saturation: closed loop, {} s.",
             match s.arrivals {
                 crate::arrivals::Arrivals::Poisson => "Poisson",
                 crate::arrivals::Arrivals::Constant => "constant-rate",
@@ -249,7 +251,9 @@ pub fn render(results: &Path) -> Result<String, DocError> {
             s.connections,
             s.warmup_s,
             s.duration_s,
+            s.min_requests,
             s.max_error_ratio * 100.0,
+            s.confirm,
             data.values()
                 .find_map(|d| d.closed.as_ref())
                 .map_or(0.0, |c| c.duration_s)

@@ -58,6 +58,16 @@ pub struct RunReport {
     pub send_delay_ms: Option<LatencySummary>,
     pub peak_in_flight: u64,
     pub wall_s: f64,
+    /// Seconds spent, before the run, waiting for the server to answer promptly again (`--settle-*`), and
+    /// whether it did (`false`: the run started after `--settle-timeout` anyway).
+    #[serde(default)]
+    pub settle_s: f64,
+    #[serde(default = "settled_default")]
+    pub settled: bool,
+}
+
+fn settled_default() -> bool {
+    true
 }
 
 impl RunReport {
@@ -94,6 +104,8 @@ impl RunReport {
             send_delay_ms: r.send_delay.summary(),
             peak_in_flight: stats.peak_in_flight,
             wall_s: stats.wall.as_secs_f64(),
+            settle_s: stats.settle_wait.as_secs_f64(),
+            settled: stats.settled,
         }
     }
 
@@ -176,6 +188,13 @@ impl fmt::Display for RunReport {
         match &self.latency_ms {
             Some(l) => writeln!(f, "  latency     {l} ({since})")?,
             None => writeln!(f, "  latency     no successful request")?,
+        }
+        if !self.settled {
+            writeln!(
+                f,
+                "  warning     the server was still slow after {:.0} s of waiting for it to settle before this run",
+                self.settle_s
+            )?;
         }
         if let (Mode::Open { .. }, Some(d)) = (self.mode, &self.send_delay_ms) {
             writeln!(

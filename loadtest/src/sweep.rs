@@ -1,7 +1,8 @@
-//! The latency-bounded throughput search: open-loop runs at increasing offered rates until the p99 of a run
-//! exceeds the largest SLA (or too many requests fail), then bisection between the last passing and the first
-//! failing rate of each SLA. The answer for an SLA is the highest rate such that it and every lower rate tried
-//! kept p99 ≤ SLA with at most `max_error_ratio` failed requests.
+//! The latency-bounded throughput search: open-loop runs at increasing offered rates until a rate exceeds the
+//! largest SLA (its p99 over the bound, or too many failed requests), then bisection between the last passing and
+//! the first failing rate of each SLA. A rate that fails is run again (`confirm` times) and passes if any of its
+//! runs does, so one hiccup does not end the search. The answer for an SLA is the highest rate such that it and
+//! every lower rate tried passed.
 
 use std::fmt;
 use std::future::Future;
@@ -128,6 +129,12 @@ pub struct SweepReport {
     pub timeout_s: f64,
     /// Most failed requests (as a fraction of the window's) a passing run may have.
     pub max_error_ratio: f64,
+    /// Extra runs at a failing rate before it counts as failing.
+    #[serde(default)]
+    pub confirm: u32,
+    /// Steps measure for at least this many requests (`duration_s` is the shortest window).
+    #[serde(default)]
+    pub min_requests: u64,
     /// Every run, by ascending offered rate.
     pub steps: Vec<RunReport>,
     /// One per `--sla`, ascending.
@@ -146,7 +153,7 @@ pub fn failure(report: &RunReport, sla_ms: f64, max_error_ratio: f64) -> Option<
     }
     match report.p99_ms() {
         None => Some("no request succeeded".to_owned()),
-        Some(p99) if p99 > sla_ms => Some(format!("p99 {} > {}", Ms(p99), Ms(sla_ms))),
+        Some(p99) if p99 > sla_ms => Some(format!("p99 {} > {sla_ms} ms", Ms(p99))),
         Some(_) => None,
     }
 }
@@ -159,65 +166,133 @@ fn rate_of(report: &RunReport) -> f64 {
     }
 }
 
-/// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate) and one
-/// result per SLA (`slas_ms` ascending).
+/// How the search decides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SearchRules {
+    /// Bisection runs per SLA between its last passing and first failing rate.
+    pub refine: u32,
+    /// Most failed requests (a fraction of the window's) a passing run may have.
+    pub max_error_ratio: f64,
+    /// Runs added at a rate that failed, before it counts as failing: a rate passes when any of its runs passes,
+    /// so one scheduling hiccup (on a shared machine, say) does not end the search.
+    pub confirm: u32,
+}
+
+/// A rate's verdict for one SLA: its first run that met it, or why its last run failed.
+type Verdict<'a> = Result<&'a RunReport, String>;
+
+/// The verdicts of a set of runs for one SLA, by ascending rate.
+fn verdicts(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> Vec<(f64, Verdict<'_>)> {
+    let mut rates: Vec<f64> = runs.iter().map(rate_of).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    rates
+        .into_iter()
+        .map(|rate| {
+            let at: Vec<&RunReport> = runs.iter().filter(|r| rate_of(r) == rate).collect();
+            let verdict = match at
+                .iter()
+                .find(|r| failure(r, sla_ms, max_error_ratio).is_none())
+            {
+                Some(pass) => Ok(*pass),
+                None => Err(at
+                    .last()
+                    .and_then(|last| failure(last, sla_ms, max_error_ratio))
+                    .unwrap_or_default()),
+            };
+            (rate, verdict)
+        })
+        .collect()
+}
+
+/// The last rate of the passing prefix and the first failing rate, for one SLA.
+fn bounds(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> (Option<f64>, Option<f64>) {
+    let v = verdicts(runs, sla_ms, max_error_ratio);
+    let first_fail = v.iter().position(|(_, verdict)| verdict.is_err());
+    let passing = first_fail.unwrap_or(v.len());
+    (
+        passing.checked_sub(1).map(|i| v[i].0),
+        first_fail.map(|i| v[i].0),
+    )
+}
+
+/// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate, in run order
+/// within a rate) and one result per SLA (`slas_ms` ascending).
 pub async fn search<F, Fut, E>(
     rates: &[f64],
     slas_ms: &[f64],
-    refine: u32,
-    max_error_ratio: f64,
+    rules: SearchRules,
     mut probe: F,
 ) -> Result<(Vec<RunReport>, Vec<SlaResult>), E>
 where
     F: FnMut(f64) -> Fut,
     Fut: Future<Output = Result<RunReport, E>>,
 {
+    let SearchRules {
+        refine,
+        max_error_ratio,
+        confirm,
+    } = rules;
+    let fails = |r: &RunReport, sla: f64| failure(r, sla, max_error_ratio).is_some();
     let largest = slas_ms.iter().copied().fold(0.0, f64::max);
-    let mut steps: Vec<RunReport> = Vec::new();
+    let mut runs: Vec<RunReport> = Vec::new();
+    // Runs `rate`, and again (up to `confirm` times) while it fails `sla`; whether it finally failed.
+    macro_rules! measure {
+        ($rate:expr, $sla:expr) => {{
+            let mut failed = true;
+            for _ in 0..=confirm {
+                let report = probe($rate).await?;
+                failed = fails(&report, $sla);
+                runs.push(report);
+                if !failed {
+                    break;
+                }
+            }
+            failed
+        }};
+    }
     for &rate in rates {
-        let report = probe(rate).await?;
-        let failed = failure(&report, largest, max_error_ratio).is_some();
-        steps.push(report);
-        if failed {
+        if measure!(rate, largest) {
             break;
         }
     }
     let mut results = Vec::with_capacity(slas_ms.len());
     for &sla in slas_ms {
-        let bounds = |steps: &mut Vec<RunReport>| {
-            steps.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
-            let first_fail = steps
-                .iter()
-                .position(|r| failure(r, sla, max_error_ratio).is_some());
-            let passing = first_fail.unwrap_or(steps.len());
-            (passing.checked_sub(1), first_fail)
-        };
         for _ in 0..refine {
-            let (Some(lo), Some(hi)) = bounds(&mut steps) else {
+            let (Some(lo), Some(hi)) = bounds(&runs, sla, max_error_ratio) else {
                 break;
             };
-            let (lo, hi) = (rate_of(&steps[lo]), rate_of(&steps[hi]));
-            let mid = (lo + hi) / 2.0;
             // Closer than 2% is within the run-to-run noise of any real server.
             if (hi - lo) / lo < 0.02 {
                 break;
             }
-            steps.push(probe(mid.round().max(1.0)).await?);
+            let mid = ((lo + hi) / 2.0).round().max(1.0);
+            measure!(mid, sla);
         }
-        let (lo, hi) = bounds(&mut steps);
-        let at = |i: Option<usize>| i.map(|i| &steps[i]);
+        let v = verdicts(&runs, sla, max_error_ratio);
+        let (lo, hi) = bounds(&runs, sla, max_error_ratio);
+        let pass = lo.and_then(|rate| v.iter().find(|(r, _)| *r == rate)?.1.as_ref().ok().copied());
+        let fail = hi.and_then(|rate| {
+            v.iter()
+                .find(|(r, _)| *r == rate)?
+                .1
+                .as_ref()
+                .err()
+                .cloned()
+        });
         results.push(SlaResult {
             p99_ms: sla,
-            max_rps: at(lo).map(rate_of),
-            achieved_rps: at(lo).map(|r| r.achieved_rps),
-            p50_at_max_ms: at(lo).and_then(|r| r.latency_ms.map(|l| l.p50_ms)),
-            p99_at_max_ms: at(lo).and_then(RunReport::p99_ms),
-            first_failing_rps: at(hi).map(rate_of),
-            failure: at(hi).and_then(|r| failure(r, sla, max_error_ratio)),
+            max_rps: lo,
+            achieved_rps: pass.map(|r| r.achieved_rps),
+            p50_at_max_ms: pass.and_then(|r| r.latency_ms.map(|l| l.p50_ms)),
+            p99_at_max_ms: pass.and_then(RunReport::p99_ms),
+            first_failing_rps: hi,
+            failure: fail,
         });
     }
-    steps.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
-    Ok((steps, results))
+    // Stable: runs at the same rate stay in the order they ran.
+    runs.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
+    Ok((runs, results))
 }
 
 impl fmt::Display for SweepReport {
@@ -261,12 +336,12 @@ impl fmt::Display for SweepReport {
             match s.max_rps {
                 Some(rate) => write!(
                     f,
-                    "  p99 ≤ {}: {rate:.0} requests/s (achieved {:.1}/s, p99 {})",
-                    Ms(s.p99_ms),
+                    "  p99 ≤ {} ms: {rate:.0} requests/s (achieved {:.1}/s, p99 {})",
+                    s.p99_ms,
                     s.achieved_rps.unwrap_or(0.0),
                     Ms(s.p99_at_max_ms.unwrap_or(0.0))
                 )?,
-                None => write!(f, "  p99 ≤ {}: not met at the lowest rate", Ms(s.p99_ms))?,
+                None => write!(f, "  p99 ≤ {} ms: not met at the lowest rate", s.p99_ms)?,
             }
             match (&s.first_failing_rps, &s.failure) {
                 (Some(rate), Some(why)) => writeln!(f, "; {rate:.0}/s failed: {why}")?,
@@ -328,6 +403,14 @@ mod tests {
         assert!(parse_slas("0ms").is_err());
     }
 
+    fn rules(refine: u32, max_error_ratio: f64, confirm: u32) -> SearchRules {
+        SearchRules {
+            refine,
+            max_error_ratio,
+            confirm,
+        }
+    }
+
     /// A run at `rate` whose p99 is `p99_ms` and whose failed requests are `errors` of 1000.
     fn report(rate: f64, p99_ms: f64, errors: u64) -> RunReport {
         RunReport {
@@ -380,6 +463,8 @@ mod tests {
             send_delay_ms: None,
             peak_in_flight: 1,
             wall_s: 1.0,
+            settle_s: 0.0,
+            settled: true,
         }
     }
 
@@ -398,8 +483,7 @@ mod tests {
         let (steps, results) = search(
             &parse_rates("250:16000:x2").expect("rates"),
             &[5.0, 20.0],
-            6,
-            0.001,
+            rules(6, 0.001, 0),
             |rate| {
                 probed.push(rate);
                 async move { Ok::<_, Infallible>(report(rate, server(rate), 0)) }
@@ -432,13 +516,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_failing_rate_is_run_again_and_passes_if_any_run_passes() {
+        // The first run at 2000/s hits a hiccup (p99 50 ms); its second run passes. 8000/s fails twice.
+        let mut runs_at_2000 = 0;
+        let mut probed = Vec::new();
+        let (steps, results) = search(
+            &[1000.0, 2000.0, 4000.0, 8000.0],
+            &[20.0],
+            rules(0, 0.001, 1),
+            |rate| {
+                probed.push(rate);
+                let p99 = match rate {
+                    2000.0 => {
+                        runs_at_2000 += 1;
+                        if runs_at_2000 == 1 { 50.0 } else { 5.0 }
+                    }
+                    8000.0 => 30.0,
+                    _ => 5.0,
+                };
+                async move { Ok::<_, Infallible>(report(rate, p99, 0)) }
+            },
+        )
+        .await
+        .expect("search");
+        assert_eq!(probed, vec![1000.0, 2000.0, 2000.0, 4000.0, 8000.0, 8000.0]);
+        assert_eq!(steps.len(), 6);
+        assert_eq!(results[0].max_rps, Some(4000.0));
+        assert_eq!(results[0].p99_at_max_ms, Some(5.0));
+        assert_eq!(results[0].first_failing_rps, Some(8000.0));
+        assert_eq!(results[0].failure.as_deref(), Some("p99 30.00 ms > 20 ms"));
+    }
+
+    #[tokio::test]
     async fn errors_fail_a_rate_and_every_lower_rate_must_pass() {
         // 2000/s fails on errors although its p99 is fine; 4000/s would pass but is never reached.
         let (_, results) = search(
             &[1000.0, 2000.0, 4000.0],
             &[5.0],
-            0,
-            0.001,
+            rules(0, 0.001, 0),
             |rate| async move {
                 let errors = if rate == 2000.0 { 5 } else { 0 };
                 Ok::<_, Infallible>(report(rate, 1.0, errors))
@@ -456,9 +571,12 @@ mod tests {
 
     #[tokio::test]
     async fn reports_when_even_the_lowest_rate_fails_or_no_rate_fails() {
-        let (_, results) = search(&[100.0, 200.0], &[1.0, 1000.0], 3, 0.0, |rate| async move {
-            Ok::<_, Infallible>(report(rate, 50.0, 0))
-        })
+        let (_, results) = search(
+            &[100.0, 200.0],
+            &[1.0, 1000.0],
+            rules(3, 0.0, 0),
+            |rate| async move { Ok::<_, Infallible>(report(rate, 50.0, 0)) },
+        )
         .await
         .expect("search");
         assert_eq!(results[0].max_rps, None);

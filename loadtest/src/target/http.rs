@@ -398,6 +398,7 @@ mod tests {
             seed: 1,
             precise_pacing: false,
             progress: false,
+            settle: None,
         };
         let err = crate::engine::run(target, prepared, &options)
             .await
