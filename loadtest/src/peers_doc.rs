@@ -225,7 +225,9 @@ pub fn render(results: &Path) -> Result<String, DocError> {
     if let Some(note) = &meta.note {
         let _ = writeln!(
             w,
-            "> **{note}.** The ratios below were measured side by side in one run; the absolute figures are not a property of recserve.\n"
+            "> **{note}.** Every figure below comes from one run of the command, the systems measured one after the \
+             other while other work shared the machine: compare them within this run, and expect other absolute \
+             figures on a quiet machine.\n"
         );
     }
     let _ = writeln!(w, "Produced by `{}` on {}.\n", meta.command, meta.date);
@@ -273,8 +275,9 @@ pub fn render(results: &Path) -> Result<String, DocError> {
     if let (Some(median), Some(worst)) = (delays.get(delays.len() / 2), delays.last()) {
         let _ = writeln!(
             w,
-            "recload's own send delay (send time − scheduled time, which every latency above includes), p99 per \
-             open-loop run: median {}, worst {}.",
+            "\nrecload's send delay (send time − scheduled time: its own lateness, or waiting for one of its connections \
+             when all are busy, as in overloaded runs; every latency below includes it), p99 per open-loop run: median \
+             {}, worst {}.",
             Ms(*median),
             Ms(*worst)
         );
@@ -283,6 +286,18 @@ pub fn render(results: &Path) -> Result<String, DocError> {
 
     // Throughput under each SLA.
     let _ = writeln!(w, "### Highest sustained rate under a p99 bound\n");
+    let lowest = data
+        .values()
+        .filter_map(|d| d.sweep.as_ref())
+        .flat_map(|s| s.steps.iter().map(offered))
+        .fold(f64::INFINITY, f64::min);
+    if lowest.is_finite() {
+        let _ = writeln!(
+            w,
+            "The highest offered rate at which the system (and at every lower rate tried) kept p99 under the bound; \
+             — : not even at the lowest rate tried, {lowest:.0}/s. Saturation: the closed loop's achieved rate.\n"
+        );
+    }
     let mut header = "| model | system |".to_owned();
     let mut rule = "| --- | --- |".to_owned();
     for sla in &slas {
@@ -697,7 +712,11 @@ mod tests {
             section.contains("| deepfm-int8 | 40/s | 7.90 ms / 59.34 ms (achieved 35/s) | — |"),
             "{section}"
         );
-        assert!(section.contains("recload's own send delay"), "{section}");
+        assert!(section.contains("recload's send delay"), "{section}");
+        assert!(
+            section.contains("not even at the lowest rate tried, 20/s"),
+            "{section}"
+        );
         assert!(section.contains("- **Peer**: Python."));
     }
 

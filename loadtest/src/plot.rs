@@ -1,9 +1,11 @@
 //! The latency-vs-throughput chart of one or more sweeps, as a self-contained SVG (text is left to the viewer's
 //! fonts): p99 (solid, dots) and p50 (thin) against the achieved rate of each step, on a log latency axis, with
-//! the SLAs as horizontal lines.
+//! the SLAs as horizontal lines. A rate run more than once (a sweep confirms failures) is drawn through the run
+//! that decided its verdict, the others as hollow dots.
 
 use plotters::prelude::*;
 
+use crate::report::RunReport;
 use crate::sweep::SweepReport;
 
 /// A chart that could not be drawn.
@@ -32,26 +34,40 @@ const COLOURS: [RGBColor; 6] = [
 /// Achieved requests/s, p50 ms and p99 ms of one step.
 type Point = (f64, f64, f64);
 
-/// The points of every step with a latency, by ascending offered rate.
-fn points(sweep: &SweepReport) -> Vec<Point> {
-    sweep
-        .steps
-        .iter()
-        .filter_map(|s| s.latency_ms.map(|l| (s.achieved_rps, l.p50_ms, l.p99_ms)))
-        .collect()
+/// One sweep's points (runs that have a latency).
+struct Series {
+    name: String,
+    /// One per rate (the run that decided the rate's verdict), by ascending rate.
+    line: Vec<Point>,
+    /// The other runs of rates that were run again.
+    others: Vec<Point>,
+}
+
+impl Series {
+    fn of(sweep: &SweepReport) -> Series {
+        let point = |s: &&RunReport| s.latency_ms.map(|l| (s.achieved_rps, l.p50_ms, l.p99_ms));
+        let (chosen, others) = sweep.runs_by_rate();
+        Series {
+            name: sweep
+                .label
+                .clone()
+                .unwrap_or_else(|| sweep.target.url.clone()),
+            line: chosen.iter().filter_map(point).collect(),
+            others: others.iter().filter_map(point).collect(),
+        }
+    }
 }
 
 /// Draws `sweeps` into an SVG document titled `title`.
 pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
-    let series: Vec<(String, Vec<Point>)> = sweeps
+    let series: Vec<Series> = sweeps
         .iter()
-        .map(|s| {
-            let name = s.label.clone().unwrap_or_else(|| s.target.url.clone());
-            (name, points(s))
-        })
-        .filter(|(_, p)| !p.is_empty())
+        .map(Series::of)
+        .filter(|s| !s.line.is_empty())
         .collect();
-    let all = series.iter().flat_map(|(_, p)| p.iter());
+    let all = series
+        .iter()
+        .flat_map(|s| s.line.iter().chain(s.others.iter()));
     let (mut x_max, mut y_min, mut y_max) = (0.0f64, f64::INFINITY, 0.0f64);
     for &(x, p50, p99) in all {
         x_max = x_max.max(x);
@@ -102,11 +118,11 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
                 .label(format!("SLA p99 ≤ {sla} ms"))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey));
         }
-        for (i, (name, points)) in series.iter().enumerate() {
+        for (i, Series { name, line, others }) in series.iter().enumerate() {
             let colour = COLOURS[i % COLOURS.len()];
             chart
                 .draw_series(LineSeries::new(
-                    points.iter().map(|&(x, _, p99)| (x, p99)),
+                    line.iter().map(|&(x, _, p99)| (x, p99)),
                     colour.stroke_width(2),
                 ))
                 .map_err(draw_error)?
@@ -116,14 +132,21 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
                 });
             chart
                 .draw_series(
-                    points
-                        .iter()
+                    line.iter()
                         .map(|&(x, _, p99)| Circle::new((x, p99), 3, colour.filled())),
+                )
+                .map_err(draw_error)?;
+            // Repeated runs of a rate: hollow, off the line.
+            chart
+                .draw_series(
+                    others
+                        .iter()
+                        .map(|&(x, _, p99)| Circle::new((x, p99), 3, colour.stroke_width(1))),
                 )
                 .map_err(draw_error)?;
             chart
                 .draw_series(LineSeries::new(
-                    points.iter().map(|&(x, p50, _)| (x, p50)),
+                    line.iter().map(|&(x, p50, _)| (x, p50)),
                     colour.mix(0.6).stroke_width(1),
                 ))
                 .map_err(draw_error)?

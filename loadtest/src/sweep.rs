@@ -295,6 +295,29 @@ where
     Ok((runs, results))
 }
 
+impl SweepReport {
+    /// One run per rate, ascending, and the others: at a rate run more than once, the run that decided its
+    /// verdict for the largest SLA (the first that passed, else the last).
+    pub fn runs_by_rate(&self) -> (Vec<&RunReport>, Vec<&RunReport>) {
+        let largest = self.sla.iter().map(|s| s.p99_ms).fold(0.0, f64::max);
+        let mut chosen: Vec<&RunReport> = Vec::new();
+        let mut others = Vec::new();
+        for run in &self.steps {
+            match chosen.last_mut() {
+                Some(last) if rate_of(last) == rate_of(run) => {
+                    if failure(last, largest, self.max_error_ratio).is_some() {
+                        others.push(std::mem::replace(last, run));
+                    } else {
+                        others.push(run);
+                    }
+                }
+                _ => chosen.push(run),
+            }
+        }
+        (chosen, others)
+    }
+}
+
 impl fmt::Display for SweepReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -541,6 +564,35 @@ mod tests {
         .expect("search");
         assert_eq!(probed, vec![1000.0, 2000.0, 2000.0, 4000.0, 8000.0, 8000.0]);
         assert_eq!(steps.len(), 6);
+        // One run per rate for the chart: at 2000/s the passing one.
+        let sweep = SweepReport {
+            schema: SWEEP_SCHEMA.to_owned(),
+            recload_version: "test".to_owned(),
+            label: None,
+            started_at: String::new(),
+            target: steps[0].target.clone(),
+            workload: steps[0].workload.clone(),
+            arrivals: Arrivals::Poisson,
+            connections: 1,
+            warmup_s: 0.0,
+            duration_s: 1.0,
+            timeout_s: 1.0,
+            max_error_ratio: 0.001,
+            confirm: 1,
+            min_requests: 0,
+            steps: steps.clone(),
+            sla: results.clone(),
+        };
+        let (line, others) = sweep.runs_by_rate();
+        let summary: Vec<(f64, f64)> = line
+            .iter()
+            .map(|r| (rate_of(r), r.p99_ms().expect("p99")))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![(1000.0, 5.0), (2000.0, 5.0), (4000.0, 5.0), (8000.0, 30.0)]
+        );
+        assert_eq!(others.len(), 2);
         assert_eq!(results[0].max_rps, Some(4000.0));
         assert_eq!(results[0].p99_at_max_ms, Some(5.0));
         assert_eq!(results[0].first_failing_rps, Some(8000.0));
