@@ -9,6 +9,7 @@ pub mod executor;
 pub mod gpu;
 pub mod metrics;
 pub mod ranking;
+pub mod recall;
 pub mod repository;
 pub mod server;
 pub mod service;
