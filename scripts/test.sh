@@ -21,6 +21,9 @@ fi
 export RECSERVE_TEST_FIXTURE="$PWD/target/test-fixture"
 rm -rf "$RECSERVE_TEST_FIXTURE"
 python -m recserve_models fixture --out "$RECSERVE_TEST_FIXTURE"
+# Held-out rank requests and the toolchain's offline scores for the committed demo models (tests/demo_models.rs).
+export RECSERVE_DEMO_CASES="$PWD/target/demo-cases.json"
+python -m recserve_models demo-cases --repository models/demo --out "$RECSERVE_DEMO_CASES"
 
 cargo test --workspace --all-targets
 # The CUDA build's own tests: the NVRTC compilation of the kernels (fails, never skips, without libnvrtc), the

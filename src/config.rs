@@ -21,7 +21,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the models of a model repository over HTTP.
+    /// Serve the models of a model repository over HTTP and gRPC.
     Serve(ServeArgs),
     /// Validate the configuration (flags, environment, file) without starting, and print it as TOML.
     CheckConfig(ServeArgs),
@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// Address of the HTTP API and /metrics [default: 0.0.0.0:8000].
     #[arg(long, env = "RECSERVE_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
+
+    /// Address of the KServe v2 gRPC API (inference.GRPCInferenceService, grpc.health.v1, reflection) [default:
+    /// 0.0.0.0:8001].
+    #[arg(long, env = "RECSERVE_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
 
     /// ONNX Runtime shared library (libonnxruntime.so, version 1.17 or newer) [default: $ORT_DYLIB_PATH, else
     /// libonnxruntime.so on the system library path].
@@ -108,7 +113,7 @@ pub struct ServeArgs {
     pub batch_buckets: Vec<usize>,
 
     /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
-    /// [default: the model's [batching] default_deadline_ms, else 100].
+    /// [default: the model's [batching] default_deadline_ms, else 1000].
     #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
     pub default_deadline_ms: Option<u64>,
 
@@ -160,6 +165,7 @@ pub struct ServeArgs {
 struct FileConfig {
     repository: Option<PathBuf>,
     http_addr: Option<SocketAddr>,
+    grpc_addr: Option<SocketAddr>,
     ort_library: Option<PathBuf>,
     intra_op_threads: Option<usize>,
     executors: Option<usize>,
@@ -188,6 +194,7 @@ struct FileConfig {
 pub struct Config {
     pub repository: PathBuf,
     pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
     pub ort_library: PathBuf,
     pub intra_op_threads: usize,
     pub executors: usize,
@@ -285,6 +292,19 @@ impl ServeArgs {
                 )));
             }
         }
+        let http_addr = self
+            .http_addr
+            .or(file.http_addr)
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8000)));
+        let grpc_addr = self
+            .grpc_addr
+            .or(file.grpc_addr)
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8001)));
+        if grpc_addr == http_addr && grpc_addr.port() != 0 {
+            return Err(ConfigError(format!(
+                "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr (RECSERVE_HTTP_ADDR), both are {grpc_addr}"
+            )));
+        }
         let device = self.device.or(file.device).unwrap_or_default();
         let execution_provider = self
             .execution_provider
@@ -307,10 +327,8 @@ impl ServeArgs {
         )?;
         Ok(Config {
             repository,
-            http_addr: self
-                .http_addr
-                .or(file.http_addr)
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8000))),
+            http_addr,
+            grpc_addr,
             ort_library,
             intra_op_threads: in_range(
                 "--intra-op-threads",
@@ -510,6 +528,7 @@ mod tests {
         let config =
             parse(&["--repository", "/models", "--ort-library", "/lib/ort.so"]).expect("valid");
         assert_eq!(config.http_addr, "0.0.0.0:8000".parse().expect("addr"));
+        assert_eq!(config.grpc_addr, "0.0.0.0:8001".parse().expect("addr"));
         assert_eq!(
             (
                 config.intra_op_threads,
@@ -550,7 +569,7 @@ mod tests {
 
     #[test]
     fn messages_name_the_flag() {
-        let cases: [(&[&str], &str); 6] = [
+        let cases: [(&[&str], &str); 7] = [
             (&[], "--repository (RECSERVE_REPOSITORY) is required"),
             (
                 &["--repository", "r", "--executors", "0"],
@@ -569,6 +588,10 @@ mod tests {
                 "--pin (RECSERVE_PIN) takes MODEL=VERSION",
             ),
             (&["--repository", "r", "--http-addr", "nope"], "--http-addr"),
+            (
+                &["--repository", "r", "--grpc-addr", "0.0.0.0:8000"],
+                "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr",
+            ),
         ];
         for (args, expected) in cases {
             let err = parse(args).expect_err("invalid");

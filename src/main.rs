@@ -37,10 +37,14 @@ fn main() -> ExitCode {
 fn serve(config: recserve::config::Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("start the async runtime")?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(config.http_addr)
+        let http = tokio::net::TcpListener::bind(config.http_addr)
             .await
             .with_context(|| format!("bind --http-addr {}", config.http_addr))?;
-        recserve::server::run(config, listener, recserve::server::shutdown_signal()).await?;
+        let grpc = tokio::net::TcpListener::bind(config.grpc_addr)
+            .await
+            .with_context(|| format!("bind --grpc-addr {}", config.grpc_addr))?;
+        let listeners = recserve::server::Listeners { http, grpc };
+        recserve::server::run(config, listeners, recserve::server::shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -1,23 +1,34 @@
-//! Running the server: bind nothing (the caller passes the listener, so tests use port 0), serve HTTP at once so
-//! `/health/live` answers while models load on a thread of their own, and drain on the shutdown future.
+//! Running the server: bind nothing (the caller passes the listeners, so tests use port 0), serve HTTP and gRPC
+//! from one process at once so `/health/live` answers while models load on a thread of their own, and drain both
+//! on the shutdown future.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::api;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::service::{Limits, Service, StartError};
 
+/// The sockets the server answers on, bound by the caller.
+#[derive(Debug)]
+pub struct Listeners {
+    /// `/v1`, `/v2`, health and `/metrics` (`--http-addr`).
+    pub http: TcpListener,
+    /// KServe v2 gRPC, `grpc.health.v1` and reflection (`--grpc-addr`).
+    pub grpc: TcpListener,
+}
+
 /// Serves until `shutdown` resolves (then stops accepting, finishes the requests in flight within
 /// `--shutdown-timeout-s`, and returns `Ok`), or until loading the models fails (then returns the error).
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let service = Arc::new(Service::new(
@@ -27,7 +38,14 @@ pub async fn run(
             max_candidates: config.max_candidates,
         },
     ));
-    tracing::info!(addr = %listener.local_addr()?, "HTTP listening; loading models");
+    tracing::info!(
+        addr = %listeners.http.local_addr()?,
+        grpc = %listeners.grpc.local_addr()?,
+        "HTTP (addr) and gRPC listening; loading models"
+    );
+
+    // Before loading starts, so gRPC health reports NOT_SERVING until the models are ready.
+    let grpc_routes = api::grpc::routes(Arc::clone(&service)).await?;
 
     let (failed_tx, failed_rx) = oneshot::channel::<()>();
     let loader = {
@@ -47,7 +65,8 @@ pub async fn run(
             })?
     };
 
-    let (draining_tx, draining_rx) = oneshot::channel::<()>();
+    // Both servers stop accepting once `stopping` turns true.
+    let (stopping_tx, stopping_rx) = watch::channel(false);
     let stop = {
         let service = Arc::clone(&service);
         async move {
@@ -62,21 +81,31 @@ pub async fn run(
                 () = load_failed => {}
             }
             service.begin_shutdown();
-            let _ = draining_tx.send(());
+            let _ = stopping_tx.send(true);
         }
     };
-    let serve = axum::serve(listener, api::http::router(Arc::clone(&service)))
-        .with_graceful_shutdown(stop)
+    let stopped = |mut stopping: watch::Receiver<bool>| async move {
+        // An error means the sender is gone, which happens only once `run` is returning.
+        let _ = stopping.wait_for(|&stop| stop).await;
+    };
+    let http = axum::serve(listeners.http, api::http::router(Arc::clone(&service)))
+        .with_graceful_shutdown(stopped(stopping_rx.clone()))
+        .into_future();
+    // gRPC is HTTP/2 with small frames: without TCP_NODELAY, Nagle's algorithm would hold them back.
+    let grpc_listener = listeners.grpc.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY on a gRPC connection: {e}");
+        }
+    });
+    let grpc = axum::serve(grpc_listener, grpc_routes)
+        .with_graceful_shutdown(stopped(stopping_rx))
         .into_future();
     let timeout = Duration::from_secs(config.shutdown_timeout_s);
     tokio::select! {
-        result = serve => result?,
+        result = async { tokio::try_join!(http, grpc) } => { result?; }
         () = async {
-            if draining_rx.await.is_ok() {
-                tokio::time::sleep(timeout).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
+            stop.await;
+            tokio::time::sleep(timeout).await;
         } => tracing::warn!(seconds = timeout.as_secs(), "shutdown timeout: exiting with requests still in flight"),
     }
 

@@ -1,10 +1,12 @@
 //! The transport-agnostic service: which models are served, whether the server is ready, and the calls every
-//! transport (HTTP `/v1`, and later KServe v2 and gRPC) makes after decoding its request.
+//! transport (HTTP `/v1`, KServe v2 over HTTP and gRPC) makes after decoding its request.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
@@ -133,6 +135,8 @@ pub struct Limits {
 pub struct Service {
     models: OnceLock<BTreeMap<String, Arc<ServedModel>>>,
     shutting_down: AtomicBool,
+    /// Follows [`Service::readiness`], for transports that push it (gRPC health) instead of being asked.
+    readiness_changes: watch::Sender<Readiness>,
     pub metrics: Metrics,
     pub limits: Limits,
 }
@@ -142,6 +146,7 @@ impl Service {
         Service {
             models: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
+            readiness_changes: watch::Sender::new(Readiness::Loading),
             metrics,
             limits,
         }
@@ -199,7 +204,24 @@ impl Service {
         }
         // Loading happens once per service; a second call would be a bug, and the first models stay.
         let _ = self.models.set(models);
+        self.publish_readiness();
         Ok(())
+    }
+
+    /// Recomputes the readiness under the watch's lock, so concurrent transitions (loaded, shutting down) cannot
+    /// publish out of order.
+    fn publish_readiness(&self) {
+        self.readiness_changes.send_if_modified(|published| {
+            let now = self.readiness();
+            let changed = *published != now;
+            *published = now;
+            changed
+        });
+    }
+
+    /// A receiver that sees every change of [`Service::readiness`].
+    pub fn watch_readiness(&self) -> watch::Receiver<Readiness> {
+        self.readiness_changes.subscribe()
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -215,6 +237,7 @@ impl Service {
     /// From now on `/health/ready` fails, so load balancers stop sending; requests still in flight finish.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
+        self.publish_readiness();
     }
 
     /// The served models, by name (empty while loading).

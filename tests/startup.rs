@@ -226,7 +226,14 @@ impl Drop for KillOnDrop {
 #[test]
 fn the_binary_drains_and_exits_zero_on_sigterm() {
     let child = Command::new(env!("CARGO_BIN_EXE_recserve"))
-        .args(["serve", "--http-addr", "127.0.0.1:0", "--repository"])
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--repository",
+        ])
         .arg(fixture_repo())
         .arg("--ort-library")
         .arg(common::ort_library())
@@ -301,6 +308,8 @@ fn a_missing_onnx_runtime_is_a_clear_start_up_error() {
         .args([
             "serve",
             "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
             "127.0.0.1:0",
             "--ort-library",
             "/nonexistent/libonnxruntime.so.1.31.1",

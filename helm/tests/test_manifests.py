@@ -109,8 +109,8 @@ def test_the_required_variants_are_covered(rendered: dict[str, Rendered]) -> Non
         "minAvailable": "50%",
         "selector": rendered["networkpolicy"].deployment["spec"]["selector"],
     }
-    assert rendered["grpc"].container_port("grpc") == 8001
-    assert rendered["default"].container_port("grpc") is None
+    assert rendered["default"].container_port("grpc") == 8001
+    assert rendered["grpc"].container_port("grpc") is None
 
 
 def test_init_container_expands_the_source_and_target() -> None:

@@ -19,13 +19,7 @@ ADAPTER_VALUES = ROOT / "helm" / "prometheus-adapter-values.yaml"
 # Metrics the dashboard already charts that the server on this branch does not export yet (dynamic batching,
 # top-K recall, the GPU embedding store). Their panels stay empty until then.
 PENDING_METRICS = {
-    "recserve_queue_duration_seconds",
-    "recserve_batch_rows",
-    "recserve_batches_total",
-    "recserve_queue_depth",
-    "recserve_expired_total",
     "recserve_topk_duration_seconds",
-    "recserve_gpu_memory_bytes",
 }
 
 

@@ -103,7 +103,9 @@ def test_server_accepts_what_the_chart_passes(name: str, rendered: dict[str, Ren
 
     # The ports the pod, the probes and the Service use are the ones the server listens on.
     assert port_of(resolved["http_addr"]) == r.container_port("http")
-    assert r.container_port("grpc") == (port_of(resolved["grpc_addr"]) if "grpc_addr" in resolved else None)
+    # recserve always serves gRPC (--grpc-addr, default :8001); the chart exposes it only with server.grpc.enabled.
+    if r.container_port("grpc") is not None:
+        assert r.container_port("grpc") == port_of(resolved["grpc_addr"])
     # The repository is where the chart mounts it; ONNX Runtime is where the image puts it.
     assert resolved["repository"] == r.mount("models")["mountPath"]
     assert resolved["ort_library"] == dockerfile_env("ORT_DYLIB_PATH")
@@ -163,6 +165,8 @@ def test_pod_as_rendered_starts_answers_its_probes_and_drains(tmp_path: Path) ->
     # The volumes the image and the cluster provide, here: the repository the chart mounts at /models is the
     # fixture's, the ONNX Runtime library is the one the tests use.
     env |= {"RECSERVE_REPOSITORY": str(fixture / "repo"), "ORT_DYLIB_PATH": ort}
+    # recserve always serves gRPC (default :8001); this value set does not expose it, so a free port too.
+    env |= {"RECSERVE_GRPC_ADDR": "127.0.0.1:0"}
     base = f"http://127.0.0.1:{r.container_port('http')}"
     probe = {kind: r.server[f"{kind}Probe"] for kind in ("startup", "readiness", "liveness")}
     log = (tmp_path / "server.log").open("w")

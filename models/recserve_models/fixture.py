@@ -14,6 +14,8 @@
   | `deepfm-int8/1` | int8   | INT8 QDQ | C20           | graph calibrated on rows of its own int8 tables      |
 
   Every model has its own weights. The OOV policy of each table is in `FIELDS` below and in `cases.json`.
+- `DIR/check-cases/`: small valid and broken repositories with `check`'s decision on each
+  (`check_cases.py`), which `tests/check_parity.rs` puts through the server's loader.
 - `DIR/cases.json`: `{"format_version", "seed", "onnxruntime", "models", "cases", "error_cases"}`:
   `models[name]` describes each model (served version, fields by side, item_id_field, dense features, and
   its tables split by OOV policy, `oov.default` / `oov.reject`, each with rows, default_row and the fields
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import deepfm, model_toml
+from . import check_cases, deepfm, model_toml
 from .deepfm import DeepFMParams
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from .onnx_export import DENSE, EMBEDDINGS, build_graph
@@ -370,7 +372,7 @@ def _scorer(
 
 
 def build(out: Path, seed: int = SEED) -> None:
-    """Write `out/repo/` and `out/cases.json`."""
+    """Write `out/repo/`, `out/cases.json` and `out/check-cases/`."""
     streams = np.random.SeedSequence(seed).spawn(2 * len(VERSIONS))
     summaries: dict[str, dict[str, Any]] = {}
     cases: list[dict[str, Any]] = []
@@ -394,7 +396,7 @@ def build(out: Path, seed: int = SEED) -> None:
         write_deepfm_version(directory, model, params.tables, graph)
 
         # Everything below reads the version back from disk, as the server will.
-        model = model_toml.read(directory / MODEL_TOML)
+        model = model_toml.read_deepfm(directory / MODEL_TOML)
         tables = load_tables(directory, model)
         score = _scorer(version, params, directory / model.dense_graph.file)
         rng = np.random.default_rng(cases_stream)
@@ -436,6 +438,7 @@ def build(out: Path, seed: int = SEED) -> None:
         "error_cases": error_cases,
     }
     (out / "cases.json").write_text(_dump(document) + "\n", encoding="utf-8")
+    check_cases.write(out / "check-cases")
 
 
 def _dump(value: Any, depth: int = 0) -> str:
@@ -455,13 +458,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `fixture` command's options."""
     parser.add_argument("--out", type=Path, required=True, help="directory to write repo/ and cases.json into")
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of every random choice (default {SEED})")
-    parser.add_argument("--force", action="store_true", help="replace an existing repo/ and cases.json in --out")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing repo/, cases.json and check-cases/ in --out"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     """Run the `fixture` command."""
     out: Path = args.out
-    targets = [out / "repo", out / "cases.json"]
+    targets = [out / "repo", out / "cases.json", out / "check-cases"]
     existing = [path for path in targets if path.exists()]
     if existing and not args.force:
         raise SystemExit(f"{existing[0]} already exists: remove it, choose another --out, or pass --force")
@@ -472,4 +477,7 @@ def run(args: argparse.Namespace) -> None:
             path.unlink()
     out.mkdir(parents=True, exist_ok=True)
     build(out, args.seed)
-    print(f"wrote {out / 'repo'} ({len(VERSIONS)} model versions) and {out / 'cases.json'}")
+    print(
+        f"wrote {out / 'repo'} ({len(VERSIONS)} model versions), {out / 'cases.json'} and "
+        f"{out / 'check-cases'} (repositories for the check/loader parity test)"
+    )

@@ -1,7 +1,9 @@
 """`model.toml`: its contents as dataclasses, the writer, and a strict reader (docs/model-repository.md).
 
-The reader applies the document's rules for DeepFM models: every key known and of the right type, required
-keys present, defaults filled in, names unique, references resolved. Errors name the file and the key.
+The reader applies the document's rules, the same as the server's `src/repository/spec.rs`, for both kinds
+(`deepfm` and `lightgcn`): every key known and of the right type, required keys present, defaults filled in,
+names non-empty and unique, references resolved. Errors name the file and the key. The parity of these rules with
+the server's is tested on a shared set of broken repositories (`check_cases`, `tests/check_parity.rs`).
 The writer omits keys that hold their default, except a table's `oov` (and `default_row` under
 `oov = "default"`), which are always written because they are the policy a reader of the file wants to see.
 """
@@ -82,10 +84,7 @@ class DeepFMToml:
 
     def table(self, name: str) -> TableSpec:
         """The table called `name`."""
-        for table in self.tables:
-            if table.name == name:
-                return table
-        raise KeyError(f"no table named {name!r}")
+        return _find_table(self.tables, name)
 
     def fields_on(self, side: str) -> tuple[FieldSpec, ...]:
         """The fields of one side, in graph order."""
@@ -108,18 +107,66 @@ def _value(value: object) -> str:
     return "[" + ", ".join(_value(item) for item in value) + "]"
 
 
+@dataclass(frozen=True)
+class RecallSpec:
+    """The `[recall]` table of a LightGCN (two-tower) model."""
+
+    user_table: str
+    item_table: str
+    history_table: str | None = None
+
+
+@dataclass(frozen=True)
+class LightGCNToml:
+    """A whole LightGCN `model.toml`."""
+
+    tables: tuple[TableSpec, ...]
+    recall: RecallSpec
+    description: str = ""
+
+    def table(self, name: str) -> TableSpec:
+        """The table called `name`."""
+        return _find_table(self.tables, name)
+
+
+def _find_table(tables: tuple[TableSpec, ...], name: str) -> TableSpec:
+    for table in tables:
+        if table.name == name:
+            return table
+    raise KeyError(f"no table named {name!r}")
+
+
+ModelToml = DeepFMToml | LightGCNToml
+
+
 def _section(header: str, pairs: list[tuple[str, object]]) -> str:
     lines = [header] if header else []
     lines += [f"{key} = {_value(value)}" for key, value in pairs]
     return "\n".join(lines) + "\n"
 
 
-def to_toml(model: DeepFMToml) -> str:
+def _table_section(t: TableSpec) -> str:
+    keys = ("name", "file", "rows", "dim", "storage", "oov") + (("default_row",) if t.oov == "default" else ())
+    return _section("[[tables]]", [(key, getattr(t, key)) for key in keys])
+
+
+def to_toml(model: ModelToml) -> str:
     """The text of `model.toml` for `model`."""
-    top: list[tuple[str, object]] = [("format_version", FORMAT_VERSION), ("kind", "deepfm")]
+    kind = "lightgcn" if isinstance(model, LightGCNToml) else "deepfm"
+    top: list[tuple[str, object]] = [("format_version", FORMAT_VERSION), ("kind", kind)]
     if model.description:
         top.append(("description", model.description))
     sections = [_section("", top)]
+    if isinstance(model, LightGCNToml):
+        recall: list[tuple[str, object]] = [
+            ("user_table", model.recall.user_table),
+            ("item_table", model.recall.item_table),
+        ]
+        if model.recall.history_table is not None:
+            recall.append(("history_table", model.recall.history_table))
+        sections.append(_section("[recall]", recall))
+        sections += [_table_section(t) for t in model.tables]
+        return "\n".join(sections)
 
     ranking: list[tuple[str, object]] = []
     if model.ranking.dense_features:
@@ -134,9 +181,7 @@ def to_toml(model: DeepFMToml) -> str:
     keys = ("file", "precision", "embeddings_input", "dense_input", "output")
     changed = [key for key in keys if key in ("file", "precision") or getattr(graph, key) != getattr(defaults, key)]
     sections.append(_section("[dense_graph]", [(key, getattr(graph, key)) for key in changed]))
-    for t in model.tables:
-        keys = ("name", "file", "rows", "dim", "storage", "oov") + (("default_row",) if t.oov == "default" else ())
-        sections.append(_section("[[tables]]", [(key, getattr(t, key)) for key in keys]))
+    sections += [_table_section(t) for t in model.tables]
     for f in model.fields:
         pairs: list[tuple[str, object]] = [("name", f.name), ("side", f.side)]
         if f.table != f.name:
@@ -180,17 +225,24 @@ class _Reader:
         return value
 
     def relative_file(self, key: str) -> str:
+        # The server's rule (Rust's `Path::components` all `Normal` or `CurDir`): not empty, not absolute, no `..`.
         value = self.get(key, str)
-        if not value or value.startswith("/") or "\\" in value or ".." in PurePosixPath(value).parts:
+        if not value or value.startswith("/") or ".." in PurePosixPath(value).parts:
             self.fail(key, f"must be a path inside the version directory, not {value!r}")
+        return value
+
+    def name(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self.get(key, str, default)
+        if value == "":
+            self.fail(key, "must not be empty")
         return value
 
 
 _KIND_NAMES = {int: "an integer", str: "a string", list: "an array", dict: "a table"}
 
 
-def read(path: Path) -> DeepFMToml:
-    """Parse and validate the DeepFM `model.toml` at `path`."""
+def read(path: Path) -> ModelToml:
+    """Parse and validate the `model.toml` at `path` (either kind)."""
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -199,17 +251,15 @@ def read(path: Path) -> DeepFMToml:
     top.only("format_version", "kind", "description", "tables", "fields", "ranking", "dense_graph", "recall")
     if top.get("format_version", int) != FORMAT_VERSION:
         top.fail("format_version", f"must be {FORMAT_VERSION}")
-    if top.get("kind", str, choices=("deepfm", "lightgcn")) != "deepfm":
-        top.fail("kind", "is 'lightgcn', which recserve_models does not read yet")
-    if "recall" in doc:
-        top.fail("recall", "belongs to lightgcn models, not deepfm")
+    kind = top.get("kind", str, choices=("deepfm", "lightgcn"))
+    description = top.get("description", str, "")
 
     tables = []
-    for i, raw in enumerate(top.get("tables", list)):
+    for i, raw in enumerate(top.get("tables", list, [])):
         t = _Reader(path, f"tables[{i}]", raw)
         t.only("name", "file", "rows", "dim", "storage", "oov", "default_row")
         spec = TableSpec(
-            name=t.get("name", str),
+            name=t.name("name"),
             file=t.relative_file("file"),
             rows=t.get("rows", int),
             dim=t.get("dim", int),
@@ -227,17 +277,36 @@ def read(path: Path) -> DeepFMToml:
         tables.append(spec)
 
     fields = []
-    for i, raw in enumerate(top.get("fields", list)):
+    for i, raw in enumerate(top.get("fields", list, [])):
         f = _Reader(path, f"fields[{i}]", raw)
         f.only("name", "side", "table")
-        name = f.get("name", str)
-        fields.append(FieldSpec(name=name, side=f.get("side", str, choices=SIDES), table=f.get("table", str, name)))
+        name = f.name("name")
+        fields.append(FieldSpec(name=name, side=f.get("side", str, choices=SIDES), table=f.name("table", name)))
 
+    if kind == "lightgcn":
+        for key in ("dense_graph", "ranking", "fields"):
+            if key in doc:
+                top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
+        r = _Reader(path, "recall", top.get("recall", dict))
+        r.only("user_table", "item_table", "history_table")
+        model_l = LightGCNToml(
+            tables=tuple(tables),
+            recall=RecallSpec(r.get("user_table", str), r.get("item_table", str), r.get("history_table", str, None)),
+            description=description,
+        )
+        _check_names(path, model_l.tables, ())
+        _check_recall(path, model_l)
+        return model_l
+
+    if "recall" in doc:
+        top.fail("recall", 'belongs to kind = "lightgcn", not "deepfm"')
     r = _Reader(path, "ranking", top.get("ranking", dict, {}))
     r.only("dense_features", "item_id_field")
     features = r.get("dense_features", list, [])
     if not all(isinstance(name, str) for name in features):
         r.fail("dense_features", "must be an array of strings")
+    if "" in features:
+        r.fail("dense_features", "must not hold an empty name")
     ranking = RankingSpec(dense_features=tuple(features), item_id_field=r.get("item_id_field", str, None))
 
     g = _Reader(path, "dense_graph", top.get("dense_graph", dict))
@@ -255,24 +324,50 @@ def read(path: Path) -> DeepFMToml:
         fields=tuple(fields),
         dense_graph=graph,
         ranking=ranking,
-        description=top.get("description", str, ""),
+        description=description,
     )
     _check_references(path, model)
     return model
+
+
+def _check_names(path: Path, tables: tuple[TableSpec, ...], fields: tuple[FieldSpec, ...]) -> None:
+    for what, names in (("table", [t.name for t in tables]), ("field", [f.name for f in fields])):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ModelTomlError(f"{path}: {what} name {duplicates[0]!r} is used more than once")
+
+
+def _check_recall(path: Path, model: LightGCNToml) -> None:
+    tables = {t.name: t for t in model.tables}
+    recall = model.recall
+    for key in ("user_table", "item_table", "history_table"):
+        name = getattr(recall, key)
+        if name is not None and name not in tables:
+            raise ModelTomlError(f"{path}: recall.{key} {name!r} is not a declared [[tables]] entry")
+    item = tables[recall.item_table]
+    for key in ("user_table", "history_table"):
+        name = getattr(recall, key)
+        if name is not None and tables[name].dim != item.dim:
+            raise ModelTomlError(
+                f"{path}: recall.{key} {name!r} has dim {tables[name].dim}, but item_table {item.name!r} has dim "
+                f"{item.dim}"
+            )
+    if recall.history_table is not None and tables[recall.history_table].rows != item.rows:
+        raise ModelTomlError(
+            f"{path}: recall.history_table {recall.history_table!r} has {tables[recall.history_table].rows} rows, "
+            f"but item_table {item.name!r} has {item.rows}: one history vector per item"
+        )
 
 
 def _check_references(path: Path, model: DeepFMToml) -> None:
     def fail(problem: str) -> None:
         raise ModelTomlError(f"{path}: {problem}")
 
-    for what, names in (
-        ("table", [t.name for t in model.tables]),
-        ("field", [f.name for f in model.fields]),
-        ("dense feature", list(model.ranking.dense_features)),
-    ):
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            fail(f"{what} name {duplicates[0]!r} is used more than once")
+    _check_names(path, model.tables, model.fields)
+    features = list(model.ranking.dense_features)
+    duplicates = sorted({n for n in features if features.count(n) > 1})
+    if duplicates:
+        fail(f"dense feature name {duplicates[0]!r} is used more than once")
     if not model.fields:
         fail("a deepfm model needs at least one [[fields]] entry")
     tables = {t.name: t for t in model.tables}
@@ -289,3 +384,19 @@ def _check_references(path: Path, model: DeepFMToml) -> None:
     item_id = model.ranking.item_id_field
     if item_id is not None and item_id not in {f.name for f in model.fields_on("item")}:
         fail(f'ranking.item_id_field {item_id!r} is not a side = "item" field')
+
+
+def read_deepfm(path: Path) -> DeepFMToml:
+    """`read`, for callers that need a DeepFM model."""
+    model = read(path)
+    if not isinstance(model, DeepFMToml):
+        raise ModelTomlError(f"{path}: kind is 'lightgcn', a deepfm model is needed here")
+    return model
+
+
+def read_lightgcn(path: Path) -> LightGCNToml:
+    """`read`, for callers that need a LightGCN model."""
+    model = read(path)
+    if not isinstance(model, LightGCNToml):
+        raise ModelTomlError(f"{path}: kind is 'deepfm', a lightgcn model is needed here")
+    return model

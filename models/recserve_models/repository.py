@@ -1,9 +1,11 @@
-"""A DeepFM model version directory: writing one, and reading its tables back through the reference gather.
+"""A model version directory: writing one, and reading its tables back through the reference gather.
 
-A version directory holds `model.toml`, the safetensors files its tables name, and the dense graph
-(docs/model-repository.md). `write_deepfm_version` stores float32 tables in the storage each `TableSpec` asks
-for; `load_tables` maps them back and checks each tensor's dtype and shape against the document; `gather`
-is the naive reference of the server's embedding lookup: the OOV policy, then dequantization.
+A version directory holds `model.toml`, the safetensors files its tables name, and (DeepFM) the dense graph
+(docs/model-repository.md). `write_deepfm_version` and `write_lightgcn_version` store float32 tables in the
+storage each `TableSpec` asks for; `load_tables` maps them back and checks each tensor's dtype and shape against
+the document; `gather` is the naive reference of the server's embedding lookup: the OOV policy, then
+dequantization. Files that `model.toml` does not name (such as the toolchain's `vocabulary.json`) are ignored by
+the server and by `check`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
 from . import model_toml
-from .model_toml import DeepFMToml, TableSpec
+from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec
 from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
 
@@ -57,13 +59,28 @@ def write_deepfm_version(
     if missing:
         raise ValueError(f"no values given for table {missing[0]!r}")
     directory.mkdir(parents=True)
+    _write_tables(directory, model, tables)
+    save_onnx(graph, directory / model.dense_graph.file)
+    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
+
+
+def write_lightgcn_version(directory: Path, model: LightGCNToml, tables: Mapping[str, np.ndarray]) -> None:
+    """Write a complete LightGCN version directory: every table of `model`, then `model.toml`. `directory` must
+    not exist yet."""
+    missing = [spec.name for spec in model.tables if spec.name not in tables]
+    if missing:
+        raise ValueError(f"no values given for table {missing[0]!r}")
+    directory.mkdir(parents=True)
+    _write_tables(directory, model, tables)
+    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
+
+
+def _write_tables(directory: Path, model: ModelToml, tables: Mapping[str, np.ndarray]) -> None:
     files: dict[str, dict[str, np.ndarray]] = {}
     for spec in model.tables:
         files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
     for file, tensors in files.items():
         (directory / file).write_bytes(save(tensors))
-    save_onnx(graph, directory / model.dense_graph.file)
-    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,7 @@ class TableError(ValueError):
     """A table tensor that is missing or does not match its model.toml entry."""
 
 
-def load_tables(directory: Path, model: DeepFMToml) -> dict[str, Table]:
+def load_tables(directory: Path, model: ModelToml) -> dict[str, Table]:
     """Every table of `model` from the safetensors files in `directory`, checked against its spec."""
     tables = {}
     for spec in model.tables:
@@ -127,6 +144,11 @@ def dequantize(spec: TableSpec, stored_rows: np.ndarray) -> np.ndarray:
     if spec.storage == "int8":
         return dequantize_rowwise_int8(stored_rows)
     return stored_rows.astype(np.float32)
+
+
+def values(table: Table) -> np.ndarray:
+    """The whole table as float32 `[rows, dim]`, dequantized as the server does."""
+    return dequantize(table.spec, table.stored)
 
 
 def gather(table: Table, ids: np.ndarray) -> np.ndarray:

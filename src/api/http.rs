@@ -1,4 +1,5 @@
-//! The axum router: `/v1` JSON routes, health, metrics. Handlers are thin: decode, call the service, encode.
+//! The axum router: `/v1` JSON routes, the KServe v2 routes ([`super::kserve::http`]), health, metrics. Handlers
+//! are thin: decode, call the service, encode.
 //! [`status_of`] is the one mapping from service errors to HTTP statuses.
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::v1;
+use super::{Protocol, kserve, v1};
 use crate::error::ServiceError;
 use crate::metrics::UNKNOWN_MODEL;
 use crate::service::{Readiness, ServedModel, Service};
@@ -64,12 +65,16 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
+        .merge(kserve::http::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service)
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ServiceError> {
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ServiceError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ServiceError::PayloadTooLarge { limit }
@@ -79,7 +84,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
     })
 }
 
-fn parse_version(version: Option<String>) -> Result<Option<u64>, ServiceError> {
+pub(crate) fn parse_version(version: Option<String>) -> Result<Option<u64>, ServiceError> {
     version
         .map(|v| {
             v.parse::<u64>().map_err(|_| {
@@ -157,7 +162,7 @@ async fn rank_call(
     service.metrics.observe_request(
         label,
         "rank",
-        "http",
+        Protocol::V1.as_str(),
         response.status().as_u16(),
         start.elapsed().as_secs_f64(),
     );

@@ -25,7 +25,7 @@ const SPIN: Duration = Duration::from_micros(80);
 /// Built-in defaults (documented in docs/batching.md).
 pub const DEFAULT_MAX_BATCH_ROWS: usize = 1024;
 pub const DEFAULT_MAX_QUEUE_DELAY_US: u64 = 500;
-pub const DEFAULT_DEADLINE_MS: u64 = 100;
+pub const DEFAULT_DEADLINE_MS: u64 = 1000;
 
 /// Checks a bucket list: not empty, every size ≥ 1, strictly ascending.
 pub fn check_buckets(buckets: &[usize]) -> Result<(), String> {

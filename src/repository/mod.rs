@@ -106,8 +106,11 @@ fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
         if !entry.path().is_dir() {
             continue;
         }
+        // Plain decimal digits only: `+1` or `01` would parse, but the version would be read from another path.
+        let plain =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && !name.starts_with('0');
         match name.parse::<u64>() {
-            Ok(v) if v >= 1 && !name.starts_with('0') => versions.push(v),
+            Ok(v) if plain && v >= 1 => versions.push(v),
             _ => tracing::info!(
                 path = %entry.path().display(),
                 "ignoring a directory whose name is not a version number"
@@ -141,7 +144,17 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         mkdirs(
             root.path(),
-            &["a/1", "a/2", "a/10", "a/tmp", "a/01", "b/3", ".hidden/1"],
+            &[
+                "a/1",
+                "a/2",
+                "a/10",
+                "a/tmp",
+                "a/01",
+                "a/+3",
+                "a/0",
+                "b/3",
+                ".hidden/1",
+            ],
         );
         std::fs::write(root.path().join("README"), "not a model").expect("write");
         let found = discover(root.path(), &HashMap::new()).expect("discover");

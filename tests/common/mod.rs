@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use recserve::config::{Config, ServeArgs};
+use recserve::server::Listeners;
 use recserve::service::StartError;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -56,15 +57,21 @@ pub fn config(repository: &Path, tweak: impl FnOnce(&mut ServeArgs)) -> Config {
     let mut args = ServeArgs {
         repository: Some(repository.to_path_buf()),
         ort_library: Some(ort_library()),
+        // CI machines are small and busy: requests without a deadline header must not time out there. Tests of
+        // deadlines send the header.
+        default_deadline_ms: Some(60_000),
         ..ServeArgs::default()
     };
     tweak(&mut args);
     args.resolve().expect("valid test configuration")
 }
 
-/// A server running in this process on an ephemeral port.
+/// A server running in this process on ephemeral ports.
 pub struct TestServer {
+    /// HTTP (`/v1`, `/v2`, health, metrics).
     pub addr: SocketAddr,
+    /// gRPC (KServe v2, health, reflection).
+    pub grpc_addr: SocketAddr,
     pub client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), StartError>>>,
@@ -73,16 +80,24 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server (not waiting for readiness).
     pub async fn spawn(config: Config) -> TestServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind port 0");
-        let addr = listener.local_addr().expect("local addr");
+        let bind = || async {
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind port 0")
+        };
+        let listeners = Listeners {
+            http: bind().await,
+            grpc: bind().await,
+        };
+        let addr = listeners.http.local_addr().expect("local addr");
+        let grpc_addr = listeners.grpc.local_addr().expect("local addr");
         let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(recserve::server::run(config, listener, async {
+        let handle = tokio::spawn(recserve::server::run(config, listeners, async {
             let _ = stopped.await;
         }));
         TestServer {
             addr,
+            grpc_addr,
             client: reqwest::Client::new(),
             stop: Some(stop),
             handle: Some(handle),
@@ -129,12 +144,22 @@ impl TestServer {
             .expect("server task")
     }
 
-    /// Asks the server to shut down and waits for it.
-    pub async fn stop(mut self) -> Result<(), StartError> {
+    /// Asks the server to shut down without waiting for it.
+    pub fn request_stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+
+    /// Asks the server to shut down and waits for it.
+    pub async fn stop(mut self) -> Result<(), StartError> {
+        self.request_stop();
         self.finished().await
+    }
+
+    /// The gRPC endpoint, for tonic clients.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc_addr)
     }
 
     pub fn url(&self, path: &str) -> String {

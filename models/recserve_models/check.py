@@ -1,0 +1,554 @@
+"""The `check` command: validate a model repository with the server's rules, and compare precisions on data.
+
+**Validation** applies what the server's loader applies before it serves a model, in the same order:
+
+1. the repository layout (`src/repository/mod.rs`): hidden entries and plain files are skipped; a model
+   directory name is `[A-Za-z0-9_-]{1,128}`; version directories are integers ≥ 1 written without a leading zero
+   (other directory names are ignored); a model needs at least one version and the repository at least one model;
+2. `model.toml` (`src/repository/spec.rs`, through `model_toml.read`);
+3. every table's safetensors tensor: present, dtype and shape as its storage says (`src/embedding/file.rs`);
+4. DeepFM: the dense graph (`src/executor/graph.rs`): ONNX Runtime opens it (CPU provider, all graph
+   optimisations), it has exactly the declared inputs and the one declared output, float32 tensors of shape
+   `[batch, F, D]`, `[batch, N]` and `[batch, 1]` or `[batch]` with a dynamic batch dimension and fixed
+   dimensions equal to the counts from `model.toml`; and the server's warm-up (`src/executor/pool.rs`) runs:
+   batches of 1 and `max_candidates` rows (row 0 of every field's table, zero dense features) return one score
+   per row.
+
+Unlike the server, which loads only the served version of each model, `check` validates every version (any of
+them can be pinned). The parity of these rules with the server's is tested on a shared set of broken
+repositories (`check_cases.py`, `tests/check_parity.rs`).
+
+**Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
+loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
+is the group's reference: every other member is compared with it (largest and mean absolute probability
+difference), and for a member that differs in both tables and graph the two mixed variants are evaluated too
+(its graph on the reference's tables: "INT8 dense"; the reference's graph on its tables: "INT8 tables").
+LightGCN models are evaluated by Recall@20 / NDCG@20 on the test split with training items excluded, with the
+users of the user table and, when there is a history table, with every test user embedded from its training
+history as the server would embed an unknown user; models with the same table shapes are grouped, and the
+reference's user table is also paired with every other member's item table ("int8 item table").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from . import criteo, lightgcn, model_toml
+from .metrics import auc, log_loss
+from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
+from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
+
+MAX_CANDIDATES = 1000  # the server's default --max-candidates: its warm-up runs a batch of this size
+VOCABULARY = "vocabulary.json"
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_U64_MAX = 2**64 - 1
+
+
+class CheckError(ValueError):
+    """A repository or model version the server would refuse; the message starts with the file at fault."""
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    name: str
+    path: Path
+    versions: tuple[int, ...]  # ascending
+
+    @property
+    def served(self) -> int:
+        return self.versions[-1]
+
+
+def _version_number(name: str) -> int | None:
+    # The server's rule: plain decimal digits, ≥ 1, no leading zero (`+1` and `01` are not versions).
+    if not re.fullmatch(r"[0-9]+", name) or name.startswith("0"):
+        return None
+    value = int(name)
+    return value if 1 <= value <= _U64_MAX else None
+
+
+def discover(root: Path) -> list[ModelDir]:
+    """The models of a repository and their versions, by the server's rules."""
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as e:
+        raise CheckError(f"{root}: cannot read the model repository: {e}") from e
+    models = []
+    for path in entries:
+        if path.name.startswith(".") or not path.is_dir():
+            continue
+        if not _MODEL_NAME.fullmatch(path.name):
+            raise CheckError(
+                f"{path}: model directory names may contain only letters, digits, '_' and '-' (at most 128)"
+            )
+        versions = sorted(v for v in (_version_number(p.name) for p in path.iterdir() if p.is_dir()) if v is not None)
+        if not versions:
+            raise CheckError(
+                f"{path}: has no version directory (expected <model>/<version>/model.toml with an integer version ≥ 1)"
+            )
+        models.append(ModelDir(path.name, path, tuple(versions)))
+    if not models:
+        raise CheckError(f"{root}: holds no model (expected <repository>/<model>/<version>/model.toml)")
+    return models
+
+
+def version_dir(model: ModelDir, version: int) -> Path:
+    """The directory the server reads a version from: `<model>/<version>`."""
+    return model.path / str(version)
+
+
+# --- one version ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Version:
+    """A validated model version."""
+
+    directory: Path
+    model: ModelToml
+    tables: dict[str, Table]
+    session: ort.InferenceSession | None  # DeepFM only
+
+
+def _tensor_dims(shape: Sequence[Any]) -> list[int]:
+    """Dimensions as the server sees them: onnxruntime-Python reports a symbolic or unknown dimension as a string
+    or None, the Rust binding as -1."""
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def _describe(dims: list[int]) -> str:
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in dims) + "]"
+
+
+def _check_outlet(path: Path, role: str, outlet: Any, expected: list[int | None]) -> None:
+    name = outlet.name
+    wanted = "[" + ", ".join(["batch"] + ["any" if d is None else str(d) for d in expected]) + "]"
+    if not outlet.type.startswith("tensor("):
+        raise CheckError(f"{path}: {role} {name!r} is not a tensor")
+    if outlet.type != "tensor(float)":
+        raise CheckError(f"{path}: {role} {name!r} has element type {outlet.type}, but recserve feeds float32")
+    dims = _tensor_dims(outlet.shape)
+    if len(dims) != len(expected) + 1:
+        raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
+    if dims[0] >= 0:
+        raise CheckError(
+            f"{path}: {role} {name!r} has a fixed batch dimension of {dims[0]} (shape {_describe(dims)}); "
+            "it must be dynamic"
+        )
+    for got, want in zip(dims[1:], expected, strict=True):
+        if want is not None and got >= 0 and got != want:
+            raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
+
+
+def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
+    """Opens the dense graph and checks its inputs and output against `model` (the server's `DenseGraph::open`)."""
+    spec = model.dense_graph
+    path = directory / spec.file
+    if not path.is_file():
+        raise CheckError(f"{path}: dense graph file does not exist")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises several exception types for unreadable graphs
+        raise CheckError(f"{path}: ONNX Runtime cannot load the graph: {e}") from e
+    fields = len(model.fields)
+    dim = model.table(model.fields[0].table).dim
+    dense = len(model.ranking.dense_features)
+    wanted = [spec.embeddings_input] + ([spec.dense_input] if dense else [])
+    inputs = [i.name for i in session.get_inputs()]
+    for name in inputs:
+        if name not in wanted:
+            hint = " (model.toml lists no dense_features, so it would never be fed)" if name == spec.dense_input else ""
+            raise CheckError(
+                f"{path}: the graph has an input {name!r} that model.toml does not declare{hint}; "
+                f"inputs expected: {wanted}"
+            )
+    for name in wanted:
+        if name not in inputs:
+            raise CheckError(f"{path}: the graph has no input {name!r} (its inputs: {inputs})")
+    for outlet in session.get_inputs():
+        expected: list[int | None] = [fields, dim] if outlet.name == spec.embeddings_input else [dense]
+        _check_outlet(path, "input", outlet, expected)
+    outputs = [o.name for o in session.get_outputs()]
+    if outputs != [spec.output]:
+        raise CheckError(
+            f"{path}: the graph's outputs are {outputs}, but model.toml declares exactly one, {spec.output!r}"
+        )
+    output = session.get_outputs()[0]
+    _check_outlet(path, "output", output, [] if len(output.shape) == 1 else [1])
+    return session
+
+
+def run_graph(session: ort.InferenceSession, model: DeepFMToml, emb: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """Probabilities [B] (float64) of gathered rows and raw dense features, as the server feeds the graph."""
+    feeds = {model.dense_graph.embeddings_input: emb}
+    if model.ranking.dense_features:
+        feeds[model.dense_graph.dense_input] = dense
+    out = session.run([model.dense_graph.output], feeds)[0]
+    return np.asarray(out, dtype=np.float64).reshape(len(emb), -1)[:, 0]
+
+
+def _warm_up(
+    path: Path, session: ort.InferenceSession, model: DeepFMToml, tables: dict[str, Table], sizes: Sequence[int]
+) -> None:
+    row0 = np.stack([gather(tables[f.table], np.zeros(1, dtype=np.int64))[0] for f in model.fields])
+    for rows in sizes:
+        emb = np.ascontiguousarray(np.broadcast_to(row0, (rows, *row0.shape)), dtype=np.float32)
+        dense = np.zeros((rows, len(model.ranking.dense_features)), dtype=np.float32)
+        feeds = {model.dense_graph.embeddings_input: emb}
+        if model.ranking.dense_features:
+            feeds[model.dense_graph.dense_input] = dense
+        try:
+            out = session.run([model.dense_graph.output], feeds)[0]
+        except Exception as e:  # onnxruntime's run errors have several types
+            raise CheckError(f"{path}: warm-up run failed: {e}") from e
+        if np.asarray(out).size != rows:
+            raise CheckError(
+                f"{path}: warm-up run failed: the graph returned {np.asarray(out).size} values for {rows} rows"
+            )
+
+
+def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Version:
+    """Validates one version directory as the server's loader does; raises `CheckError`."""
+    path = directory / MODEL_TOML
+    if not path.is_file():
+        raise CheckError(f"{path}: cannot read: no such file")
+    try:
+        model = model_toml.read(path)
+        tables = load_tables(directory, model)
+    except (ModelTomlError, TableError) as e:
+        raise CheckError(str(e)) from e
+    if isinstance(model, LightGCNToml):
+        return Version(directory, model, tables, None)
+    session = open_graph(directory, model)
+    _warm_up(directory / model.dense_graph.file, session, model, tables, sorted({1, max_candidates}))
+    return Version(directory, model, tables, session)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Every version of every model, validated: `versions[name][version]` is a `Version` or the error text."""
+
+    models: list[ModelDir]
+    versions: dict[str, dict[int, Version | str]]
+
+    @property
+    def errors(self) -> list[str]:
+        return [v for by in self.versions.values() for v in by.values() if isinstance(v, str)]
+
+    def served(self, name: str) -> Version | None:
+        model = next(m for m in self.models if m.name == name)
+        version = self.versions[name][model.served]
+        return version if isinstance(version, Version) else None
+
+
+def validate(root: Path, max_candidates: int = MAX_CANDIDATES) -> Validation:
+    """Validates a whole repository; a layout error raises `CheckError`, a broken version is recorded."""
+    models = discover(root)
+    versions: dict[str, dict[int, Version | str]] = {}
+    for model in models:
+        versions[model.name] = {}
+        for v in model.versions:
+            try:
+                versions[model.name][v] = check_version(version_dir(model, v), max_candidates)
+            except CheckError as e:
+                versions[model.name][v] = str(e)
+    return Validation(models, versions)
+
+
+# --- comparing precisions ------------------------------------------------------------------------------------
+
+
+def _deepfm_signature(model: DeepFMToml) -> tuple:
+    return (
+        tuple((f.name, f.side, model.table(f.table).rows, model.table(f.table).dim) for f in model.fields),
+        model.ranking.dense_features,
+    )
+
+
+def _deepfm_data(path: Path, version: Version) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ids [B, F] in field order, dense [B, N], labels [B] for a model: a `.npz` in id space (`ids`, `dense`,
+    `labels`), or a Criteo file mapped through the version's vocabulary.json."""
+    model = version.model
+    assert isinstance(model, DeepFMToml)
+    if path.suffix == ".npz":
+        with np.load(path) as f:
+            ids, dense, labels = f["ids"].astype(np.int64), f["dense"].astype(np.float32), f["labels"]
+    else:
+        vocabulary_path = version.directory / VOCABULARY
+        if not vocabulary_path.is_file():
+            raise CheckError(f"{vocabulary_path}: needed to map the Criteo values of {path} to ids")
+        vocabulary = criteo.Vocabulary.from_json(vocabulary_path.read_text(encoding="utf-8"))
+        raw = criteo.read(path)
+        all_ids = vocabulary.ids(raw)
+        columns = {name: i for i, name in enumerate(criteo.CATEGORICAL_FIELDS)}
+        missing = [f.name for f in model.fields if f.name not in columns]
+        if missing:
+            raise CheckError(f"{version.directory}: field {missing[0]!r} is not a Criteo column C1..C26")
+        ids = all_ids[:, [columns[f.name] for f in model.fields]]
+        dense, labels = raw.dense, raw.labels
+    if ids.shape[1] != len(model.fields) or dense.shape[1] != len(model.ranking.dense_features):
+        raise CheckError(
+            f"{path}: ids/dense are {list(ids.shape)}/{list(dense.shape)}, the model has {len(model.fields)} "
+            f"fields and {len(model.ranking.dense_features)} dense features"
+        )
+    return ids, dense, labels
+
+
+def deepfm_scores(
+    session: ort.InferenceSession,
+    model: DeepFMToml,
+    tables: dict[str, Table],
+    ids: np.ndarray,
+    dense: np.ndarray,
+    batch: int = 4096,
+) -> np.ndarray:
+    """Offline inference: the reference gather (OOV policy, dequantization), then the graph on onnxruntime."""
+    out = []
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        emb = np.stack([gather(tables[f.table], chunk[:, i]) for i, f in enumerate(model.fields)], axis=1)
+        out.append(run_graph(session, model, emb, dense[start : start + batch]))
+    return np.concatenate(out)
+
+
+def compare_deepfm(validation: Validation, data: Path) -> list[dict[str, Any]]:
+    """One row per evaluated DeepFM variant (see the module documentation)."""
+    served = {m.name: validation.served(m.name) for m in validation.models}
+    deepfm = {name: v for name, v in served.items() if v is not None and isinstance(v.model, DeepFMToml)}
+    groups: dict[tuple, list[str]] = {}
+    for name, version in deepfm.items():
+        assert isinstance(version.model, DeepFMToml)
+        groups.setdefault(_deepfm_signature(version.model), []).append(name)
+    rows: list[dict[str, Any]] = []
+    for names in groups.values():
+
+        def is_fp32(name: str) -> bool:
+            m = deepfm[name].model
+            assert isinstance(m, DeepFMToml)
+            return m.dense_graph.precision == "fp32" and all(t.storage == "fp32" for t in m.tables)
+
+        vocabularies = {n: deepfm[n].directory / VOCABULARY for n in names}
+        texts = {n: p.read_bytes() if p.is_file() else None for n, p in vocabularies.items()}
+        if len(set(texts.values())) > 1:
+            raise CheckError(
+                f"models {', '.join(sorted(names))} have the same fields and table shapes but different "
+                f"{VOCABULARY} files: their ids mean different values, so they cannot be compared row by row"
+            )
+        reference = next((n for n in names if is_fp32(n)), None)
+        ordered = ([reference] if reference else []) + [n for n in names if n != reference]
+        ref_version = deepfm[reference] if reference else None
+        ids, dense, labels = _deepfm_data(data, deepfm[ordered[0]])
+        ref_scores = None
+        for name in ordered:
+            version = deepfm[name]
+            model = version.model
+            assert isinstance(model, DeepFMToml) and version.session is not None
+            variants = [(name, model.tables[0].storage, model.dense_graph.precision, version.tables, version.session)]
+            if ref_version is not None and name != reference:
+                ref_model = ref_version.model
+                assert isinstance(ref_model, DeepFMToml) and ref_version.session is not None
+                if model.dense_graph.precision != "fp32" and any(t.storage != "fp32" for t in model.tables):
+                    variants.insert(
+                        0,
+                        (
+                            f"{reference} tables + {name} graph",
+                            "fp32",
+                            model.dense_graph.precision,
+                            ref_version.tables,
+                            version.session,
+                        ),
+                    )
+                    variants.insert(
+                        1,
+                        (
+                            f"{name} tables + {reference} graph",
+                            model.tables[0].storage,
+                            "fp32",
+                            version.tables,
+                            ref_version.session,
+                        ),
+                    )
+            for label, storage, precision, tables, session in variants:
+                scores = deepfm_scores(session, model, tables, ids, dense)
+                row: dict[str, Any] = {
+                    "variant": label,
+                    "model": name,
+                    "tables": storage,
+                    "graph": precision,
+                    "rows": len(labels),
+                    "auc": auc(labels, scores),
+                    "log_loss": log_loss(labels, scores),
+                }
+                if ref_scores is None and label == reference:
+                    ref_scores = scores
+                if ref_scores is not None:
+                    gap = np.abs(scores - ref_scores)
+                    row |= {
+                        "reference": reference,
+                        "max_abs_diff": float(gap.max()),
+                        "mean_abs_diff": float(gap.mean()),
+                    }
+                rows.append(row)
+    return rows
+
+
+def compare_lightgcn(validation: Validation, data_dir: Path, k: int = 20) -> list[dict[str, Any]]:
+    """Recall@k / NDCG@k of every LightGCN model, and of the reference's users with each other item table."""
+    served = {m.name: validation.served(m.name) for m in validation.models}
+    models = {name: v for name, v in served.items() if v is not None and isinstance(v.model, LightGCNToml)}
+    if not models:
+        return []
+    data = lightgcn.read_interactions(data_dir / "train.txt", data_dir / "test.txt")
+    rows: list[dict[str, Any]] = []
+
+    def tables_of(version: Version) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        model = version.model
+        assert isinstance(model, LightGCNToml)
+        history = model.recall.history_table
+        return (
+            values(version.tables[model.recall.user_table]),
+            values(version.tables[model.recall.item_table]),
+            values(version.tables[history]) if history else None,
+        )
+
+    def storage(version: Version, key: str) -> str:
+        model = version.model
+        assert isinstance(model, LightGCNToml)
+        return model.table(getattr(model.recall, key)).storage
+
+    reference = next((n for n, v in models.items() if all(t.storage == "fp32" for t in v.model.tables)), None)
+    for name, version in sorted(models.items(), key=lambda kv: kv[0] != reference):
+        users, items, history = tables_of(version)
+        if users.shape[0] < data.users or items.shape[0] < data.items:
+            raise CheckError(
+                f"{version.directory}: tables of {users.shape[0]} users and {items.shape[0]} items, but the data has "
+                f"{data.users} users and {data.items} items"
+            )
+        variants = [(name, "user table", storage(version, "user_table"), storage(version, "item_table"), users, items)]
+        if reference is not None and name != reference:
+            ref_users = tables_of(models[reference])[0]
+            variants.insert(
+                0,
+                (
+                    f"{reference} users + {name} items",
+                    "user table",
+                    "fp32",
+                    storage(version, "item_table"),
+                    ref_users,
+                    items,
+                ),
+            )
+        if history is not None:
+            embedded = _history_users(history, data)
+            variants.append(
+                (
+                    f"{name}, users embedded from history",
+                    "history",
+                    storage(version, "history_table"),
+                    storage(version, "item_table"),
+                    embedded,
+                    items,
+                )
+            )
+        for label, users_from, user_storage, item_storage, u, i in variants:
+            m = lightgcn.evaluate(u, i, data, k)
+            rows.append(
+                {
+                    "variant": label,
+                    "model": name,
+                    "users_from": users_from,
+                    "user_storage": user_storage,
+                    "item_storage": item_storage,
+                    f"recall@{k}": m.recall,
+                    f"ndcg@{k}": m.ndcg,
+                    "test_users": m.users,
+                }
+            )
+    return rows
+
+
+def _history_users(history: np.ndarray, data: lightgcn.Interactions) -> np.ndarray:
+    """Every user embedded from its training items, as the server embeds an unknown user's history."""
+    out = np.zeros((data.users, history.shape[1]), dtype=np.float32)
+    for u in range(data.users):
+        items = data.train_indices[data.train_indptr[u] : data.train_indptr[u + 1]]
+        if len(items):
+            out[u] = lightgcn.embed_history(history, items)
+    return out
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `check` command's options."""
+    parser.add_argument("repository", type=Path, help="model repository: <repository>/<model>/<version>/model.toml")
+    parser.add_argument(
+        "--max-candidates", type=int, default=MAX_CANDIDATES, help="the server's --max-candidates (its warm-up batch)"
+    )
+    parser.add_argument(
+        "--deepfm-data",
+        type=Path,
+        help="held-out rows for DeepFM models: Criteo TSV (mapped through each version's vocabulary.json) or .npz",
+    )
+    parser.add_argument("--lightgcn-data", type=Path, help="directory with train.txt and test.txt for LightGCN models")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+
+
+def run_check(args: argparse.Namespace) -> dict[str, Any]:
+    """Validates (and compares); returns the results. Raises `CheckError` for a repository-level error."""
+    validation = validate(args.repository, args.max_candidates)
+    result: dict[str, Any] = {"repository": str(args.repository), "models": {}}
+    for model in validation.models:
+        result["models"][model.name] = {
+            "served_version": model.served,
+            "versions": {
+                str(v): "ok" if isinstance(x, Version) else x for v, x in validation.versions[model.name].items()
+            },
+        }
+        for v, x in validation.versions[model.name].items():
+            mark = "ok" if isinstance(x, Version) else f"ERROR {x}"
+            served = " (served)" if v == model.served else ""
+            kind = f" {'lightgcn' if isinstance(x.model, LightGCNToml) else 'deepfm'}" if isinstance(x, Version) else ""
+            print(f"{model.name}/{v}{served}{kind}: {mark}")
+    if validation.errors:
+        return result
+    if args.deepfm_data:
+        result["deepfm"] = compare_deepfm(validation, args.deepfm_data)
+        for row in result["deepfm"]:
+            diff = f", max |Δp| {row['max_abs_diff']:.2e}" if "max_abs_diff" in row else ""
+            print(f"  {row['variant']}: AUC {row['auc']:.5f}, log loss {row['log_loss']:.5f}{diff}")
+    if args.lightgcn_data:
+        result["lightgcn"] = compare_lightgcn(validation, args.lightgcn_data)
+        for row in result["lightgcn"]:
+            print(f"  {row['variant']}: Recall@20 {row['recall@20']:.4f}, NDCG@20 {row['ndcg@20']:.4f}")
+    return result
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the `check` command: exit status 1 when any version would be refused by the server."""
+    try:
+        result = run_check(args)
+    except (CheckError, criteo.CriteoError, lightgcn.InteractionsError) as e:
+        print(f"check: {e}", file=sys.stderr)
+        raise SystemExit(1) from e
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    errors = [v for m in result["models"].values() for v in m["versions"].values() if v != "ok"]
+    if errors:
+        print(f"check: {len(errors)} model version(s) would be refused by the server", file=sys.stderr)
+        raise SystemExit(1)
+    print(f"check: every model version in {args.repository} loads")

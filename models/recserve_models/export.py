@@ -1,0 +1,291 @@
+"""The `export` and `quantize` commands: training runs into repository versions, and versions into INT8 ones.
+
+`export --run RUN --out DIR` writes one version directory from a `train-deepfm` or `train-lightgcn` run:
+
+- DeepFM: one table per Criteo field (`C1`..`C26`, named like the field, all in `tables.safetensors`, rows from
+  the run's vocabulary, `oov = "default"` with `default_row = 0`, the trained rare-value row), the fp32 dense graph
+  of `onnx_export.build_graph` (`dense.onnx`), dense features `I1`..`I13`, and the run's `vocabulary.json` (not
+  read by the server: clients map raw values to ids with it). Fields `--item-fields` are item-side, the rest
+  user-side; `--item-id-field` names the field fed by a candidate's `id`.
+- LightGCN: tables `user`, `item` (the final, layer-mean embeddings) and `history` (the `h_i` of
+  docs/model-repository.md) in `tables.safetensors`, with `[recall]` naming them; `oov = "reject"`, because an
+  unknown user or item id has no meaningful default row.
+
+`--storage` chooses the tables' storage (fp32, fp16, int8). `quantize --model SRC --out DST` re-encodes a
+version's tables (`--tables`) and replaces an fp32 dense graph by its INT8 QDQ version (`--graph int8`), calibrated
+on `--calibration` rows (a run's `calibration.npz`: `ids` [S, F] and `dense` [S, N], or a Criteo file mapped
+through the version's `vocabulary.json`) gathered from the *new* tables, so that calibration sees the rows the
+server will feed. Both commands validate what they wrote with `check`'s rules before returning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from . import criteo, model_toml
+from .check import VOCABULARY, CheckError, check_version
+from .lightgcn import LightGCNRun
+from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
+from .onnx_export import build_graph
+from .quantize import quantize_dense_graph
+from .repository import (
+    MODEL_TOML,
+    Table,
+    encode_table,
+    gather,
+    load_tables,
+    values,
+    write_deepfm_version,
+    write_lightgcn_version,
+)
+from .train_deepfm import DeepFMRun
+
+TABLES_FILE = "tables.safetensors"
+GRAPH_FILE = "dense.onnx"
+DEFAULT_ITEM_FIELDS = tuple(f"C{i}" for i in range(20, 27))
+
+
+def deepfm_toml(
+    run: DeepFMRun,
+    storage: str,
+    precision: str,
+    *,
+    item_fields: tuple[str, ...] = DEFAULT_ITEM_FIELDS,
+    item_id_field: str | None = None,
+    description: str = "",
+) -> DeepFMToml:
+    params = run.params
+    unknown = [f for f in (*item_fields, *([item_id_field] if item_id_field else [])) if f not in params.field_tables]
+    if unknown:
+        raise SystemExit(f"export: {unknown[0]!r} is not a field of the model ({', '.join(params.field_tables)})")
+    tables = tuple(
+        TableSpec(name, TABLES_FILE, len(params.tables[name]), params.dim, storage, "default", 0)
+        for name in params.field_tables
+    )
+    fields = tuple(FieldSpec(name, "item" if name in item_fields else "user") for name in params.field_tables)
+    return DeepFMToml(
+        tables=tables,
+        fields=fields,
+        dense_graph=DenseGraphSpec(GRAPH_FILE, precision),
+        ranking=RankingSpec(criteo.DENSE_FEATURES, item_id_field),
+        description=description,
+    )
+
+
+def export_deepfm(run: DeepFMRun, out: Path, storage: str, **options: object) -> None:
+    model = deepfm_toml(run, storage, "fp32", **options)  # type: ignore[arg-type]
+    write_deepfm_version(out, model, run.params.tables, build_graph(run.params))
+    shutil.copyfile(run.directory / VOCABULARY, out / VOCABULARY)
+
+
+def lightgcn_toml(run: LightGCNRun, storage: str, description: str = "") -> LightGCNToml:
+    users, items = run.users.shape[0], run.items.shape[0]
+    dim = run.items.shape[1]
+    return LightGCNToml(
+        tables=(
+            TableSpec("user", TABLES_FILE, users, dim, storage, "reject"),
+            TableSpec("item", TABLES_FILE, items, dim, storage, "reject"),
+            TableSpec("history", TABLES_FILE, items, dim, storage, "reject"),
+        ),
+        recall=RecallSpec("user", "item", "history"),
+        description=description,
+    )
+
+
+def export_lightgcn(run: LightGCNRun, out: Path, storage: str, description: str = "") -> None:
+    write_lightgcn_version(
+        out,
+        lightgcn_toml(run, storage, description),
+        {"user": run.users, "item": run.items, "history": run.history_vectors},
+    )
+
+
+def _calibration(path: Path, source: Path, model: DeepFMToml) -> tuple[np.ndarray, np.ndarray]:
+    if path.suffix == ".npz":
+        with np.load(path) as f:
+            ids, dense = f["ids"].astype(np.int64), f["dense"].astype(np.float32)
+    else:
+        vocabulary = criteo.Vocabulary.from_json((source / VOCABULARY).read_text(encoding="utf-8"))
+        raw = criteo.read(path)
+        columns = {name: i for i, name in enumerate(criteo.CATEGORICAL_FIELDS)}
+        ids = vocabulary.ids(raw)[:, [columns[f.name] for f in model.fields]]
+        dense = raw.dense
+    if (
+        ids.ndim != 2
+        or ids.shape[1] != len(model.fields)
+        or dense.shape != (len(ids), len(model.ranking.dense_features))
+    ):
+        raise SystemExit(
+            f"quantize: calibration rows {path} are ids {list(ids.shape)} and dense {list(dense.shape)}, but the model "
+            f"has {len(model.fields)} fields and {len(model.ranking.dense_features)} dense features"
+        )
+    return ids, dense
+
+
+def quantize_version(
+    source: Path,
+    out: Path,
+    *,
+    tables_storage: str | None,
+    graph_precision: str | None,
+    calibration: Path | None = None,
+    calibration_rows: int = 4096,
+    description: str | None = None,
+) -> None:
+    """Writes `out` from the version `source` with re-encoded tables and/or an INT8 graph."""
+    model = model_toml.read(source / MODEL_TOML)
+    stored = load_tables(source, model)
+    if tables_storage is not None and tables_storage != model.tables[0].storage:
+        lossy = [t.name for t in model.tables if t.storage == "int8"]
+        if lossy:
+            raise SystemExit(
+                f"quantize: table {lossy[0]!r} of {source} is already int8; re-encoding it would lose twice"
+            )
+    floats = {name: values(table) for name, table in stored.items()}
+    new_tables = tuple(
+        TableSpec(t.name, t.file, t.rows, t.dim, tables_storage or t.storage, t.oov, t.default_row)
+        for t in model.tables
+    )
+    if isinstance(model, LightGCNToml):
+        if graph_precision not in (None, "fp32"):
+            raise SystemExit("quantize: a lightgcn model has no dense graph to quantize")
+        new = LightGCNToml(new_tables, model.recall, model.description if description is None else description)
+        write_lightgcn_version(out, new, floats)
+        check_version(out)
+        return
+    graph = onnx.load(str(source / model.dense_graph.file))
+    precision = model.dense_graph.precision
+    new_model = DeepFMToml(
+        new_tables,
+        model.fields,
+        model.dense_graph,
+        model.ranking,
+        model.description if description is None else description,
+    )
+    if graph_precision == "int8" and precision != "int8":
+        if calibration is None:
+            raise SystemExit("quantize: --graph int8 needs --calibration rows")
+        ids, dense = _calibration(calibration, source, model)
+        pick = np.random.default_rng(0).permutation(len(ids))[:calibration_rows]
+        ids, dense = ids[np.sort(pick)], dense[np.sort(pick)]
+        encoded = {t.name: Table(t, encode_table(t, floats[t.name])) for t in new_tables}
+        emb = np.stack([gather(encoded[f.table], ids[:, i]) for i, f in enumerate(model.fields)], axis=1)
+        graph = quantize_dense_graph(graph, emb, dense)
+        precision = "int8"
+    elif graph_precision == "fp32" and precision != "fp32":
+        raise SystemExit("quantize: the graph is already int8; export the fp32 graph again instead")
+    spec = model.dense_graph
+    new_model = DeepFMToml(
+        new_model.tables,
+        new_model.fields,
+        DenseGraphSpec(spec.file, precision, spec.embeddings_input, spec.dense_input, spec.output),
+        new_model.ranking,
+        new_model.description,
+    )
+    write_deepfm_version(out, new_model, floats, graph)
+    if (source / VOCABULARY).is_file():
+        shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
+    check_version(out)
+
+
+def _fields(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+# --- the `export` command ---------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `export` command's options."""
+    parser.add_argument("--run", type=Path, required=True, help="a train-deepfm or train-lightgcn run directory")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="version directory to create (<repo>/<model>/<version>)"
+    )
+    parser.add_argument("--storage", choices=("fp32", "fp16", "int8"), default="fp32", help="table storage (fp32)")
+    parser.add_argument(
+        "--item-fields",
+        type=_fields,
+        default=DEFAULT_ITEM_FIELDS,
+        help="DeepFM: comma-separated item-side fields (default C20..C26); the others are user-side",
+    )
+    parser.add_argument("--item-id-field", help="DeepFM: the item-side field a candidate's id feeds (default none)")
+    parser.add_argument("--description", default="", help="free text for model.toml")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the `export` command."""
+    if args.out.exists():
+        raise SystemExit(f"export: {args.out} already exists")
+    kind = _run_kind(args.run)
+    try:
+        if kind == "deepfm":
+            export_deepfm(
+                DeepFMRun.load(args.run),
+                args.out,
+                args.storage,
+                item_fields=args.item_fields,
+                item_id_field=args.item_id_field,
+                description=args.description,
+            )
+        else:
+            export_lightgcn(LightGCNRun.load(args.run), args.out, args.storage, args.description)
+        check_version(args.out)
+    except CheckError as e:
+        raise SystemExit(f"export: the written version would be refused: {e}") from e
+    print(f"wrote {args.out} ({kind}, {args.storage} tables)")
+
+
+def _run_kind(directory: Path) -> str:
+    path = directory / "training.json"
+    try:
+        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"export: {path}: not a training run: {e}") from e
+    if kind not in ("deepfm", "lightgcn"):
+        raise SystemExit(f"export: {path}: unknown kind {kind!r}")
+    return kind
+
+
+# --- the `quantize` command -------------------------------------------------------------------------------------
+
+
+class Quantize:
+    """The `quantize` command (its own entry in the command table)."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", type=Path, required=True, help="source version directory")
+        parser.add_argument("--out", type=Path, required=True, help="version directory to create")
+        parser.add_argument("--tables", choices=("fp32", "fp16", "int8"), help="new table storage (default: unchanged)")
+        parser.add_argument("--graph", choices=("fp32", "int8"), help="DeepFM: int8 replaces an fp32 graph by INT8 QDQ")
+        parser.add_argument(
+            "--calibration", type=Path, help="calibration rows: a run's calibration.npz, or a Criteo file"
+        )
+        parser.add_argument("--calibration-rows", type=int, default=4096, help="rows used for calibration (4096)")
+        parser.add_argument("--description", help="new description (default: the source's)")
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> None:
+        if args.out.exists():
+            raise SystemExit(f"quantize: {args.out} already exists")
+        if args.tables is None and args.graph is None:
+            raise SystemExit("quantize: nothing to do: give --tables and/or --graph")
+        try:
+            quantize_version(
+                args.model,
+                args.out,
+                tables_storage=args.tables,
+                graph_precision=args.graph,
+                calibration=args.calibration,
+                calibration_rows=args.calibration_rows,
+                description=args.description,
+            )
+        except (CheckError, model_toml.ModelTomlError, criteo.CriteoError) as e:
+            raise SystemExit(f"quantize: {e}") from e
+        print(f"wrote {args.out}")

@@ -1,0 +1,440 @@
+"""DeepFM training on Criteo-format data: the `train-deepfm` command.
+
+The model is `deepfm.forward` (k factors and a first-order weight per table row, `log(1 + max(x, 0))` on the raw
+dense features, FM + MLP). Training minimises the mean binary cross-entropy with Adam: the MLP, `w0` and the
+dense weights by dense Adam steps, the embedding rows by row-wise ("lazy") Adam steps on the rows a batch
+touches. Gradients are written out by hand (`loss_and_gradients`) and tested against finite differences of the
+float64 reference. Each field gets its own table, with the rows of its `Vocabulary` (row 0: rare or unknown
+values).
+
+A run directory holds what `export` and `quantize` need and what the run measured:
+
+| file | contents |
+| --- | --- |
+| `deepfm.safetensors` | float32 parameters: `table.<field>` [rows, k + 1], `bias` [1], `dense_weights` [13], |
+|                      | `mlp.<i>.weight` [in, out], `mlp.<i>.bias` [out]; metadata `field_tables` |
+| `vocabulary.json` | the categorical value → id mapping (`criteo.Vocabulary`) |
+| `calibration.npz` | `ids` int64 [S, 26], `dense` float32 [S, 13]: rows drawn uniformly from the training data |
+| `heldout.npz` | `ids`, `dense`, `labels` of the held-out rows, mapped through the vocabulary |
+| `training.json` | data, configuration, per-epoch loss and held-out AUC / log loss, wall time |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from . import criteo, deepfm
+from .deepfm import DeepFMParams, Layer
+from .metrics import auc, log_loss
+from .optim import Adam
+
+RUN_TENSORS = "deepfm.safetensors"
+RUN_JSON = "training.json"
+VOCABULARY = "vocabulary.json"
+CALIBRATION = "calibration.npz"
+HELDOUT = "heldout.npz"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    factors: int = 16
+    hidden: tuple[int, ...] = (400, 400, 400)
+    epochs: int = 2
+    batch: int = 1024
+    lr: float = 1e-3
+    l2: float = 1e-6  # on the embedding rows a batch reads, per row, as weight decay
+    min_count: int = 10
+    seed: int = 20261130
+    calibration_rows: int = 4096
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Rows in id space: `ids` int64 [B, F] in field order, `dense` float32 [B, N] raw, `labels` int8 [B]."""
+
+    ids: np.ndarray
+    dense: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, rows: np.ndarray | slice) -> Dataset:
+        return Dataset(self.ids[rows], self.dense[rows], self.labels[rows])
+
+    def save(self, path: Path) -> None:
+        np.savez(path, ids=self.ids, dense=self.dense, labels=self.labels)
+
+    @staticmethod
+    def load(path: Path) -> Dataset:
+        with np.load(path) as f:
+            return Dataset(f["ids"].astype(np.int64), f["dense"].astype(np.float32), f["labels"].astype(np.int8))
+
+
+# --- the model in float32, with hand-written gradients -------------------------------------------------------
+
+
+@dataclass
+class Forward:
+    """What the backward pass needs from a forward pass."""
+
+    emb: np.ndarray  # [B, F, D]
+    x: np.ndarray  # [B, N]
+    activations: list[np.ndarray]  # MLP inputs, layer by layer
+    pre_activations: list[np.ndarray]
+    logit: np.ndarray  # [B]
+
+
+def forward32(params: DeepFMParams, ids: np.ndarray, dense: np.ndarray) -> Forward:
+    """The forward pass in float32 on ids (valid rows) instead of gathered rows."""
+    k = params.factors
+    emb = np.stack([params.tables[t][ids[:, f]] for f, t in enumerate(params.field_tables)], axis=1)
+    x = np.log1p(np.maximum(dense, np.float32(0)))
+    v = emb[:, :, :k]
+    sum_v = v.sum(axis=1)
+    fm = np.float32(0.5) * (sum_v * sum_v - (v * v).sum(axis=1)).sum(axis=1)
+    h = np.concatenate([v.reshape(len(ids), -1), x], axis=1)
+    activations, pre = [], []
+    for i, layer in enumerate(params.layers):
+        activations.append(h)
+        a = h @ layer.weight + layer.bias
+        pre.append(a)
+        h = np.maximum(a, np.float32(0)) if i < len(params.layers) - 1 else a
+    logit = params.bias + emb[:, :, k].sum(axis=1) + x @ params.dense_weights + fm + h[:, 0]
+    return Forward(emb, x, activations, pre, logit)
+
+
+def probabilities(params: DeepFMParams, data: Dataset, batch: int = 8192) -> np.ndarray:
+    """float64 click probabilities of every row."""
+    out = []
+    for start in range(0, len(data), batch):
+        logit = forward32(params, data.ids[start : start + batch], data.dense[start : start + batch]).logit
+        out.append(1.0 / (1.0 + np.exp(-logit.astype(np.float64))))
+    return np.concatenate(out)
+
+
+@dataclass
+class Gradients:
+    bias: np.float32
+    dense_weights: np.ndarray
+    layers: list[tuple[np.ndarray, np.ndarray]]
+    rows: dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (unique rows, their gradients)
+
+
+def loss_and_gradients(
+    params: DeepFMParams, ids: np.ndarray, dense: np.ndarray, labels: np.ndarray
+) -> tuple[float, Gradients]:
+    """Mean binary cross-entropy of a batch and its gradients."""
+    fwd = forward32(params, ids, dense)
+    b, k = len(ids), params.factors
+    y = labels.astype(np.float32)
+    z = fwd.logit
+    loss = float(np.mean(np.logaddexp(0.0, z.astype(np.float64)) - y * z.astype(np.float64)))
+    dz = ((1.0 / (1.0 + np.exp(-z))) - y) / np.float32(b)  # [B]
+
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    upstream = dz[:, None]
+    for i in range(len(params.layers) - 1, -1, -1):
+        layers.append((fwd.activations[i].T @ upstream, upstream.sum(axis=0)))
+        upstream = upstream @ params.layers[i].weight.T
+        if i > 0:
+            upstream = upstream * (fwd.pre_activations[i - 1] > 0)
+    layers.reverse()
+    fields = params.num_fields
+    d_emb = np.empty_like(fwd.emb)
+    v = fwd.emb[:, :, :k]
+    d_emb[:, :, :k] = upstream[:, : fields * k].reshape(b, fields, k) + dz[:, None, None] * (
+        v.sum(axis=1)[:, None, :] - v
+    )
+    d_emb[:, :, k] = dz[:, None]
+
+    rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for table in dict.fromkeys(params.field_tables):
+        fs = [f for f, t in enumerate(params.field_tables) if t == table]
+        table_ids = ids[:, fs].ravel()
+        table_grads = d_emb[:, fs, :].reshape(-1, params.dim)
+        unique, inverse = np.unique(table_ids, return_inverse=True)
+        summed = np.zeros((len(unique), params.dim), dtype=np.float32)
+        np.add.at(summed, inverse.ravel(), table_grads)
+        rows[table] = (unique, summed)
+    return loss, Gradients(np.float32(dz.sum()), fwd.x.T @ dz, layers, rows)
+
+
+# --- training ------------------------------------------------------------------------------------------------
+
+
+def initial_params(
+    rng: np.random.Generator, rows: dict[str, int], config: TrainConfig, positive_rate: float
+) -> DeepFMParams:
+    """Small factors (N(0, 0.01²)), zero first-order weights, He-initialised MLP, and `w0` at the logit of the
+    training data's positive rate."""
+    params = deepfm.init_params(
+        rng,
+        rows,
+        list(rows),
+        factors=config.factors,
+        num_dense=len(criteo.DENSE_FEATURES),
+        hidden=config.hidden,
+        factor_std=0.01,
+        linear_std=0.0,
+        dense_std=0.0,
+        bias_mean=0.0,
+    )
+    rate = min(max(positive_rate, 1e-4), 1 - 1e-4)
+    return DeepFMParams(
+        tables=params.tables,
+        field_tables=params.field_tables,
+        bias=np.float32(np.log(rate / (1 - rate))),
+        dense_weights=params.dense_weights,
+        layers=params.layers,
+    )
+
+
+def evaluate(params: DeepFMParams, data: Dataset) -> dict[str, float]:
+    p = probabilities(params, data)
+    return {"auc": auc(data.labels, p), "log_loss": log_loss(data.labels, p)}
+
+
+def train(
+    params: DeepFMParams,
+    data: Dataset,
+    config: TrainConfig,
+    *,
+    heldout: Dataset | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[DeepFMParams, list[dict[str, float]], float]:
+    """Trains in place (the tables and layers of `params` are updated); returns the parameters, one record per
+    epoch, and the training seconds (evaluation excluded)."""
+    rng = np.random.default_rng([config.seed, 1])
+    tables = {name: table for name, table in params.tables.items()}
+    bias = np.array([params.bias], dtype=np.float32)
+    dense_weights = params.dense_weights
+    weights = [layer.weight for layer in params.layers]
+    biases = [layer.bias for layer in params.layers]
+    adam = Adam(lr=config.lr)
+    history = []
+    seconds = 0.0
+    steps_per_epoch = -(-len(data) // config.batch)
+    for epoch in range(1, config.epochs + 1):
+        started = time.perf_counter()
+        order = rng.permutation(len(data))
+        loss_sum = 0.0
+        for step, start in enumerate(range(0, len(data), config.batch), start=1):
+            pick = np.sort(order[start : start + config.batch])
+            current = DeepFMParams(tables, params.field_tables, bias[0], dense_weights, params.layers)
+            loss, grads = loss_and_gradients(current, data.ids[pick], data.dense[pick], data.labels[pick])
+            loss_sum += loss * len(pick)
+            adam.next_step()
+            adam.step("bias", bias, np.array([grads.bias], dtype=np.float32))
+            adam.step("dense_weights", dense_weights, grads.dense_weights)
+            for i, (dw, db) in enumerate(grads.layers):
+                adam.step(f"mlp.{i}.weight", weights[i], dw)
+                adam.step(f"mlp.{i}.bias", biases[i], db)
+            for name, (rows, g) in grads.rows.items():
+                if config.l2:
+                    g = g + np.float32(config.l2) * tables[name][rows]
+                adam.step_rows(f"table.{name}", tables[name], rows, g)
+            if step % 200 == 0 or step == steps_per_epoch:
+                seen = min(start + config.batch, len(data))
+                progress(f"epoch {epoch}/{config.epochs}: step {step}/{steps_per_epoch}, loss {loss_sum / seen:.4f}")
+        seconds += time.perf_counter() - started
+        record: dict[str, float] = {"epoch": epoch, "train_log_loss": loss_sum / len(data), "seconds": seconds}
+        if heldout is not None:
+            current = DeepFMParams(tables, params.field_tables, bias[0], dense_weights, params.layers)
+            metrics = evaluate(current, heldout)
+            record |= {"heldout_auc": metrics["auc"], "heldout_log_loss": metrics["log_loss"]}
+            progress(f"epoch {epoch}: held-out AUC {metrics['auc']:.4f}, log loss {metrics['log_loss']:.4f}")
+        history.append(record)
+    final = DeepFMParams(tables, params.field_tables, bias[0], dense_weights, params.layers)
+    return final, history, seconds
+
+
+# --- the run directory ---------------------------------------------------------------------------------------
+
+
+def save_params(params: DeepFMParams, path: Path) -> None:
+    tensors = {f"table.{name}": table for name, table in params.tables.items()}
+    tensors |= {"bias": np.array([params.bias], dtype=np.float32), "dense_weights": params.dense_weights}
+    for i, layer in enumerate(params.layers):
+        tensors[f"mlp.{i}.weight"] = layer.weight
+        tensors[f"mlp.{i}.bias"] = layer.bias
+    save_file(tensors, str(path), metadata={"field_tables": json.dumps(list(params.field_tables))})
+
+
+def load_params(path: Path) -> DeepFMParams:
+    with safe_open(str(path), framework="numpy") as f:
+        field_tables = tuple(json.loads((f.metadata() or {})["field_tables"]))
+    tensors = load_file(str(path))
+    layers = []
+    while f"mlp.{len(layers)}.weight" in tensors:
+        i = len(layers)
+        layers.append(Layer(tensors[f"mlp.{i}.weight"], tensors[f"mlp.{i}.bias"]))
+    tables = {name[len("table.") :]: t for name, t in tensors.items() if name.startswith("table.")}
+    return DeepFMParams(tables, field_tables, np.float32(tensors["bias"][0]), tensors["dense_weights"], tuple(layers))
+
+
+@dataclass(frozen=True)
+class DeepFMRun:
+    params: DeepFMParams
+    vocabulary: criteo.Vocabulary
+    info: dict
+    directory: Path
+
+    @staticmethod
+    def load(directory: Path) -> DeepFMRun:
+        info = json.loads((directory / RUN_JSON).read_text(encoding="utf-8"))
+        if info.get("kind") != "deepfm":
+            raise ValueError(f"{directory / RUN_JSON}: not a deepfm training run")
+        vocabulary = criteo.Vocabulary.from_json((directory / VOCABULARY).read_text(encoding="utf-8"))
+        return DeepFMRun(load_params(directory / RUN_TENSORS), vocabulary, info, directory)
+
+
+def run_training(
+    train_path: Path,
+    out: Path,
+    config: TrainConfig,
+    *,
+    test_path: Path | None = None,
+    holdout: float = 0.1,
+    max_rows: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> DeepFMRun:
+    """Reads the data, builds the vocabulary on the training rows, trains, evaluates, writes the run directory."""
+    if progress is None:
+
+        def progress(message: str) -> None:
+            print(f"train-deepfm: {message}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    raw = criteo.read(train_path, max_rows)
+    progress(f"read {len(raw.labels)} rows from {train_path} ({time.perf_counter() - started:.0f} s)")
+    if test_path is None:
+        cut = len(raw.labels) - round(len(raw.labels) * holdout)
+        if cut <= 0 or cut >= len(raw.labels):
+            raise SystemExit(f"--holdout {holdout} leaves no training or no held-out rows of {len(raw.labels)}")
+        train_rows = np.arange(cut)
+        heldout_raw = None
+    else:
+        train_rows = np.arange(len(raw.labels))
+        heldout_raw = criteo.read(test_path)
+    train_only = criteo.RawData(
+        raw.labels[train_rows],
+        raw.dense[train_rows],
+        raw.codes[train_rows],
+        raw.values,
+        [np.bincount(raw.codes[train_rows, c], minlength=len(raw.values[c])) for c in range(raw.codes.shape[1])],
+    )
+    vocabulary = criteo.Vocabulary.build(train_only, config.min_count)
+    ids = vocabulary.ids(raw)
+    data = Dataset(ids[train_rows], raw.dense[train_rows], raw.labels[train_rows])
+    if heldout_raw is None:
+        heldout = Dataset(ids[len(train_rows) :], raw.dense[len(train_rows) :], raw.labels[len(train_rows) :])
+    else:
+        heldout = Dataset(vocabulary.ids(heldout_raw), heldout_raw.dense, heldout_raw.labels)
+    rows = {name: vocabulary.rows(name) for name in criteo.CATEGORICAL_FIELDS}
+    progress(f"{len(data)} training rows, {len(heldout)} held-out rows, {sum(rows.values())} table rows in all")
+
+    rng = np.random.default_rng([config.seed, 0])
+    params = initial_params(rng, rows, config, float(data.labels.mean()))
+    params, history, seconds = train(params, data, config, heldout=heldout, progress=progress)
+    final = history[-1]
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_params(params, out / RUN_TENSORS)
+    (out / VOCABULARY).write_text(vocabulary.to_json(), encoding="utf-8")
+    calibration = rng.choice(len(data), min(config.calibration_rows, len(data)), replace=False)
+    np.savez(out / CALIBRATION, ids=data.ids[np.sort(calibration)], dense=data.dense[np.sort(calibration)])
+    heldout.save(out / HELDOUT)
+    info = {
+        "kind": "deepfm",
+        "data": {
+            "train": str(train_path.resolve()),
+            "test": str(test_path.resolve()) if test_path else f"last {holdout:.0%} of the training file",
+            "train_rows": len(data),
+            "heldout_rows": len(heldout),
+            "train_positive_rate": float(data.labels.mean()),
+            "heldout_positive_rate": float(heldout.labels.mean()),
+            "table_rows": rows,
+        },
+        "config": asdict(config),
+        "epochs": config.epochs,
+        "train_seconds": seconds,
+        "history": history,
+        "heldout": {"auc": final["heldout_auc"], "log_loss": final["heldout_log_loss"]},
+    }
+    (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return DeepFMRun(params, vocabulary, info, out)
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated widths such as 400,400,400, not {text!r}") from e
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"expected at least one positive width, not {text!r}")
+    return widths
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `train-deepfm` command's options."""
+    d = TrainConfig()
+    parser.add_argument("--train", type=Path, required=True, help="Criteo-format training file (.gz accepted)")
+    parser.add_argument(
+        "--test", type=Path, help="Criteo-format held-out file (default: the last --holdout of --train)"
+    )
+    parser.add_argument("--holdout", type=float, default=0.1, help="share of --train held out when there is no --test")
+    parser.add_argument("--max-rows", type=int, help="read at most this many rows of --train")
+    parser.add_argument("--out", type=Path, required=True, help="run directory to write")
+    parser.add_argument("--factors", type=int, default=d.factors, help=f"k, FM factors per field (default {d.factors})")
+    parser.add_argument(
+        "--hidden", type=_widths, default=d.hidden, help="MLP widths, comma-separated (default 400,400,400)"
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=d.epochs, help=f"passes over the training rows (default {d.epochs})"
+    )
+    parser.add_argument("--batch", type=int, default=d.batch, help=f"rows per step (default {d.batch})")
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
+    parser.add_argument(
+        "--l2", type=float, default=d.l2, help=f"weight decay of the embedding rows read (default {d.l2})"
+    )
+    parser.add_argument(
+        "--min-count",
+        type=int,
+        default=d.min_count,
+        help=f"occurrences a value needs for its own row (default {d.min_count})",
+    )
+    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+
+
+def config_of(args: argparse.Namespace) -> TrainConfig:
+    for name in ("factors", "epochs", "batch", "min_count"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    if args.lr <= 0 or args.l2 < 0:
+        raise SystemExit("--lr must be positive and --l2 non-negative")
+    return TrainConfig(
+        args.factors, tuple(args.hidden), args.epochs, args.batch, args.lr, args.l2, args.min_count, args.seed
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the `train-deepfm` command."""
+    try:
+        result = run_training(
+            args.train, args.out, config_of(args), test_path=args.test, holdout=args.holdout, max_rows=args.max_rows
+        )
+    except criteo.CriteoError as e:
+        raise SystemExit(f"train-deepfm: {e}") from e
+    held = result.info["heldout"]
+    print(f"wrote {args.out} (held-out AUC {held['auc']:.4f}, log loss {held['log_loss']:.4f})")

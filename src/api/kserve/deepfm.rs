@@ -1,0 +1,520 @@
+//! The tensor contract of DeepFM ranking models over the Open Inference Protocol. Every row is one complete
+//! candidate: `categorical` INT64 `[B, fields]` (one id per `[[fields]]` entry of `model.toml`, in that order,
+//! user and item fields alike) and `dense` FP32 `[B, dense_features]` (absent when the model has none); the
+//! output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. Decoding applies the same
+//! [`RankContract`] checks as `/v1` and builds the same [`RankInput`].
+
+use std::time::Instant;
+
+use super::{
+    InputTensor, OutputData, OutputTensor, Outputs, Parameters, TensorContract, TensorSpec,
+};
+use crate::api::kserve::Datatype;
+use crate::error::ServiceError;
+use crate::ranking::{RankContract, RankInput, RankingModel};
+use crate::service::{ServedModel, Service};
+
+/// The input holding every categorical id.
+pub const CATEGORICAL: &str = "categorical";
+/// The input holding the dense features.
+pub const DENSE: &str = "dense";
+
+/// The DeepFM contract of one served model.
+#[derive(Debug)]
+pub struct DeepFm<'a> {
+    model: &'a ServedModel,
+    tensors: Tensors<'a>,
+}
+
+impl<'a> DeepFm<'a> {
+    pub fn new(model: &'a ServedModel, ranking: &'a RankingModel) -> DeepFm<'a> {
+        DeepFm {
+            model,
+            tensors: Tensors {
+                model: &model.name,
+                contract: &ranking.contract,
+            },
+        }
+    }
+}
+
+/// The tensors of a DeepFM model, from its [`RankContract`] (and so from `model.toml`).
+#[derive(Debug, Clone, Copy)]
+pub struct Tensors<'a> {
+    /// The model's name, for messages.
+    pub model: &'a str,
+    pub contract: &'a RankContract,
+}
+
+impl Tensors<'_> {
+    fn output_name(&self) -> &str {
+        self.contract
+            .spec
+            .dense_graph
+            .as_ref()
+            .map_or("probability", |g| g.output.as_str())
+    }
+
+    fn dense_names(&self) -> Vec<String> {
+        self.contract
+            .spec
+            .ranking
+            .as_ref()
+            .map(|r| r.dense_features.clone())
+            .unwrap_or_default()
+    }
+
+    fn input_list(&self) -> String {
+        self.inputs()
+            .iter()
+            .map(|t| format!("{} {} {:?}", t.name, t.datatype.as_str(), t.shape))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn inputs(&self) -> Vec<TensorSpec> {
+        let mut inputs = vec![TensorSpec {
+            name: CATEGORICAL.to_owned(),
+            datatype: Datatype::Int64,
+            shape: vec![-1, self.contract.fields() as i64],
+            columns: self
+                .contract
+                .spec
+                .fields
+                .iter()
+                .map(|f| f.name.clone())
+                .collect(),
+        }];
+        if self.contract.dense_features > 0 {
+            inputs.push(TensorSpec {
+                name: DENSE.to_owned(),
+                datatype: Datatype::Fp32,
+                shape: vec![-1, self.contract.dense_features as i64],
+                columns: self.dense_names(),
+            });
+        }
+        inputs
+    }
+
+    pub fn outputs(&self) -> Vec<TensorSpec> {
+        vec![TensorSpec {
+            name: self.output_name().to_owned(),
+            datatype: Datatype::Fp32,
+            shape: vec![-1, 1],
+            columns: Vec::new(),
+        }]
+    }
+
+    /// Checks the inputs against the contract and builds the rows to score.
+    pub fn rank_input(&self, inputs: Vec<InputTensor>) -> Result<RankInput, ServiceError> {
+        let fields = self.contract.fields();
+        let dense_features = self.contract.dense_features;
+        let mut categorical = None;
+        let mut dense = None;
+        for input in inputs {
+            let slot = match input.name.as_str() {
+                CATEGORICAL => &mut categorical,
+                DENSE if dense_features > 0 => &mut dense,
+                _ => {
+                    return Err(ServiceError::invalid(
+                        &input.name,
+                        format!(
+                            "is not an input of model {:?} (inputs: {})",
+                            self.model,
+                            self.input_list()
+                        ),
+                    ));
+                }
+            };
+            if slot.is_some() {
+                return Err(ServiceError::invalid(&input.name, "is given twice"));
+            }
+            *slot = Some(input);
+        }
+        let missing = |name: &str| {
+            ServiceError::invalid(
+                name,
+                format!(
+                    "is missing (model {:?} takes {})",
+                    self.model,
+                    self.input_list()
+                ),
+            )
+        };
+        let categorical = categorical.ok_or_else(|| missing(CATEGORICAL))?;
+        let dense = match dense {
+            Some(d) => Some(d),
+            None if dense_features > 0 => return Err(missing(DENSE)),
+            None => None,
+        };
+
+        categorical.expect_datatype(Datatype::Int64)?;
+        let rows = rows_of(
+            &categorical,
+            fields,
+            "fields of the model, in model.toml order",
+        )?;
+        self.contract
+            .check_rows(rows)
+            .map_err(|problem| ServiceError::invalid(CATEGORICAL, problem))?;
+        if let Some(dense) = &dense {
+            dense.expect_datatype(Datatype::Fp32)?;
+            let dense_rows = rows_of(dense, dense_features, "dense features of the model")?;
+            if dense_rows != rows {
+                return Err(ServiceError::invalid(
+                    DENSE,
+                    format!("has {dense_rows} rows, but {CATEGORICAL} has {rows}"),
+                ));
+            }
+        }
+
+        let ids = categorical.into_i64()?;
+        for (i, &id) in ids.iter().enumerate() {
+            let field = i % fields;
+            self.contract.check_id(field, id).map_err(|problem| {
+                ServiceError::invalid(
+                    format!("{CATEGORICAL}[{}, {field}]", i / fields),
+                    format!("field {:?}: {problem}", self.contract.field_name(field)),
+                )
+            })?;
+        }
+        let dense = match dense {
+            Some(dense) => {
+                let values = dense.into_f32()?;
+                let names = self.dense_names();
+                for (i, &v) in values.iter().enumerate() {
+                    RankContract::check_dense(v).map_err(|problem| {
+                        let column = i % dense_features;
+                        let name = names.get(column).map_or("", String::as_str);
+                        ServiceError::invalid(
+                            format!("{DENSE}[{}, {column}]", i / dense_features),
+                            format!("feature {name:?}: {problem}"),
+                        )
+                    })?;
+                }
+                values
+            }
+            None => Vec::new(),
+        };
+        Ok(RankInput { rows, ids, dense })
+    }
+}
+
+/// The `B` of a `[B, columns]` tensor; `what` says what the columns are.
+fn rows_of(input: &InputTensor, columns: usize, what: &str) -> Result<usize, ServiceError> {
+    match input.shape.as_slice() {
+        &[rows, c] if usize::try_from(c) == Ok(columns) => usize::try_from(rows).map_err(|_| {
+            ServiceError::invalid(
+                &input.name,
+                format!("shape {:?} has a negative dimension", input.shape),
+            )
+        }),
+        _ => Err(ServiceError::invalid(
+            &input.name,
+            format!(
+                "shape {:?} is not [B, {columns}] (B rows of the {columns} {what})",
+                input.shape
+            ),
+        )),
+    }
+}
+
+impl TensorContract for DeepFm<'_> {
+    fn endpoint(&self) -> &'static str {
+        "rank"
+    }
+
+    fn inputs(&self) -> Vec<TensorSpec> {
+        self.tensors.inputs()
+    }
+
+    fn outputs(&self) -> Vec<TensorSpec> {
+        self.tensors.outputs()
+    }
+
+    fn run<'a>(
+        &'a self,
+        service: &'a Service,
+        inputs: Vec<InputTensor>,
+        _parameters: &'a Parameters,
+        deadline: Option<Instant>,
+    ) -> Outputs<'a> {
+        Box::pin(async move {
+            let input = self.tensors.rank_input(inputs)?;
+            let rows = input.rows as i64;
+            let scores = service.rank(self.model, input, deadline).await?;
+            Ok(vec![OutputTensor {
+                name: self.tensors.output_name().to_owned(),
+                shape: vec![rows, 1],
+                data: OutputData::Fp32(scores),
+            }])
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::body::Bytes;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::kserve::TensorData;
+    use crate::repository::ModelSpec;
+
+    /// Fields in model.toml order: u (user, reject, 10 rows), item (item, default), cat (item, reject, 5 rows).
+    const SPEC: &str = r#"
+format_version = 1
+kind = "deepfm"
+[ranking]
+dense_features = ["d0", "d1"]
+item_id_field = "item"
+[dense_graph]
+file = "g.onnx"
+precision = "fp32"
+output = "ctr"
+[[tables]]
+name = "u"
+file = "t.safetensors"
+rows = 10
+dim = 3
+storage = "fp32"
+oov = "reject"
+[[tables]]
+name = "item"
+file = "t.safetensors"
+rows = 100
+dim = 3
+storage = "fp32"
+[[tables]]
+name = "cat"
+file = "t.safetensors"
+rows = 5
+dim = 3
+storage = "fp32"
+oov = "reject"
+[[fields]]
+name = "u"
+side = "user"
+[[fields]]
+name = "item"
+side = "item"
+[[fields]]
+name = "cat"
+side = "item"
+"#;
+
+    fn contract() -> RankContract {
+        RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
+    }
+
+    fn tensor(name: &str, datatype: &str, shape: &[i64], data: TensorData) -> InputTensor {
+        InputTensor {
+            name: name.to_owned(),
+            datatype: datatype.to_owned(),
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
+    fn ids(shape: &[i64], data: serde_json::Value) -> InputTensor {
+        tensor(CATEGORICAL, "INT64", shape, TensorData::Json(data))
+    }
+
+    fn dense(shape: &[i64], data: serde_json::Value) -> InputTensor {
+        tensor(DENSE, "FP32", shape, TensorData::Json(data))
+    }
+
+    fn decode(inputs: Vec<InputTensor>) -> Result<RankInput, ServiceError> {
+        let contract = contract();
+        Tensors {
+            model: "m",
+            contract: &contract,
+        }
+        .rank_input(inputs)
+    }
+
+    #[test]
+    fn metadata_follows_model_toml() {
+        let contract = contract();
+        let tensors = Tensors {
+            model: "m",
+            contract: &contract,
+        };
+        let inputs = tensors.inputs();
+        assert_eq!(inputs.len(), 2);
+        assert_eq!(
+            (
+                inputs[0].name.as_str(),
+                inputs[0].datatype,
+                inputs[0].shape.as_slice()
+            ),
+            (CATEGORICAL, Datatype::Int64, [-1, 3].as_slice())
+        );
+        assert_eq!(inputs[0].columns, ["u", "item", "cat"]);
+        assert_eq!(
+            (
+                inputs[1].name.as_str(),
+                inputs[1].datatype,
+                inputs[1].shape.as_slice()
+            ),
+            (DENSE, Datatype::Fp32, [-1, 2].as_slice())
+        );
+        assert_eq!(inputs[1].columns, ["d0", "d1"]);
+        let outputs = tensors.outputs();
+        assert_eq!(outputs.len(), 1);
+        assert_eq!(
+            (
+                outputs[0].name.as_str(),
+                outputs[0].datatype,
+                outputs[0].shape.as_slice()
+            ),
+            ("ctr", Datatype::Fp32, [-1, 1].as_slice())
+        );
+    }
+
+    #[test]
+    fn rows_decode_like_v1_from_json_and_binary() {
+        let expected = RankInput {
+            rows: 2,
+            ids: vec![7, 42, 1, 7, -5, 4],
+            dense: vec![0.5, -1.0, 0.25, 2.0],
+        };
+        let json = decode(vec![
+            dense(&[2, 2], json!([[0.5, -1], [0.25, 2]])),
+            ids(&[2, 3], json!([[7, 42, 1], [7, -5, 4]])),
+        ])
+        .expect("valid JSON tensors");
+        assert_eq!(json, expected);
+        let raw = |bytes: Vec<u8>| TensorData::Raw(Bytes::from(bytes));
+        let binary = decode(vec![
+            tensor(
+                CATEGORICAL,
+                "INT64",
+                &[2, 3],
+                raw(expected.ids.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            ),
+            tensor(
+                DENSE,
+                "FP32",
+                &[2, 2],
+                raw(expected
+                    .dense
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()),
+            ),
+        ])
+        .expect("valid binary tensors");
+        assert_eq!(binary, expected);
+    }
+
+    #[test]
+    fn names_the_tensor_of_every_problem() {
+        let ok_ids = || ids(&[1, 3], json!([[1, 2, 3]]));
+        let ok_dense = || dense(&[1, 2], json!([[0, 0]]));
+        let cases: Vec<(Vec<InputTensor>, &str)> = vec![
+            (
+                vec![ok_dense()],
+                "categorical: is missing (model \"m\" takes categorical INT64 [-1, 3], dense FP32 [-1, 2])",
+            ),
+            (vec![ok_ids()], "dense: is missing"),
+            (
+                vec![ok_ids(), ok_dense(), ok_ids()],
+                "categorical: is given twice",
+            ),
+            (
+                vec![
+                    ok_ids(),
+                    ok_dense(),
+                    dense(&[1, 2], json!([0, 0])).renamed("extra"),
+                ],
+                "extra: is not an input of model \"m\" (inputs: categorical INT64 [-1, 3], dense FP32 [-1, 2])",
+            ),
+            (
+                vec![
+                    tensor(
+                        CATEGORICAL,
+                        "FP32",
+                        &[1, 3],
+                        TensorData::Json(json!([1, 2, 3])),
+                    ),
+                    ok_dense(),
+                ],
+                "categorical: datatype FP32, but the model takes INT64",
+            ),
+            (
+                vec![
+                    ok_ids(),
+                    tensor(DENSE, "FP64", &[1, 2], TensorData::Json(json!([0, 0]))),
+                ],
+                "dense: datatype FP64, but the model takes FP32",
+            ),
+            (
+                vec![ids(&[3], json!([1, 2, 3])), ok_dense()],
+                "categorical: shape [3] is not [B, 3] (B rows of the 3 fields of the model, in model.toml order)",
+            ),
+            (
+                vec![ids(&[1, 4], json!([1, 2, 3, 4])), ok_dense()],
+                "categorical: shape [1, 4] is not [B, 3]",
+            ),
+            (
+                vec![ids(&[-1, 3], json!([1, 2, 3])), ok_dense()],
+                "categorical: shape [-1, 3] has a negative dimension",
+            ),
+            (
+                vec![ids(&[0, 3], json!([])), dense(&[0, 2], json!([]))],
+                "categorical: must hold at least one candidate",
+            ),
+            (
+                vec![
+                    ids(&[4, 3], json!(vec![0; 12])),
+                    dense(&[4, 2], json!(vec![0; 8])),
+                ],
+                "categorical: holds 4 candidates, more than the limit of 3 (--max-candidates)",
+            ),
+            (
+                vec![ids(&[2, 3], json!([1, 2, 3, 1, 2, 3])), ok_dense()],
+                "dense: has 1 rows, but categorical has 2",
+            ),
+            (
+                vec![ids(&[1, 3], json!([1, 2])), ok_dense()],
+                "categorical: shape [1, 3] holds 3 elements, but the data holds 2",
+            ),
+            (
+                vec![
+                    ids(&[2, 3], json!([1, 2, 3, 1, 2, 5])),
+                    dense(&[2, 2], json!([0, 0, 0, 0])),
+                ],
+                "categorical[1, 2]: field \"cat\": id 5 is outside the vocabulary of table \"cat\" (ids 0..5), which rejects unknown ids",
+            ),
+            (
+                vec![ids(&[1, 3], json!([-1, 2, 3])), ok_dense()],
+                "categorical[0, 0]: field \"u\": id -1 is outside the vocabulary",
+            ),
+            (
+                vec![ok_ids(), dense(&[1, 2], json!([0, 1e39]))],
+                "dense[0, 1]: feature \"d1\": must be a finite number, got inf",
+            ),
+            (
+                vec![ok_ids(), dense(&[1, 2], json!([0, "x"]))],
+                "dense: data[1] is \"x\", which is not an FP32 value",
+            ),
+        ];
+        for (inputs, expected) in cases {
+            let got = decode(inputs).expect_err(expected).to_string();
+            assert!(
+                got.starts_with(expected),
+                "expected {expected:?}\ngot      {got:?}"
+            );
+        }
+    }
+
+    impl InputTensor {
+        fn renamed(mut self, name: &str) -> InputTensor {
+            self.name = name.to_owned();
+            self
+        }
+    }
+}

@@ -1,0 +1,174 @@
+"""Drives a running recserve with the real `tritonclient` package, for the end-to-end test `tests/kserve.rs`.
+
+    python tests/kserve_client.py --http HOST:PORT --grpc HOST:PORT --jobs JOBS.json --out RESULTS.json
+
+JOBS.json: {"model": NAME, "jobs": [{"model", "categorical": [[int]], "dense": [[float]] | null, "output"}]}.
+RESULTS.json records what the clients saw; the Rust test compares it with `/v1` and with the contract:
+
+- "server": liveness, readiness, server and model metadata over HTTP and gRPC;
+- "jobs": for every job, the output tensor over HTTP with binary data (tritonclient's default), over HTTP with JSON
+  tensors (binary_data=False both ways), and over gRPC (raw_input_contents / raw_output_contents);
+- "errors": malformed requests sent through tritonclient, with the status and message it raised;
+- "after_errors": a valid job run again over both protocols once the errors were sent.
+
+Nothing here is skipped: a missing tritonclient (or numpy) is an ImportError and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def http_inputs(job: dict[str, Any], binary: bool) -> list[httpclient.InferInput]:
+    categorical = np.array(job["categorical"], dtype=np.int64)
+    inputs = [httpclient.InferInput("categorical", list(categorical.shape), "INT64")]
+    inputs[0].set_data_from_numpy(categorical, binary_data=binary)
+    if job["dense"] is not None:
+        dense = np.array(job["dense"], dtype=np.float32)
+        inputs.append(httpclient.InferInput("dense", list(dense.shape), "FP32"))
+        inputs[1].set_data_from_numpy(dense, binary_data=binary)
+    return inputs
+
+
+def grpc_inputs(job: dict[str, Any]) -> list[grpcclient.InferInput]:
+    categorical = np.array(job["categorical"], dtype=np.int64)
+    inputs = [grpcclient.InferInput("categorical", list(categorical.shape), "INT64")]
+    inputs[0].set_data_from_numpy(categorical)
+    if job["dense"] is not None:
+        dense = np.array(job["dense"], dtype=np.float32)
+        inputs.append(grpcclient.InferInput("dense", list(dense.shape), "FP32"))
+        inputs[1].set_data_from_numpy(dense)
+    return inputs
+
+
+def tensor(result: Any, name: str) -> dict[str, Any]:
+    array = result.as_numpy(name)
+    if array is None:
+        raise SystemExit(f"the response has no output {name!r}")
+    return {"dtype": str(array.dtype), "shape": list(array.shape), "values": array.reshape(-1).tolist()}
+
+
+def run_job(http: Any, grpc: Any, job: dict[str, Any]) -> dict[str, Any]:
+    model, output = job["model"], job["output"]
+    binary = http.infer(model, http_inputs(job, binary=True))
+    as_json = http.infer(
+        model,
+        http_inputs(job, binary=False),
+        outputs=[httpclient.InferRequestedOutput(output, binary_data=False)],
+    )
+    over_grpc = grpc.infer(model, grpc_inputs(job), client_timeout=60.0)
+    return {
+        "http_binary": tensor(binary, output),
+        "http_json": tensor(as_json, output),
+        "grpc": tensor(over_grpc, output),
+    }
+
+
+def expect_error(what: str, protocol: str, call: Callable[[], Any]) -> dict[str, Any]:
+    try:
+        call()
+    except InferenceServerException as e:
+        return {"what": what, "protocol": protocol, "status": e.status(), "message": e.message()}
+    return {"what": what, "protocol": protocol, "status": None, "message": "no error was raised"}
+
+
+def errors(http: Any, grpc: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
+    model = job["model"]
+    out: list[dict[str, Any]] = []
+    categorical = np.array(job["categorical"], dtype=np.int64)
+
+    def wrong_datatype_http() -> Any:
+        inputs = http_inputs(job, binary=True)
+        inputs[0] = httpclient.InferInput("categorical", list(categorical.shape), "INT32")
+        inputs[0].set_data_from_numpy(categorical.astype(np.int32))
+        return http.infer(model, inputs)
+
+    def wrong_datatype_grpc() -> Any:
+        inputs = grpc_inputs(job)
+        inputs[0] = grpcclient.InferInput("categorical", list(categorical.shape), "FP32")
+        inputs[0].set_data_from_numpy(categorical.astype(np.float32))
+        return grpc.infer(model, inputs)
+
+    def short_raw_grpc() -> Any:
+        inputs = grpc_inputs(job)
+        # The data stays that of the real shape; the declared shape has one more row.
+        inputs[0].set_shape([categorical.shape[0] + 1, categorical.shape[1]])
+        return grpc.infer(model, inputs)
+
+    def short_binary_http() -> Any:
+        inputs = http_inputs(job, binary=True)
+        inputs[0].set_shape([categorical.shape[0] + 1, categorical.shape[1]])
+        return http.infer(model, inputs)
+
+    def missing_input_grpc() -> Any:
+        return grpc.infer(model, grpc_inputs(job)[1:])
+
+    def unknown_output_http() -> Any:
+        return http.infer(model, http_inputs(job, binary=True), outputs=[httpclient.InferRequestedOutput("score")])
+
+    def unknown_output_grpc() -> Any:
+        return grpc.infer(model, grpc_inputs(job), outputs=[grpcclient.InferRequestedOutput("score")])
+
+    out.append(expect_error("wrong datatype", "http", wrong_datatype_http))
+    out.append(expect_error("wrong datatype", "grpc", wrong_datatype_grpc))
+    out.append(expect_error("shape disagrees with the data", "http", short_binary_http))
+    out.append(expect_error("shape disagrees with the data", "grpc", short_raw_grpc))
+    out.append(expect_error("missing input", "grpc", missing_input_grpc))
+    out.append(expect_error("unknown output", "http", unknown_output_http))
+    out.append(expect_error("unknown output", "grpc", unknown_output_grpc))
+    out.append(expect_error("unknown model", "grpc", lambda: grpc.get_model_metadata("no-such-model")))
+    return out
+
+
+def server_facts(http: Any, grpc: Any, model: str) -> dict[str, Any]:
+    grpc_metadata = grpc.get_model_metadata(model, as_json=True)
+    return {
+        "http": {
+            "live": http.is_server_live(),
+            "ready": http.is_server_ready(),
+            "model_ready": http.is_model_ready(model),
+            "server_metadata": http.get_server_metadata(),
+            "model_metadata": http.get_model_metadata(model),
+        },
+        "grpc": {
+            "live": grpc.is_server_live(),
+            "ready": grpc.is_server_ready(),
+            "model_ready": grpc.is_model_ready(model),
+            "server_metadata": grpc.get_server_metadata(as_json=True),
+            "model_metadata": grpc_metadata,
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--http", required=True, help="HOST:PORT of the HTTP API")
+    parser.add_argument("--grpc", required=True, help="HOST:PORT of the gRPC API")
+    parser.add_argument("--jobs", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    with open(args.jobs) as f:
+        spec = json.load(f)
+    http = httpclient.InferenceServerClient(args.http, network_timeout=120.0)
+    grpc = grpcclient.InferenceServerClient(args.grpc)
+    results: dict[str, Any] = {"server": server_facts(http, grpc, spec["model"])}
+    results["jobs"] = [run_job(http, grpc, job) for job in spec["jobs"]]
+    results["errors"] = errors(http, grpc, spec["jobs"][0])
+    results["after_errors"] = run_job(http, grpc, spec["jobs"][0])
+    with open(args.out, "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
