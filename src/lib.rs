@@ -8,6 +8,7 @@ pub mod error;
 pub mod executor;
 pub mod gpu;
 pub mod metrics;
+pub mod pipeline;
 pub mod ranking;
 pub mod recall;
 pub mod repository;
