@@ -11,9 +11,11 @@
 //! A tile is `Q` queries × `G` panels, its `Q·G·LANES` accumulators held in registers across the whole `dim`
 //! loop: a small matrix product. The shard is scanned in blocks of about [`BLOCK_BYTES`] (kept in L2) and every
 //! query tile of the batch passes over a block before the next block is read, so a batch of queries costs one
-//! pass over the catalogue's memory. The same portable Rust is compiled three times: for the build target, with
-//! AVX2 and with AVX-512F; [`Isa::detect`] picks the widest the CPU has, once. Tile shapes per ISA keep 8 vector
-//! accumulators live (16 on AVX-512 would spill nothing either, but 8 already hide the add latency).
+//! pass over the catalogue's memory. The scan is compiled three times: for the build target (plain Rust that LLVM
+//! vectorizes as it can), and with AVX2 and with AVX-512F, whose tiles use `std::arch` vector types so that the
+//! accumulators provably stay in registers; [`Isa::detect`] picks the widest the CPU has, once, and
+//! [`scan_shard`] is the safe wrapper that checks it. Everything around the tile (blocks, selection, merge) is
+//! the same code for every ISA.
 
 use super::catalogue::{CodeRow, F32Row, LANES, Panels, Shard};
 use super::select::TopK;
@@ -119,22 +121,226 @@ pub fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
     }
 }
 
-// Tile shapes (panels per tile for 4, 2 and 1 queries) keep 8 vector accumulators: a 16-lane row is two 256-bit
-// registers (4 with SSE2/NEON, which then spill a little) or one 512-bit register.
+// Tile shapes (panels per tile for 4, 2 and 1 queries): AVX2 keeps 8 accumulators (a 16-lane row is two 256-bit
+// registers), enough to hide the add latency; AVX-512 has 32 registers and keeps 16 for 4 queries (each loaded row
+// then serves 4 queries, each broadcast 4 panels) and 8 otherwise. The portable kernel uses the AVX2 shapes.
 fn scan_generic(shard: &Shard, scan: ShardScan<'_>) {
-    scan_any::<1, 2, 4>(shard, scan);
+    scan_any::<Portable, 1, 2, 4>(shard, scan);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn scan_avx2(shard: &Shard, scan: ShardScan<'_>) {
-    scan_any::<1, 2, 4>(shard, scan);
+    scan_any::<x86::Avx2, 1, 2, 4>(shard, scan);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn scan_avx512(shard: &Shard, scan: ShardScan<'_>) {
-    scan_any::<2, 4, 8>(shard, scan);
+    scan_any::<x86::Avx512, 4, 4, 8>(shard, scan);
+}
+
+/// How a tile is computed: `acc[q][g][l] = Σ_j qs[q][j] · rows[g·dim + j][l]`, summed in `j` order, each term a
+/// multiply then an add (never fused), from 0.0.
+trait Kernel {
+    /// # Safety
+    /// The CPU supports the kernel's instruction set, `rows` holds `G · dim` rows and every query `dim` values.
+    unsafe fn tile<R: Row, const Q: usize, const G: usize>(
+        rows: &[R],
+        dim: usize,
+        qs: &[&[f32]; Q],
+    ) -> [[[f32; LANES]; G]; Q];
+}
+
+/// Plain Rust on arrays, which LLVM vectorizes for the build target.
+struct Portable;
+
+impl Kernel for Portable {
+    #[inline(always)]
+    unsafe fn tile<R: Row, const Q: usize, const G: usize>(
+        rows: &[R],
+        dim: usize,
+        qs: &[&[f32]; Q],
+    ) -> [[[f32; LANES]; G]; Q] {
+        let panels: [&[R]; G] = std::array::from_fn(|g| &rows[g * dim..(g + 1) * dim]);
+        let mut acc = [[[0.0f32; LANES]; G]; Q];
+        for j in 0..dim {
+            for g in 0..G {
+                let x = panels[g][j].widen();
+                for q in 0..Q {
+                    let s = qs[q][j];
+                    for l in 0..LANES {
+                        acc[q][g][l] += s * x[l];
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The x86-64 kernels, written with `std::arch` vector types so that the accumulators stay in vector registers
+/// for the whole `dim` loop (LLVM does not reliably keep `[f32; 16]` arrays in registers across a loop).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Kernel, LANES, Row};
+
+    /// One vector register of f32 lanes. Methods are `#[inline(always)]` and only ever run inside the
+    /// `#[target_feature]` entry points, where the intrinsics inline.
+    ///
+    /// # Safety
+    /// Every method needs a CPU with the vector's instruction set; pointers must cover `WIDTH` values (codes).
+    pub(super) trait Vector: Copy {
+        const WIDTH: usize;
+        unsafe fn zero() -> Self;
+        unsafe fn splat(x: f32) -> Self;
+        unsafe fn load(p: *const f32) -> Self;
+        /// `WIDTH` codes widened to f32 (exact).
+        unsafe fn load_codes(p: *const u8) -> Self;
+        /// `acc + s * x`: a multiply, then an add.
+        unsafe fn mul_add(acc: Self, s: Self, x: Self) -> Self;
+        unsafe fn store(self, p: *mut f32);
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct V256(__m256);
+
+    // SAFETY (every method of both impls): the trait's contract, i.e. the CPU supports the instruction set
+    // (AVX2, AVX-512F) and pointers cover WIDTH values.
+    impl Vector for V256 {
+        const WIDTH: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            V256(unsafe { _mm256_setzero_ps() })
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            V256(unsafe { _mm256_set1_ps(x) })
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            V256(unsafe { _mm256_loadu_ps(p) })
+        }
+        #[inline(always)]
+        unsafe fn load_codes(p: *const u8) -> Self {
+            V256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()))) })
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: Self, s: Self, x: Self) -> Self {
+            V256(unsafe { _mm256_add_ps(acc.0, _mm256_mul_ps(s.0, x.0)) })
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm256_storeu_ps(p, self.0) }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct V512(__m512);
+
+    impl Vector for V512 {
+        const WIDTH: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            V512(unsafe { _mm512_setzero_ps() })
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            V512(unsafe { _mm512_set1_ps(x) })
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            V512(unsafe { _mm512_loadu_ps(p) })
+        }
+        #[inline(always)]
+        unsafe fn load_codes(p: *const u8) -> Self {
+            V512(unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()))) })
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: Self, s: Self, x: Self) -> Self {
+            V512(unsafe { _mm512_add_ps(acc.0, _mm512_mul_ps(s.0, x.0)) })
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm512_storeu_ps(p, self.0) }
+        }
+    }
+
+    /// A tile with `P` vectors per 16-lane row.
+    ///
+    /// # Safety
+    /// As [`Kernel::tile`], with `P · V::WIDTH == LANES`.
+    #[inline(always)]
+    #[expect(
+        clippy::needless_range_loop,
+        reason = "q, g and p address the register tile in three arrays at once"
+    )]
+    unsafe fn tile<V: Vector, R: Row, const Q: usize, const G: usize, const P: usize>(
+        rows: &[R],
+        dim: usize,
+        qs: &[&[f32]; Q],
+    ) -> [[[f32; LANES]; G]; Q] {
+        debug_assert!(P * V::WIDTH == LANES && rows.len() == G * dim);
+        debug_assert!(qs.iter().all(|q| q.len() == dim));
+        let panels: [*const R; G] = std::array::from_fn(|g| rows[g * dim..].as_ptr());
+        let queries: [*const f32; Q] = std::array::from_fn(|q| qs[q].as_ptr());
+        // SAFETY (whole body): the CPU has the vector's instruction set (caller), rows are G·dim long and queries
+        // dim long (caller), so every `add(j)` with j < dim stays inside.
+        unsafe {
+            let mut acc = [[[V::zero(); P]; G]; Q];
+            for j in 0..dim {
+                let s: [V; Q] = std::array::from_fn(|q| V::splat(*queries[q].add(j)));
+                for g in 0..G {
+                    let row = panels[g].add(j);
+                    for p in 0..P {
+                        let x = R::load::<V>(row, p);
+                        for q in 0..Q {
+                            acc[q][g][p] = V::mul_add(acc[q][g][p], s[q], x);
+                        }
+                    }
+                }
+            }
+            let mut out = [[[0.0f32; LANES]; G]; Q];
+            for (acc_q, out_q) in acc.iter().zip(out.iter_mut()) {
+                for (acc_g, out_g) in acc_q.iter().zip(out_q.iter_mut()) {
+                    for (v, lanes) in acc_g.iter().zip(out_g.chunks_exact_mut(V::WIDTH)) {
+                        v.store(lanes.as_mut_ptr());
+                    }
+                }
+            }
+            out
+        }
+    }
+
+    pub(super) struct Avx2;
+
+    impl Kernel for Avx2 {
+        #[inline(always)]
+        unsafe fn tile<R: Row, const Q: usize, const G: usize>(
+            rows: &[R],
+            dim: usize,
+            qs: &[&[f32]; Q],
+        ) -> [[[f32; LANES]; G]; Q] {
+            // SAFETY: the caller's guarantees, and 2 × 8 = LANES.
+            unsafe { tile::<V256, R, Q, G, 2>(rows, dim, qs) }
+        }
+    }
+
+    pub(super) struct Avx512;
+
+    impl Kernel for Avx512 {
+        #[inline(always)]
+        unsafe fn tile<R: Row, const Q: usize, const G: usize>(
+            rows: &[R],
+            dim: usize,
+            qs: &[&[f32]; Q],
+        ) -> [[[f32; LANES]; G]; Q] {
+            // SAFETY: the caller's guarantees, and 1 × 16 = LANES.
+            unsafe { tile::<V512, R, Q, G, 1>(rows, dim, qs) }
+        }
+    }
 }
 
 /// A panel row as 16 f32 values.
@@ -142,6 +348,12 @@ trait Row: Copy {
     /// Bytes per value, for the block size.
     const BYTES: usize;
     fn widen(self) -> [f32; LANES];
+    /// Part `part` (of `LANES / V::WIDTH`) of the row at `row` as one vector.
+    ///
+    /// # Safety
+    /// `row` points at a row; the CPU has the vector's instruction set.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load<V: x86::Vector>(row: *const Self, part: usize) -> V;
 }
 
 impl Row for F32Row {
@@ -149,6 +361,12 @@ impl Row for F32Row {
     #[inline(always)]
     fn widen(self) -> [f32; LANES] {
         self.0
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load<V: x86::Vector>(row: *const Self, part: usize) -> V {
+        // SAFETY: `row` points at 16 values (caller); part · WIDTH + WIDTH ≤ 16.
+        unsafe { V::load(row.cast::<f32>().add(part * V::WIDTH)) }
     }
 }
 
@@ -161,6 +379,12 @@ impl Row for CodeRow {
             *o = f32::from(c);
         }
         out
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load<V: x86::Vector>(row: *const Self, part: usize) -> V {
+        // SAFETY: `row` points at 16 codes (caller); part · WIDTH + WIDTH ≤ 16.
+        unsafe { V::load_codes(row.cast::<u8>().add(part * V::WIDTH)) }
     }
 }
 
@@ -210,11 +434,14 @@ impl PanelSet for Int8Set<'_> {
 }
 
 #[inline(always)]
-fn scan_any<const G4: usize, const G2: usize, const G1: usize>(shard: &Shard, scan: ShardScan<'_>) {
+fn scan_any<K: Kernel, const G4: usize, const G2: usize, const G1: usize>(
+    shard: &Shard,
+    scan: ShardScan<'_>,
+) {
     match &shard.data {
-        Panels::F32(rows) => scan_set::<_, G4, G2, G1>(&F32Set(rows), shard, scan),
+        Panels::F32(rows) => scan_set::<K, _, G4, G2, G1>(&F32Set(rows), shard, scan),
         Panels::Int8 { codes, scale, bias } => {
-            scan_set::<_, G4, G2, G1>(&Int8Set { codes, scale, bias }, shard, scan)
+            scan_set::<K, _, G4, G2, G1>(&Int8Set { codes, scale, bias }, shard, scan)
         }
     }
 }
@@ -229,7 +456,7 @@ struct Sink<'a, 'b> {
 }
 
 #[inline(always)]
-fn scan_set<S: PanelSet, const G4: usize, const G2: usize, const G1: usize>(
+fn scan_set<K: Kernel, S: PanelSet, const G4: usize, const G2: usize, const G1: usize>(
     set: &S,
     shard: &Shard,
     scan: ShardScan<'_>,
@@ -253,13 +480,13 @@ fn scan_set<S: PanelSet, const G4: usize, const G2: usize, const G1: usize>(
         while q < nq {
             let left = nq - q;
             if left >= 4 {
-                run::<S, 4, G4>(set, dim, lo..hi, &scan.queries[q..q + 4], q, &mut sink);
+                run::<K, S, 4, G4>(set, dim, lo..hi, &scan.queries[q..q + 4], q, &mut sink);
                 q += 4;
             } else if left >= 2 {
-                run::<S, 2, G2>(set, dim, lo..hi, &scan.queries[q..q + 2], q, &mut sink);
+                run::<K, S, 2, G2>(set, dim, lo..hi, &scan.queries[q..q + 2], q, &mut sink);
                 q += 2;
             } else {
-                run::<S, 1, G1>(set, dim, lo..hi, &scan.queries[q..q + 1], q, &mut sink);
+                run::<K, S, 1, G1>(set, dim, lo..hi, &scan.queries[q..q + 1], q, &mut sink);
                 q += 1;
             }
         }
@@ -269,7 +496,7 @@ fn scan_set<S: PanelSet, const G4: usize, const G2: usize, const G1: usize>(
 
 /// Queries `first..first + Q` over panels `panels`, `G` panels per tile (then one at a time).
 #[inline(always)]
-fn run<S: PanelSet, const Q: usize, const G: usize>(
+fn run<K: Kernel, S: PanelSet, const Q: usize, const G: usize>(
     set: &S,
     dim: usize,
     panels: std::ops::Range<usize>,
@@ -280,41 +507,19 @@ fn run<S: PanelSet, const Q: usize, const G: usize>(
     let qs: [&[f32]; Q] = std::array::from_fn(|i| &queries[i][..dim]);
     let mut p = panels.start;
     while p + G <= panels.end {
-        let mut acc = tile::<S::R, Q, G>(&set.rows()[p * dim..(p + G) * dim], dim, &qs);
+        let rows = &set.rows()[p * dim..(p + G) * dim];
+        // SAFETY: the entry point checked the CPU; `rows` holds G·dim rows, every query dim values.
+        let mut acc = unsafe { K::tile::<S::R, Q, G>(rows, dim, &qs) };
         offer::<S, Q, G>(set, p, &mut acc, first, sink);
         p += G;
     }
     while p < panels.end {
-        let mut acc = tile::<S::R, Q, 1>(&set.rows()[p * dim..(p + 1) * dim], dim, &qs);
+        let rows = &set.rows()[p * dim..(p + 1) * dim];
+        // SAFETY: as above, for one panel.
+        let mut acc = unsafe { K::tile::<S::R, Q, 1>(rows, dim, &qs) };
         offer::<S, Q, 1>(set, p, &mut acc, first, sink);
         p += 1;
     }
-}
-
-/// `acc[q][g][l] = Σ_j qs[q][j] · rows[g·dim + j][l]`, summed in `j` order without fused multiply-adds.
-#[inline(always)]
-fn tile<R: Row, const Q: usize, const G: usize>(
-    rows: &[R],
-    dim: usize,
-    qs: &[&[f32]; Q],
-) -> [[[f32; LANES]; G]; Q] {
-    let panels: [&[R]; G] = std::array::from_fn(|g| &rows[g * dim..(g + 1) * dim]);
-    let mut acc = [[[0.0f32; LANES]; G]; Q];
-    for j in 0..dim {
-        let mut x = [[0.0f32; LANES]; G];
-        for g in 0..G {
-            x[g] = panels[g][j].widen();
-        }
-        for q in 0..Q {
-            let s = qs[q][j];
-            for g in 0..G {
-                for l in 0..LANES {
-                    acc[q][g][l] += s * x[g][l];
-                }
-            }
-        }
-    }
-    acc
 }
 
 /// Hands a tile's scores to the selections. One comparison of the tile's best score against each query's
