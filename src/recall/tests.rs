@@ -341,3 +341,102 @@ fn refuses_non_finite_tables() {
     let err = Catalogue::new(&spec(3, 4, Storage::Fp32), &[0u8; 8], 1).expect_err("short");
     assert!(err.contains("expected 3 rows × 16 bytes"), "{err}");
 }
+
+fn contract(item_oov: OovPolicy) -> RecallContract {
+    let table = |name: &str, rows: u64, oov: OovPolicy| TableSpec {
+        name: name.to_owned(),
+        rows,
+        dim: 4,
+        storage: Storage::Fp32,
+        oov,
+    };
+    RecallContract {
+        user_table: table("user", 10, OovPolicy::Reject),
+        item_table: table("item", 50, item_oov),
+        history_table: Some(table("history", 50, OovPolicy::Reject)),
+        limits: RecallLimits {
+            max_history: 3,
+            max_exclude: 5,
+            max_queries: 8,
+        },
+    }
+}
+
+fn input(query: RecallQuery, k: usize, exclude: &[i64]) -> RecallInput {
+    RecallInput {
+        query,
+        k,
+        exclude: exclude.to_vec(),
+    }
+}
+
+#[test]
+fn the_contract_dedups_and_applies_each_tables_policy() {
+    let lenient = contract(OovPolicy::Default { row: 0 });
+    let prepared = lenient
+        .prepare(input(RecallQuery::UserId(3), 5, &[7, -1, 60, 7, 2]))
+        .expect("valid");
+    assert_eq!(prepared.source, Source::User(3));
+    assert_eq!(
+        prepared.exclude,
+        vec![2, 7],
+        "sorted, distinct; unknown ids dropped under oov = default"
+    );
+    let prepared = lenient
+        .prepare(input(RecallQuery::History(vec![4, 9, 4]), 50, &[]))
+        .expect("duplicates count once; k may be the whole catalogue");
+    assert_eq!(prepared.source, Source::History(vec![4, 9]));
+
+    let strict = contract(OovPolicy::Reject);
+    let cases = [
+        (
+            input(RecallQuery::UserId(1), 0, &[]),
+            "k: must be at least 1",
+        ),
+        (
+            input(RecallQuery::UserId(1), 51, &[]),
+            "k: is 51, more than the 50 items of the catalogue",
+        ),
+        (
+            input(RecallQuery::UserId(10), 1, &[]),
+            "user_id: id 10 is outside the user table \"user\" (ids 0..10), which rejects unknown ids",
+        ),
+        (
+            input(RecallQuery::History(vec![]), 1, &[]),
+            "history: must hold at least one item id",
+        ),
+        (
+            input(RecallQuery::History(vec![1, 2, 3, 4]), 1, &[]),
+            "history: holds 4 ids, more than the limit of 3 (--max-history)",
+        ),
+        (
+            input(RecallQuery::History(vec![1, 50]), 1, &[]),
+            "history[1]: id 50 is outside the history table \"history\"",
+        ),
+        (
+            input(RecallQuery::UserId(1), 1, &[1, 2, 3, 4, 5, 6]),
+            "exclude: holds 6 ids, more than the limit of 5 (--max-exclude)",
+        ),
+        (
+            input(RecallQuery::UserId(1), 1, &[3, -1]),
+            "exclude[1]: id -1 is outside the item table \"item\" (ids 0..50), which rejects unknown ids",
+        ),
+    ];
+    for (input, expected) in cases {
+        let got = strict.prepare(input).expect_err(expected).to_string();
+        assert!(
+            got.starts_with(expected),
+            "expected {expected:?}, got {got:?}"
+        );
+    }
+    let mut no_history = contract(OovPolicy::Reject);
+    no_history.history_table = None;
+    let got = no_history
+        .prepare(input(RecallQuery::History(vec![1]), 1, &[]))
+        .expect_err("no history table")
+        .to_string();
+    assert!(
+        got.starts_with("history: is not supported by this model"),
+        "{got}"
+    );
+}
