@@ -2,7 +2,7 @@
 //! file, over defaults. [`ServeArgs::resolve`] merges the layers and validates the result with messages that name
 //! the flag.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -83,6 +83,14 @@ pub struct ServeArgs {
     /// Most candidates one ranking request may carry [default: 1000].
     #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
     pub max_candidates: Option<usize>,
+
+    /// Most item ids in a recall request's `history` [default: 10000].
+    #[arg(long, env = "RECSERVE_MAX_HISTORY")]
+    pub max_history: Option<usize>,
+
+    /// Most item ids in a recall or recommend request's `exclude` [default: 10000].
+    #[arg(long, env = "RECSERVE_MAX_EXCLUDE")]
+    pub max_exclude: Option<usize>,
 
     /// Largest request body accepted, in bytes [default: 4194304].
     #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
@@ -171,6 +179,8 @@ struct FileConfig {
     executors: Option<usize>,
     shards: Option<usize>,
     max_candidates: Option<usize>,
+    max_history: Option<usize>,
+    max_exclude: Option<usize>,
     max_body_bytes: Option<usize>,
     queue_capacity: Option<usize>,
     batching: Option<Switch>,
@@ -187,7 +197,27 @@ struct FileConfig {
     tensorrt_fp16: Option<bool>,
     tensorrt_int8: Option<bool>,
     tensorrt_engine_cache: Option<PathBuf>,
+    /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
+    #[serde(default)]
+    pipelines: BTreeMap<String, PipelineConfig>,
 }
+
+/// One `[pipelines.NAME]` table of the config file: `POST /v1/recommend/NAME` recalls `candidates` items with
+/// `recall_model`, ranks them with `ranking_model` (whose `[item_features]` supplies the item side) and returns
+/// the `k` best (docs/api.md).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    pub recall_model: String,
+    pub ranking_model: String,
+    /// Items recalled and ranked per request.
+    pub candidates: usize,
+    /// Items returned (the request may ask for fewer, or up to `candidates`).
+    pub k: usize,
+}
+
+/// Most candidates a pipeline may rank per request.
+pub const MAX_PIPELINE_CANDIDATES: usize = 100_000;
 
 /// The resolved, validated configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -200,6 +230,8 @@ pub struct Config {
     pub executors: usize,
     pub shards: usize,
     pub max_candidates: usize,
+    pub max_history: usize,
+    pub max_exclude: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
     pub batching: Switch,
@@ -220,6 +252,8 @@ pub struct Config {
     pub tensorrt_fp16: bool,
     pub tensorrt_int8: bool,
     pub tensorrt_engine_cache: Option<PathBuf>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub pipelines: BTreeMap<String, PipelineConfig>,
 }
 
 /// A configuration that cannot be used; the message names the flag.
@@ -241,6 +275,40 @@ fn in_range(flag: &str, value: usize, min: usize, max: usize) -> Result<usize, C
             "{flag} ({env}) must be between {min} and {max}, got {value}"
         )))
     }
+}
+
+/// Checks each `[pipelines.NAME]` on its own; whether its models exist and fit is checked when they are loaded.
+fn check_pipelines(pipelines: &BTreeMap<String, PipelineConfig>) -> Result<(), ConfigError> {
+    for (name, p) in pipelines {
+        if !crate::repository::is_valid_model_name(name) {
+            return Err(ConfigError(format!(
+                "[pipelines.{name}]: pipeline names may contain only letters, digits, '_' and '-' (at most 128)"
+            )));
+        }
+        for (key, model) in [
+            ("recall_model", &p.recall_model),
+            ("ranking_model", &p.ranking_model),
+        ] {
+            if model.is_empty() {
+                return Err(ConfigError(format!(
+                    "pipelines.{name}.{key} must name a model of the repository"
+                )));
+            }
+        }
+        if !(1..=MAX_PIPELINE_CANDIDATES).contains(&p.candidates) {
+            return Err(ConfigError(format!(
+                "pipelines.{name}.candidates must be between 1 and {MAX_PIPELINE_CANDIDATES}, got {}",
+                p.candidates
+            )));
+        }
+        if !(1..=p.candidates).contains(&p.k) {
+            return Err(ConfigError(format!(
+                "pipelines.{name}.k must be between 1 and candidates ({}), got {}",
+                p.candidates, p.k
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn parse_pin(pin: &str) -> Result<(String, u64), ConfigError> {
@@ -292,6 +360,7 @@ impl ServeArgs {
                 )));
             }
         }
+        check_pipelines(&file.pipelines)?;
         let http_addr = self
             .http_addr
             .or(file.http_addr)
@@ -353,6 +422,18 @@ impl ServeArgs {
                 self.max_candidates.or(file.max_candidates).unwrap_or(1000),
                 1,
                 100_000,
+            )?,
+            max_history: in_range(
+                "--max-history",
+                self.max_history.or(file.max_history).unwrap_or(10_000),
+                1,
+                1_000_000,
+            )?,
+            max_exclude: in_range(
+                "--max-exclude",
+                self.max_exclude.or(file.max_exclude).unwrap_or(10_000),
+                1,
+                1_000_000,
             )?,
             max_body_bytes: in_range(
                 "--max-body-bytes",
@@ -421,6 +502,7 @@ impl ServeArgs {
             tensorrt_fp16,
             tensorrt_int8,
             tensorrt_engine_cache,
+            pipelines: file.pipelines,
         })
     }
 }
@@ -717,5 +799,86 @@ mod tests {
         let text = config.to_toml();
         assert!(text.contains("repository = \"/m\""), "{text}");
         assert!(text.contains("[pin]\na = 3"), "{text}");
+    }
+
+    #[test]
+    fn pipelines_and_recall_limits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("c.toml");
+        let write = |text: &str| std::fs::write(&file, text).expect("write");
+        let path = file.to_str().expect("utf-8").to_owned();
+        write(
+            "repository = \"/m\"\nmax_exclude = 50\n\n[pipelines.feed]\nrecall_model = \"lightgcn\"\n\
+             ranking_model = \"deepfm\"\ncandidates = 200\nk = 20\n",
+        );
+        let config = parse(&["--config", &path, "--max-history", "7"]).expect("valid");
+        assert_eq!((config.max_history, config.max_exclude), (7, 50));
+        assert_eq!(
+            config.pipelines["feed"],
+            PipelineConfig {
+                recall_model: "lightgcn".into(),
+                ranking_model: "deepfm".into(),
+                candidates: 200,
+                k: 20,
+            }
+        );
+        let text = config.to_toml();
+        assert!(text.contains("[pipelines.feed]"), "{text}");
+        let defaults = parse(&["--repository", "r"]).expect("defaults");
+        assert_eq!(
+            (defaults.max_history, defaults.max_exclude),
+            (10_000, 10_000)
+        );
+        assert!(defaults.pipelines.is_empty());
+
+        let cases = [
+            (
+                "k = 20",
+                "k = 0",
+                "pipelines.feed.k must be between 1 and candidates (200), got 0",
+            ),
+            (
+                "k = 20",
+                "k = 201",
+                "pipelines.feed.k must be between 1 and candidates (200), got 201",
+            ),
+            (
+                "candidates = 200",
+                "candidates = 0",
+                "pipelines.feed.candidates must be between 1 and 100000",
+            ),
+            (
+                "recall_model = \"lightgcn\"",
+                "recall_model = \"\"",
+                "pipelines.feed.recall_model must name a model",
+            ),
+            (
+                "[pipelines.feed]",
+                "[pipelines.\"a b\"]",
+                "[pipelines.a b]: pipeline names may contain only",
+            ),
+            ("k = 20", "k = 20\nn = 1", "unknown field `n`"),
+            ("k = 20\n", "", "missing field `k`"),
+        ];
+        for (from, to, expected) in cases {
+            write(
+                &"repository = \"/m\"\n[pipelines.feed]\nrecall_model = \"lightgcn\"\nranking_model = \"deepfm\"\n\
+                  candidates = 200\nk = 20\n"
+                    .replace(from, to),
+            );
+            let err = parse(&["--config", &path]).expect_err(expected);
+            assert!(
+                err.0.contains(expected),
+                "expected {expected:?} in {:?}",
+                err.0
+            );
+        }
+        let err = parse(&["--repository", "r", "--max-exclude", "0"]).expect_err("0");
+        assert!(
+            err.0
+                .contains("--max-exclude (RECSERVE_MAX_EXCLUDE) must be between 1 and 1000000"),
+            "{}",
+            err.0
+        );
     }
 }

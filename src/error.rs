@@ -51,6 +51,8 @@ pub enum ServiceError {
         version: u64,
         serving: u64,
     },
+    #[error("pipeline {pipeline:?} is not configured (pipelines: {served})")]
+    PipelineNotFound { pipeline: String, served: String },
     #[error("model {model:?} is a {kind} model and does not support {operation}")]
     WrongKind {
         model: String,
@@ -90,6 +92,7 @@ impl ServiceError {
             ServiceError::PayloadTooLarge { .. } => "payload_too_large",
             ServiceError::ModelNotFound { .. } => "model_not_found",
             ServiceError::VersionNotFound { .. } => "version_not_found",
+            ServiceError::PipelineNotFound { .. } => "pipeline_not_found",
             ServiceError::WrongKind { .. } => "wrong_kind",
             ServiceError::Overloaded { .. } => "overloaded",
             ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",

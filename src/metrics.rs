@@ -48,6 +48,9 @@ pub struct Metrics {
     execution: HistogramVec,
     estimate_ratio: HistogramVec,
     gpu_memory: IntGaugeVec,
+    topk_duration: HistogramVec,
+    recall_items_scored: IntCounterVec,
+    pipeline_stage_duration: HistogramVec,
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
@@ -181,8 +184,25 @@ impl Metrics {
                 "Bytes of GPU memory each shard of each embedding table occupies, by model, table, shard and device.",
                 &["model", "table", "shard", "device"],
             ),
+            topk_duration: histogram(
+                "recserve_topk_duration_seconds",
+                "Time to score every catalogue item for one batch of recall queries and select each query's top K.",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            recall_items_scored: counter(
+                "recserve_recall_items_scored_total",
+                "(query, item) pairs scored by recall: catalogue items times queries.",
+                &["model"],
+            ),
+            pipeline_stage_duration: histogram(
+                "recserve_pipeline_stage_duration_seconds",
+                "Time each stage of a recommend pipeline took (recall, features, rank), queueing included.",
+                LATENCY_BUCKETS,
+                &["pipeline", "stage"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 23] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -203,6 +223,9 @@ impl Metrics {
             Box::new(m.queue_depth.clone()),
             Box::new(m.execution.clone()),
             Box::new(m.estimate_ratio.clone()),
+            Box::new(m.topk_duration.clone()),
+            Box::new(m.recall_items_scored.clone()),
+            Box::new(m.pipeline_stage_duration.clone()),
         ];
         for c in collectors {
             m.registry
@@ -320,6 +343,29 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The handles a recall model's executors use.
+    pub fn recall(&self, model: &str) -> RecallMetrics {
+        RecallMetrics {
+            topk_duration: self.topk_duration.with_label_values(&[model]),
+            items_scored: self.recall_items_scored.with_label_values(&[model]),
+        }
+    }
+
+    /// The duration histogram of one stage of one pipeline.
+    pub fn pipeline_stage(&self, pipeline: &str, stage: &str) -> Histogram {
+        self.pipeline_stage_duration
+            .with_label_values(&[pipeline, stage])
+    }
+}
+
+/// Metric handles of one recall model.
+#[derive(Debug, Clone)]
+pub struct RecallMetrics {
+    pub topk_duration: Histogram,
+    pub items_scored: IntCounter,
+}
+
 /// Per-model metric handles for the request path.
 #[derive(Debug, Clone)]
 pub struct ModelMetrics {
@@ -366,5 +412,22 @@ mod tests {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
         assert!(LATENCY_BUCKETS.first() == Some(&1e-5) && LATENCY_BUCKETS.last() == Some(&10.0));
+    }
+
+    #[test]
+    fn renders_recall_and_pipeline_families() {
+        let m = Metrics::new();
+        let recall = m.recall("lightgcn");
+        recall.topk_duration.observe(2e-4);
+        recall.items_scored.inc_by(41_000);
+        m.pipeline_stage("feed", "rank").observe(3e-3);
+        let text = m.render().expect("render");
+        for needle in [
+            "recserve_topk_duration_seconds_bucket{model=\"lightgcn\",le=\"0.00025\"} 1",
+            "recserve_recall_items_scored_total{model=\"lightgcn\"} 41000",
+            "recserve_pipeline_stage_duration_seconds_bucket{pipeline=\"feed\",stage=\"rank\",le=\"0.005\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
     }
 }

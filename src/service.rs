@@ -14,7 +14,9 @@ use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, RuntimeError, SessionOptions};
 use crate::gpu::{self, GpuError, Placement};
 use crate::metrics::Metrics;
+use crate::pipeline::{ItemFeatures, Pipeline, RecommendInput, Recommendation};
 use crate::ranking::{RankInput, RankingModel};
+use crate::recall::{RecallInput, RecallLimits, RecallModel, Scored};
 use crate::repository::{self, ModelKind, ModelSpec};
 
 /// Why the server could not start serving.
@@ -28,6 +30,9 @@ pub enum StartError {
     Device(#[from] GpuError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A `[pipelines.NAME]` of the config file that the loaded models cannot serve.
+    #[error("pipeline {name:?} (--config [pipelines.{name}]): {problem}")]
+    Pipeline { name: String, problem: String },
 }
 
 /// What loading a model needs besides the model itself.
@@ -80,18 +85,21 @@ impl LoadContext {
 #[derive(Debug)]
 pub enum ModelHandle {
     Ranking(RankingModel),
+    Recall(RecallModel),
 }
 
 impl ModelHandle {
     pub fn device(&self) -> &str {
         match self {
             ModelHandle::Ranking(m) => m.device(),
+            ModelHandle::Recall(m) => m.device(),
         }
     }
 
     pub fn shard_counts(&self) -> Vec<usize> {
         match self {
             ModelHandle::Ranking(m) => m.shard_counts(),
+            ModelHandle::Recall(m) => m.shard_counts(),
         }
     }
 }
@@ -105,12 +113,30 @@ pub struct ServedModel {
     pub available: Vec<u64>,
     pub spec: Arc<ModelSpec>,
     pub handle: ModelHandle,
+    /// A ranking model's `[item_features]`, read and checked at load, for recommend pipelines.
+    pub item_features: Option<Arc<ItemFeatures>>,
 }
 
 impl ServedModel {
+    fn wrong_kind(&self, operation: &'static str) -> ServiceError {
+        ServiceError::WrongKind {
+            model: self.name.clone(),
+            kind: self.spec.kind.as_str(),
+            operation,
+        }
+    }
+
     pub fn ranking(&self) -> Result<&RankingModel, ServiceError> {
         match &self.handle {
             ModelHandle::Ranking(m) => Ok(m),
+            ModelHandle::Recall(_) => Err(self.wrong_kind("rank")),
+        }
+    }
+
+    pub fn recall(&self) -> Result<&RecallModel, ServiceError> {
+        match &self.handle {
+            ModelHandle::Recall(m) => Ok(m),
+            ModelHandle::Ranking(_) => Err(self.wrong_kind("recall")),
         }
     }
 }
@@ -134,6 +160,8 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Service {
     models: OnceLock<BTreeMap<String, Arc<ServedModel>>>,
+    /// Set just before `models`, so a ready service has its pipelines.
+    pipelines: OnceLock<BTreeMap<String, Arc<Pipeline>>>,
     shutting_down: AtomicBool,
     /// Follows [`Service::readiness`], for transports that push it (gRPC health) instead of being asked.
     readiness_changes: watch::Sender<Readiness>,
@@ -145,6 +173,7 @@ impl Service {
     pub fn new(metrics: Metrics, limits: Limits) -> Service {
         Service {
             models: OnceLock::new(),
+            pipelines: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
             readiness_changes: watch::Sender::new(Readiness::Loading),
             metrics,
@@ -163,16 +192,19 @@ impl Service {
         for mv in repository::discover(&config.repository, &pins)? {
             let started = std::time::Instant::now();
             let spec = Arc::new(repository::read_spec(&mv.dir)?);
-            let handle = match spec.kind {
-                ModelKind::Deepfm => {
-                    ModelHandle::Ranking(RankingModel::load(&ctx, &mv, Arc::clone(&spec))?)
-                }
+            let (handle, item_features) = match spec.kind {
+                ModelKind::Deepfm => (
+                    ModelHandle::Ranking(RankingModel::load(&ctx, &mv, Arc::clone(&spec))?),
+                    ItemFeatures::open(&mv.dir, &spec)?.map(Arc::new),
+                ),
                 ModelKind::Lightgcn => {
-                    return Err(LoadError::new(
-                        &mv.dir.join("model.toml"),
-                        "kind = \"lightgcn\" (recall) is not supported by this build",
-                    )
-                    .into());
+                    let limits = RecallLimits {
+                        max_history: config.max_history,
+                        max_exclude: config.max_exclude,
+                        max_queries: config.max_candidates,
+                    };
+                    let model = RecallModel::load(&ctx, &mv, Arc::clone(&spec), limits)?;
+                    (ModelHandle::Recall(model), None)
                 }
             };
             self.metrics.set_model_info(
@@ -199,10 +231,30 @@ impl Service {
                     available: mv.available,
                     spec,
                     handle,
+                    item_features,
                 }),
             );
         }
+        let mut pipelines = BTreeMap::new();
+        for (name, p) in &config.pipelines {
+            let pipeline = Pipeline::new(name, p, &models, &self.metrics).map_err(|problem| {
+                StartError::Pipeline {
+                    name: name.clone(),
+                    problem,
+                }
+            })?;
+            tracing::info!(
+                pipeline = %name,
+                recall = %p.recall_model,
+                ranking = %p.ranking_model,
+                candidates = p.candidates,
+                k = p.k,
+                "pipeline ready"
+            );
+            pipelines.insert(name.clone(), Arc::new(pipeline));
+        }
         // Loading happens once per service; a second call would be a bug, and the first models stay.
+        let _ = self.pipelines.set(pipelines);
         let _ = self.models.set(models);
         self.publish_readiness();
         Ok(())
@@ -280,5 +332,55 @@ impl Service {
         deadline: Option<Instant>,
     ) -> Result<Vec<f32>, ServiceError> {
         model.ranking()?.score(input, deadline).await
+    }
+
+    /// The `k` best items of a recall model for a request (best first; equal scores by lower id).
+    pub async fn recall(
+        &self,
+        model: &ServedModel,
+        input: RecallInput,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Scored>, ServiceError> {
+        model.recall()?.recall(input, deadline).await
+    }
+
+    /// Several recall queries of one request on `model`, queued together; answers in input order.
+    pub async fn recall_many(
+        &self,
+        model: &ServedModel,
+        inputs: Vec<RecallInput>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Vec<Scored>>, ServiceError> {
+        model.recall()?.recall_many(inputs, deadline).await
+    }
+
+    /// The configured pipelines, by name (empty while loading).
+    pub fn pipelines(&self) -> impl Iterator<Item = &Arc<Pipeline>> {
+        self.pipelines.get().into_iter().flat_map(BTreeMap::values)
+    }
+
+    /// Looks a pipeline up by name.
+    pub fn pipeline(&self, name: &str) -> Result<Arc<Pipeline>, ServiceError> {
+        let pipelines = self
+            .pipelines
+            .get()
+            .ok_or(ServiceError::Unavailable("models are still loading"))?;
+        pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServiceError::PipelineNotFound {
+                pipeline: name.to_owned(),
+                served: pipelines.keys().cloned().collect::<Vec<_>>().join(", "),
+            })
+    }
+
+    /// Recall then rank through `pipeline`.
+    pub async fn recommend(
+        &self,
+        pipeline: &Pipeline,
+        input: RecommendInput,
+        deadline: Option<Instant>,
+    ) -> Result<Recommendation, ServiceError> {
+        pipeline.recommend(input, deadline).await
     }
 }

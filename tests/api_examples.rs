@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestServer, config, fixture_repo};
+use common::{TestServer, config, fixture_dir, fixture_repo};
 use serde_json::Value;
 
 /// `(method and path, request body, documented response)` for each example in `text`: a
@@ -91,7 +91,11 @@ fn keys(value: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documented_examples_answer_as_documented() {
-    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    // With the fixture's pipeline configuration, for the recommend examples.
+    let server = TestServer::start(config(&fixture_repo(), |a| {
+        a.config = Some(fixture_dir().join("recserve.toml"))
+    }))
+    .await;
     let api = std::fs::read_to_string("docs/api.md").expect("docs/api.md");
     let found = examples(&api);
     assert!(!found.is_empty(), "docs/api.md has examples");
@@ -131,6 +135,32 @@ async fn documented_examples_answer_as_documented() {
         keys(&got),
         keys(&documented),
         "GET /v1/models: documented keys differ from the server's"
+    );
+    // Shortened POST examples (a request block, then a response block whose values vary, such as timings).
+    let marker = "<!-- example keys: POST ";
+    let (mut at, mut shortened) = (0, 0);
+    while let Some(found) = api[at..].find(marker) {
+        let start = at + found + marker.len();
+        let path = &api[start..start + api[start..].find(" -->").expect("comment ends")];
+        let mut blocks = api[start..].split("```json\n").skip(1).take(2).map(|b| {
+            let end = b.find("```").expect("the block ends");
+            serde_json::from_str::<Value>(&b[..end]).expect("example JSON")
+        });
+        let request = blocks.next().expect("a request block");
+        let documented = blocks.next().expect("a response block");
+        let (status, got) = server.post(path, &request).await;
+        assert_eq!(status, 200, "POST {path}: {got}");
+        assert_eq!(
+            keys(&got),
+            keys(&documented),
+            "POST {path}: documented keys differ from the server's"
+        );
+        at = start;
+        shortened += 1;
+    }
+    assert!(
+        shortened >= 1,
+        "docs/api.md has the recommend timings example"
     );
 
     // The README's curl example sends docs/examples/rank-request.json to deepfm-int8.

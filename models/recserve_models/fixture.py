@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import check_cases, deepfm, model_toml
+from . import check_cases, deepfm, fixture_recall, model_toml
 from .deepfm import DeepFMParams
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from .onnx_export import DENSE, EMBEDDINGS, build_graph
@@ -439,6 +439,7 @@ def build(out: Path, seed: int = SEED) -> None:
     }
     (out / "cases.json").write_text(_dump(document) + "\n", encoding="utf-8")
     check_cases.write(out / "check-cases")
+    fixture_recall.build(out, seed)
 
 
 def _dump(value: Any, depth: int = 0) -> str:
@@ -466,7 +467,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     """Run the `fixture` command."""
     out: Path = args.out
-    targets = [out / "repo", out / "cases.json", out / "check-cases"]
+    targets = [
+        out / "repo",
+        out / "cases.json",
+        out / "check-cases",
+        out / fixture_recall.CASES_FILE,
+        out / fixture_recall.CONFIG_FILE,
+    ]
     existing = [path for path in targets if path.exists()]
     if existing and not args.force:
         raise SystemExit(f"{existing[0]} already exists: remove it, choose another --out, or pass --force")
@@ -480,4 +487,7 @@ def run(args: argparse.Namespace) -> None:
     print(
         f"wrote {out / 'repo'} ({len(VERSIONS)} model versions), {out / 'cases.json'} and "
         f"{out / 'check-cases'} (repositories for the check/loader parity test)"
+    )
+    print(
+        f"wrote the recall and recommend fixture: {out / fixture_recall.CASES_FILE}, {out / fixture_recall.CONFIG_FILE}"
     )

@@ -42,6 +42,8 @@ def test_layout(out: Path) -> None:
     assert "check-cases/cases.json" in files(out)
     assert sorted(f for f in files(out) if not f.startswith("check-cases/")) == [
         "cases.json",
+        "recall-cases.json",
+        "recserve.toml",
         "repo/deepfm-fp16/1/dense.onnx",
         "repo/deepfm-fp16/1/item_tables.safetensors",
         "repo/deepfm-fp16/1/model.toml",
@@ -55,6 +57,14 @@ def test_layout(out: Path) -> None:
         "repo/deepfm-int8/1/dense.onnx",
         "repo/deepfm-int8/1/model.toml",
         "repo/deepfm-int8/1/tables.safetensors",
+        "repo/deepfm-items/1/dense.onnx",
+        "repo/deepfm-items/1/item_features.safetensors",
+        "repo/deepfm-items/1/model.toml",
+        "repo/deepfm-items/1/tables.safetensors",
+        "repo/lightgcn-int8/1/model.toml",
+        "repo/lightgcn-int8/1/tables.safetensors",
+        "repo/lightgcn/1/model.toml",
+        "repo/lightgcn/1/tables.safetensors",
     ]
 
 

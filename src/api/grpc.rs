@@ -51,7 +51,9 @@ pub fn code_of(error: &ServiceError) -> Code {
         ServiceError::PayloadTooLarge { .. } | ServiceError::Overloaded { .. } => {
             Code::ResourceExhausted
         }
-        ServiceError::ModelNotFound { .. } | ServiceError::VersionNotFound { .. } => Code::NotFound,
+        ServiceError::ModelNotFound { .. }
+        | ServiceError::VersionNotFound { .. }
+        | ServiceError::PipelineNotFound { .. } => Code::NotFound,
         ServiceError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         ServiceError::Unavailable(_) => Code::Unavailable,
         ServiceError::Internal(_) => Code::Internal,

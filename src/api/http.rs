@@ -26,9 +26,9 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
         | ServiceError::Malformed(_)
         | ServiceError::WrongKind { .. } => StatusCode::BAD_REQUEST,
         ServiceError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        ServiceError::ModelNotFound { .. } | ServiceError::VersionNotFound { .. } => {
-            StatusCode::NOT_FOUND
-        }
+        ServiceError::ModelNotFound { .. }
+        | ServiceError::VersionNotFound { .. }
+        | ServiceError::PipelineNotFound { .. } => StatusCode::NOT_FOUND,
         ServiceError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         ServiceError::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
         ServiceError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -66,6 +66,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
         .merge(kserve::http::routes())
+        .merge(super::http_recall::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service)

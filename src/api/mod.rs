@@ -3,8 +3,10 @@
 
 pub mod grpc;
 pub mod http;
+pub mod http_recall;
 pub mod kserve;
 pub mod v1;
+pub mod v1_recall;
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

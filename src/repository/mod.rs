@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub use spec::{
-    BatchingSpec, DenseGraphSpec, FORMAT_VERSION, FieldSpec, ModelKind, ModelSpec, Precision,
-    RankingSpec, RecallSpec, Side, TableEntry,
+    BatchingSpec, DenseGraphSpec, FORMAT_VERSION, FieldSpec, ItemFeaturesSpec, ModelKind,
+    ModelSpec, Precision, RankingSpec, RecallSpec, Side, TableEntry,
 };
 
 use crate::error::LoadError;

@@ -70,6 +70,8 @@ pub struct ModelSpec {
     pub ranking: Option<RankingSpec>,
     pub dense_graph: Option<DenseGraphSpec>,
     pub recall: Option<RecallSpec>,
+    /// DeepFM only: the item feature table that recommend pipelines read the item side from.
+    pub item_features: Option<ItemFeaturesSpec>,
     /// The model author's batching defaults; server settings override them.
     pub batching: BatchingSpec,
 }
@@ -124,6 +126,17 @@ pub struct RecallSpec {
     pub history_table: Option<usize>,
 }
 
+/// `[item_features]`: one row per catalogue item, one column per item-side field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemFeaturesSpec {
+    /// Safetensors file, relative to the version directory.
+    pub file: String,
+    /// Name of the I64 tensor `[items, fields.len()]` in it.
+    pub tensor: String,
+    /// Indices into `ModelSpec::fields` of the columns, in column order.
+    pub fields: Vec<usize>,
+}
+
 impl ModelSpec {
     /// The row width shared by every table the fields read (the `D` axis of `embeddings`).
     pub fn field_dim(&self) -> usize {
@@ -170,8 +183,22 @@ struct RawModel {
     ranking: Option<RawRanking>,
     dense_graph: Option<RawDenseGraph>,
     recall: Option<RawRecall>,
+    item_features: Option<RawItemFeatures>,
     #[serde(default)]
     batching: BatchingSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawItemFeatures {
+    file: String,
+    #[serde(default = "default_item_features_tensor")]
+    tensor: String,
+    fields: Vec<String>,
+}
+
+fn default_item_features_tensor() -> String {
+    "item_features".to_owned()
 }
 
 #[derive(Deserialize)]
@@ -266,6 +293,47 @@ fn check_name(what: &str, name: &str) -> Result<(), String> {
         return Err(format!("{what} name must not be empty"));
     }
     Ok(())
+}
+
+/// Checks `[item_features]` against the fields: every column a distinct item-side field, and every item-side
+/// field a column except the `item_id_field` (which, when it is not a column, takes the item's id itself).
+fn check_item_features(
+    raw: RawItemFeatures,
+    fields: &[FieldSpec],
+    item_id_field: Option<usize>,
+) -> Result<ItemFeaturesSpec, String> {
+    check_relative_file("item_features.file", &raw.file)?;
+    check_name("item_features.tensor", &raw.tensor)?;
+    let mut columns = Vec::with_capacity(raw.fields.len());
+    for name in &raw.fields {
+        let i = fields
+            .iter()
+            .position(|f| &f.name == name)
+            .ok_or_else(|| format!("item_features.fields: {name:?} is not a declared field"))?;
+        if fields[i].side != Side::Item {
+            return Err(format!(
+                "item_features.fields: {name:?} is a side = \"user\" field; the table holds item-side fields only"
+            ));
+        }
+        if columns.contains(&i) {
+            return Err(format!("item_features.fields: {name:?} is listed twice"));
+        }
+        columns.push(i);
+    }
+    for (i, f) in fields.iter().enumerate() {
+        if f.side == Side::Item && Some(i) != item_id_field && !columns.contains(&i) {
+            return Err(format!(
+                "item_features.fields does not list item-side field {:?}: recalled items need a value for every \
+                 item-side field (only ranking.item_id_field may be left out, it then takes the item id)",
+                f.name
+            ));
+        }
+    }
+    Ok(ItemFeaturesSpec {
+        file: raw.file,
+        tensor: raw.tensor,
+        fields: columns,
+    })
 }
 
 impl RawModel {
@@ -405,11 +473,16 @@ impl RawModel {
                         Some(i)
                     }
                 };
+                let item_features = self
+                    .item_features
+                    .map(|raw| check_item_features(raw, &fields, item_id_field))
+                    .transpose()?;
                 ModelSpec {
                     kind: self.kind,
                     description: self.description,
                     tables,
                     fields,
+                    item_features,
                     ranking: Some(RankingSpec {
                         dense_features: ranking.dense_features,
                         item_id_field,
@@ -426,9 +499,13 @@ impl RawModel {
                 }
             }
             ModelKind::Lightgcn => {
-                if self.dense_graph.is_some() || self.ranking.is_some() || !fields.is_empty() {
+                if self.dense_graph.is_some()
+                    || self.ranking.is_some()
+                    || !fields.is_empty()
+                    || self.item_features.is_some()
+                {
                     return Err(
-                        "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking] or [[fields]])"
+                        "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking], [[fields]] or [item_features])"
                             .to_owned(),
                     );
                 }
@@ -478,6 +555,7 @@ impl RawModel {
                     fields,
                     ranking: None,
                     dense_graph: None,
+                    item_features: None,
                     recall: Some(RecallSpec {
                         user_table,
                         item_table,
@@ -674,5 +752,71 @@ storage = "fp32"
             "rows = 6\ndim = 4\nstorage = \"fp32\"",
         ));
         assert!(err.contains("one history vector per item"), "{err}");
+    }
+
+    #[test]
+    fn parses_and_checks_item_features() {
+        let with = |section: &str| format!("{DEEPFM}\n[item_features]\n{section}\n");
+        let spec = ModelSpec::parse(&with("file = \"items.safetensors\"\nfields = []"))
+            .expect("item_id_field may be the only item field left out");
+        let features = spec.item_features.expect("item_features");
+        assert_eq!(features.tensor, "item_features");
+        assert!(features.fields.is_empty());
+        let spec = ModelSpec::parse(&with(
+            "file = \"items.safetensors\"\ntensor = \"f\"\nfields = [\"item\"]",
+        ))
+        .expect("the item_id_field may be a column");
+        assert_eq!(spec.item_features.expect("features").fields, vec![1]);
+        assert!(
+            ModelSpec::parse(DEEPFM)
+                .expect("valid")
+                .item_features
+                .is_none()
+        );
+
+        let cases = [
+            (
+                "file = \"../x\"\nfields = []",
+                "item_features.file = \"../x\" must be a relative path",
+            ),
+            (
+                "file = \"x\"\nfields = [\"nope\"]",
+                "\"nope\" is not a declared field",
+            ),
+            (
+                "file = \"x\"\nfields = [\"user\"]",
+                "\"user\" is a side = \"user\" field",
+            ),
+            (
+                "file = \"x\"\nfields = [\"item\", \"item\"]",
+                "\"item\" is listed twice",
+            ),
+            (
+                "file = \"x\"\ntensor = \"\"\nfields = []",
+                "item_features.tensor name must not be empty",
+            ),
+            (
+                "file = \"x\"\nfields = []\nrows = 3",
+                "unknown field `rows`",
+            ),
+        ];
+        for (section, expected) in cases {
+            let err = parse_err(&with(section));
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+        }
+        // Without an item_id_field, every item-side field must be a column.
+        let err =
+            parse_err(&with("file = \"x\"\nfields = []").replace("item_id_field = \"item\"\n", ""));
+        assert!(
+            err.contains("does not list item-side field \"item\""),
+            "{err}"
+        );
+        let err = parse_err(
+            "format_version = 1\nkind = \"lightgcn\"\n[item_features]\nfile = \"x\"\nfields = []\n",
+        );
+        assert!(
+            err.contains("no [dense_graph], [ranking], [[fields]] or [item_features]"),
+            "{err}"
+        );
     }
 }

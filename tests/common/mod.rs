@@ -207,3 +207,13 @@ pub fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The value of the first sample line of a `/metrics` text that starts with `prefix` (a metric name and labels).
+pub fn metric_sample(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
+}

@@ -1,11 +1,12 @@
 //! The KServe v2 / Open Inference Protocol, transport-independent: the request and response as both transports
 //! (HTTP in [`http`], gRPC in [`crate::api::grpc`]) decode and encode them, server and model metadata, and
 //! [`infer`], which checks a request against the model's tensor contract and calls the one service function of
-//! its kind. Each model kind has its contract in a module of its own ([`deepfm`]); [`contract_of`] picks it, so a
+//! its kind. Each model kind has its contract in a module of its own ([`deepfm`], [`lightgcn`]); [`contract_of`] picks it, so a
 //! new kind is one module and one match arm.
 
 pub mod deepfm;
 pub mod http;
+pub mod lightgcn;
 pub mod tensor;
 
 use std::collections::BTreeMap;
@@ -108,6 +109,7 @@ pub trait TensorContract: Send + Sync {
 pub fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
     match &model.handle {
         ModelHandle::Ranking(ranking) => Box::new(deepfm::DeepFm::new(model, ranking)),
+        ModelHandle::Recall(recall) => Box::new(lightgcn::LightGcn::new(model, recall)),
     }
 }
 

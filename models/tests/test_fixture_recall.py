@@ -1,0 +1,99 @@
+"""The recall and recommend fixture: its expected answers follow from the files it wrote, by an independent
+float64 brute force; the tiny LightGCN obeys the documented history identity; the files are what model.toml says."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from recserve_models import fixture_recall
+from recserve_models.quantize import dequantize_rowwise_int8
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("fixture-recall")
+    fixture_recall.build(directory, 20261130)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cases(out: Path) -> dict:
+    return json.loads((out / fixture_recall.CASES_FILE).read_text())
+
+
+def tables(out: Path, model: str) -> dict[str, np.ndarray]:
+    return load_file(out / "repo" / model / "1" / "tables.safetensors")
+
+
+def test_recall_answers_follow_from_the_tables_in_float64(out: Path, cases: dict) -> None:
+    lightgcn, int8 = tables(out, "lightgcn"), tables(out, "lightgcn-int8")
+    items = {"lightgcn": lightgcn["item"].astype(np.float64), "lightgcn-int8": dequantize_rowwise_int8(int8["item"])}
+    checked = 0
+    for case in cases["recall_cases"]:
+        request, model = case["request"], case["model"]
+        if "user_id" in request:
+            users = lightgcn["user"] if model == "lightgcn" else int8["user"].astype(np.float32)
+            row = request["user_id"]
+            query = users[row if 0 <= row < len(users) else 5].astype(np.float64)
+        else:
+            distinct = list(dict.fromkeys(request["history"]))
+            query = lightgcn["history"][distinct].astype(np.float64).sum(axis=0) / np.sqrt(len(distinct))
+        scores = items[model].astype(np.float64) @ query
+        excluded = set(request.get("exclude", []))
+        allowed = [i for i in range(len(scores)) if i not in excluded]
+        expected = case["expected"]
+        assert len(expected) == min(request["k"], len(allowed)), case["what"]
+        for rank, item in enumerate(expected):
+            assert item["id"] in allowed
+            assert abs(item["score"] - scores[item["id"]]) <= 1e-5, case["what"]
+            # Best first: nothing outside the answer beats it by more than the float32 rounding.
+            if rank + 1 == len(expected):
+                rest = [scores[i] for i in allowed if i not in {e["id"] for e in expected}]
+                assert not rest or max(rest) <= item["score"] + 1e-5, case["what"]
+        for a, b in itertools.pairwise(expected):
+            assert (a["score"], -a["id"]) >= (b["score"], -b["id"]), f"{case['what']}: order and tie rule"
+        checked += 1
+    assert checked == len(cases["recall_cases"]) >= 12
+
+
+def test_ties_and_the_zero_history_are_covered(cases: dict) -> None:
+    whole = next(c for c in cases["recall_cases"] if c["request"] == {"user_id": 5, "k": 300})
+    tied = [e for e in whole["expected"] if e["id"] in fixture_recall.TIED_ITEMS]
+    assert [e["id"] for e in tied] == list(fixture_recall.TIED_ITEMS), "equal scores: lower id first"
+    assert len({e["score"] for e in tied}) == 1
+    zero = next(c for c in cases["recall_cases"] if "zero vector" in c["what"])
+    assert [e["id"] for e in zero["expected"]] == [1, 3, 4, 5, 6, 7]
+    assert {e["score"] for e in zero["expected"]} == {0.0}
+
+
+def test_history_of_a_full_training_history_is_the_user_vector_without_layer_zero(out: Path, cases: dict) -> None:
+    t = tables(out, "lightgcn")
+    for case in cases["history_identity"]:
+        layers = case["layers"]
+        history = fixture_recall.history_vector(t["history"], case["history"]).astype(np.float64)
+        predicted = t["user"][case["user"]].astype(np.float64) - np.array(case["layer0"]) / (layers + 1)
+        assert np.abs(history - predicted).max() <= 1e-6
+
+
+def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
+    ranking = out / "repo" / fixture_recall.RANKING / "1"
+    spec = tomllib.loads((ranking / "model.toml").read_text())
+    assert spec["item_features"] == {"file": "item_features.safetensors", "fields": ["category", "brand"]}
+    features = load_file(ranking / "item_features.safetensors")["item_features"]
+    assert features.dtype == np.int64 and features.shape == (fixture_recall.ITEMS, 2)
+    assert features[:, 0].min() >= 0 and features[:, 0].max() < 12, "category rejects unknown ids"
+    lightgcn = tomllib.loads((out / "repo" / "lightgcn" / "1" / "model.toml").read_text())
+    assert lightgcn["kind"] == "lightgcn"
+    assert lightgcn["recall"] == {"user_table": "user", "item_table": "item", "history_table": "history"}
+    config = tomllib.loads((out / fixture_recall.CONFIG_FILE).read_text())
+    pipeline = dict(fixture_recall.PIPELINE)
+    assert config["pipelines"] == {pipeline.pop("name"): pipeline}
+    assert len(cases["recommend_cases"]) >= 5
+    assert any(not c["expected"] for c in cases["recommend_cases"]), "a case where everything is excluded"

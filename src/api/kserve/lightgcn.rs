@@ -1,0 +1,315 @@
+//! The tensor contract of LightGCN recall models over the Open Inference Protocol: `user_id` INT64 `[B]` (rows of
+//! the user table) and the request parameter `k` in; `item_ids` INT64 `[B, k]` and `scores` FP32 `[B, k]` out,
+//! each row best first (equal scores by lower id), exactly what `/v1` recall answers for each user. The `B`
+//! queries are queued together, so they share passes over the catalogue. `history` and `exclude`, whose lengths
+//! vary per user, are `/v1` only.
+
+use std::time::Instant;
+
+use super::{
+    InputTensor, OutputData, OutputTensor, Outputs, Parameter, Parameters, TensorContract,
+    TensorSpec,
+};
+use crate::api::kserve::Datatype;
+use crate::error::ServiceError;
+use crate::recall::{RecallContract, RecallInput, RecallModel, RecallQuery};
+use crate::service::{ServedModel, Service};
+
+/// The input holding the user ids.
+pub const USER_ID: &str = "user_id";
+/// The output holding the recalled item ids.
+pub const ITEM_IDS: &str = "item_ids";
+/// The output holding their scores.
+pub const SCORES: &str = "scores";
+/// The request parameter holding the number of items per user.
+pub const K: &str = "k";
+
+/// The LightGCN contract of one served model.
+#[derive(Debug)]
+pub struct LightGcn<'a> {
+    model: &'a ServedModel,
+    contract: &'a RecallContract,
+}
+
+impl<'a> LightGcn<'a> {
+    pub fn new(model: &'a ServedModel, recall: &'a RecallModel) -> LightGcn<'a> {
+        LightGcn {
+            model,
+            contract: &recall.contract,
+        }
+    }
+
+    /// Checks the request and builds one recall input per user.
+    pub fn recall_inputs(
+        &self,
+        inputs: Vec<InputTensor>,
+        parameters: &Parameters,
+    ) -> Result<Vec<RecallInput>, ServiceError> {
+        decode_inputs(&self.model.name, self.contract, inputs, parameters)
+    }
+}
+
+/// The decoding of [`LightGcn`]: `model` names the model in messages.
+fn decode_inputs(
+    model: &str,
+    contract: &RecallContract,
+    inputs: Vec<InputTensor>,
+    parameters: &Parameters,
+) -> Result<Vec<RecallInput>, ServiceError> {
+    let items = contract.items();
+    let k = match parameters.get(K) {
+        Some(Parameter::Int64(k)) => usize::try_from(*k).ok(),
+        Some(Parameter::Uint64(k)) => usize::try_from(*k).ok(),
+        Some(_) => None,
+        None => {
+            return Err(ServiceError::invalid(
+                format!("parameters.{K}"),
+                format!("is required: the number of items to recall per user (1 to {items})"),
+            ));
+        }
+    }
+    .filter(|k| (1..=items).contains(k))
+    .ok_or_else(|| {
+        ServiceError::invalid(
+            format!("parameters.{K}"),
+            format!(
+                "must be an integer from 1 to {items} (the catalogue), got {:?}",
+                parameters.get(K)
+            ),
+        )
+    })?;
+    let mut user_ids = None;
+    for input in inputs {
+        if input.name != USER_ID {
+            return Err(ServiceError::invalid(
+                &input.name,
+                format!(
+                    "is not an input of model {model:?} (inputs: {USER_ID} INT64 [-1]; history and exclude are \
+                         /v1 only)"
+                ),
+            ));
+        }
+        if user_ids.is_some() {
+            return Err(ServiceError::invalid(USER_ID, "is given twice"));
+        }
+        user_ids = Some(input);
+    }
+    let user_ids = user_ids.ok_or_else(|| {
+        ServiceError::invalid(
+            USER_ID,
+            format!("is missing (model {model:?} takes {USER_ID} INT64 [-1])"),
+        )
+    })?;
+    user_ids.expect_datatype(Datatype::Int64)?;
+    if user_ids.shape.len() != 1 {
+        return Err(ServiceError::invalid(
+            USER_ID,
+            format!(
+                "shape {:?} is not [B] (one user id per row)",
+                user_ids.shape
+            ),
+        ));
+    }
+    let ids = user_ids.into_i64()?;
+    let max_rows = contract.limits.max_queries;
+    if ids.is_empty() || ids.len() > max_rows {
+        return Err(ServiceError::invalid(
+            USER_ID,
+            format!(
+                "holds {} users; a request holds 1 to {} (--max-candidates)",
+                ids.len(),
+                max_rows
+            ),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            contract
+                .check_user_id(id)
+                .map_err(|problem| ServiceError::invalid(format!("{USER_ID}[{i}]"), problem))?;
+            Ok(RecallInput {
+                query: RecallQuery::UserId(id),
+                k,
+                exclude: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+impl TensorContract for LightGcn<'_> {
+    fn endpoint(&self) -> &'static str {
+        "recall"
+    }
+
+    fn inputs(&self) -> Vec<TensorSpec> {
+        vec![TensorSpec {
+            name: USER_ID.to_owned(),
+            datatype: Datatype::Int64,
+            shape: vec![-1],
+            columns: Vec::new(),
+        }]
+    }
+
+    fn outputs(&self) -> Vec<TensorSpec> {
+        [(ITEM_IDS, Datatype::Int64), (SCORES, Datatype::Fp32)]
+            .into_iter()
+            .map(|(name, datatype)| TensorSpec {
+                name: name.to_owned(),
+                datatype,
+                shape: vec![-1, -1],
+                columns: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn run<'a>(
+        &'a self,
+        service: &'a Service,
+        inputs: Vec<InputTensor>,
+        parameters: &'a Parameters,
+        deadline: Option<Instant>,
+    ) -> Outputs<'a> {
+        Box::pin(async move {
+            let inputs = self.recall_inputs(inputs, parameters)?;
+            let (rows, k) = (inputs.len(), inputs.first().map_or(0, |i| i.k));
+            let answers = service.recall_many(self.model, inputs, deadline).await?;
+            let mut ids = Vec::with_capacity(rows * k);
+            let mut scores = Vec::with_capacity(rows * k);
+            for answer in &answers {
+                if answer.len() != k {
+                    return Err(ServiceError::Internal(format!(
+                        "model {:?}: {} items recalled where k = {k} and nothing is excluded",
+                        self.model.name,
+                        answer.len()
+                    )));
+                }
+                ids.extend(answer.iter().map(|s| i64::from(s.id)));
+                scores.extend(answer.iter().map(|s| s.score));
+            }
+            let shape = vec![rows as i64, k as i64];
+            Ok(vec![
+                OutputTensor {
+                    name: ITEM_IDS.to_owned(),
+                    shape: shape.clone(),
+                    data: OutputData::Int64(ids),
+                },
+                OutputTensor {
+                    name: SCORES.to_owned(),
+                    shape,
+                    data: OutputData::Fp32(scores),
+                },
+            ])
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::kserve::TensorData;
+    use crate::embedding::{OovPolicy, Storage, TableSpec};
+    use crate::recall::RecallLimits;
+
+    fn table(name: &str, rows: u64, oov: OovPolicy) -> TableSpec {
+        TableSpec {
+            name: name.to_owned(),
+            rows,
+            dim: 4,
+            storage: Storage::Fp32,
+            oov,
+        }
+    }
+
+    fn decode(
+        inputs: Vec<InputTensor>,
+        parameters: Parameters,
+    ) -> Result<Vec<RecallInput>, ServiceError> {
+        let contract = RecallContract {
+            user_table: table("user", 10, OovPolicy::Reject),
+            item_table: table("item", 50, OovPolicy::Reject),
+            history_table: None,
+            limits: RecallLimits {
+                max_history: 5,
+                max_exclude: 5,
+                max_queries: 3,
+            },
+        };
+        decode_inputs("m", &contract, inputs, &parameters)
+    }
+
+    fn users(shape: &[i64], data: serde_json::Value) -> InputTensor {
+        InputTensor {
+            name: USER_ID.to_owned(),
+            datatype: "INT64".to_owned(),
+            shape: shape.to_vec(),
+            data: TensorData::Json(data),
+        }
+    }
+
+    fn k(value: i64) -> Parameters {
+        Parameters::from([(K.to_owned(), Parameter::Int64(value))])
+    }
+
+    #[test]
+    fn decodes_users_and_k() {
+        let got = decode(vec![users(&[2], json!([3, 9]))], k(7)).expect("valid");
+        assert_eq!(
+            got.iter().map(|i| (&i.query, i.k)).collect::<Vec<_>>(),
+            vec![(&RecallQuery::UserId(3), 7), (&RecallQuery::UserId(9), 7)]
+        );
+        let cases: Vec<(Vec<InputTensor>, Parameters, &str)> = vec![
+            (
+                vec![users(&[1], json!([1]))],
+                Parameters::new(),
+                "parameters.k: is required",
+            ),
+            (
+                vec![users(&[1], json!([1]))],
+                k(0),
+                "parameters.k: must be an integer from 1 to 50",
+            ),
+            (
+                vec![users(&[1], json!([1]))],
+                k(51),
+                "parameters.k: must be an integer from 1 to 50",
+            ),
+            (
+                vec![],
+                k(1),
+                "user_id: is missing (model \"m\" takes user_id INT64 [-1])",
+            ),
+            (
+                vec![users(&[1, 1], json!([[1]]))],
+                k(1),
+                "user_id: shape [1, 1] is not [B]",
+            ),
+            (
+                vec![users(&[4], json!([1, 2, 3, 4]))],
+                k(1),
+                "user_id: holds 4 users; a request holds 1 to 3",
+            ),
+            (
+                vec![users(&[2], json!([1, 10]))],
+                k(1),
+                "user_id[1]: id 10 is outside the user table \"user\"",
+            ),
+            (
+                vec![users(&[2], json!([1]))],
+                k(1),
+                "user_id: shape [2] holds 2 elements, but the data holds 1",
+            ),
+            (
+                vec![users(&[1], json!([1])), users(&[1], json!([2]))],
+                k(1),
+                "user_id: is given twice",
+            ),
+        ];
+        for (inputs, parameters, expected) in cases {
+            let got = decode(inputs, parameters).expect_err(expected).to_string();
+            assert!(got.contains(expected), "expected {expected:?} in {got:?}");
+        }
+    }
+}

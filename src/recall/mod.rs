@@ -1,0 +1,697 @@
+//! Recall: the `kind = "lightgcn"` model (any two-tower model with a user table and an item table), exact top-K
+//! by inner product over its item catalogue. The request contract every transport decodes into
+//! ([`RecallInput`], checked by [`RecallContract`]), the executor that scores a batch of queries in one pass over
+//! the catalogue, and loading.
+//!
+//! A query's vector is the user's row of the user table (`user_id`), or, for a user the table does not hold, the
+//! LightGCN embedding of an item history: `e_u = (1 / sqrt(|H|)) · Σ_{i ∈ H} h_i` over the history table
+//! (docs/model-repository.md). Queries are batched by the shared [`Batcher`]: a batch of queries is scored
+//! together as a matrix product over cache-sized blocks of the catalogue ([`Catalogue`]), each query keeps its own
+//! top K ([`TopK`]) per shard, and the shards' lists are merged. Scores are exact (no approximate index) and
+//! reproducible bit for bit whatever the batch, shard layout or CPU.
+
+mod catalogue;
+mod kernel;
+pub mod reference;
+mod select;
+
+use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+pub use catalogue::{
+    Catalogue, CodeRow, F32Row, LANES, Panels, SearchQuery, SearchScratch, SearchStats, Shard,
+};
+pub use kernel::{BLOCK_BYTES, Isa};
+pub use select::{Scored, TopK, answer_order, merge};
+
+use crate::batching::{BatchConfig, BatchExecutor, Batcher, Estimator, Job, Refusal, Unexecuted};
+use crate::embedding::{CpuStore, EmbeddingStore, GatherError, OovPolicy, TableSpec, open_tables};
+use crate::error::{LoadError, ServiceError};
+use crate::metrics::{Metrics, RecallMetrics};
+use crate::repository::{BatchingSpec, ModelSpec, ModelVersion};
+use crate::service::LoadContext;
+
+/// Queries per batch unless the model's `[batching]` or the server's flags say otherwise: a batch of 64 queries
+/// scores the catalogue 64 times per pass over its memory, and waits at most one such pass.
+pub const DEFAULT_MAX_BATCH_QUERIES: usize = 64;
+
+/// Warm-up measures batch sizes 1, 2, 4, … and stops after the first that takes longer than this (the batcher's
+/// estimate scales the nearest measured size for the others, and learns from every executed batch).
+const WARM_UP_BUDGET: Duration = Duration::from_millis(250);
+
+/// Whose recommendations a request wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecallQuery {
+    /// A row of the user table.
+    UserId(i64),
+    /// Item ids the user interacted with (for users the table does not hold).
+    History(Vec<i64>),
+}
+
+/// A recall request, as every transport decodes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecallInput {
+    pub query: RecallQuery,
+    /// How many items to return (1 ≤ k ≤ catalogue size).
+    pub k: usize,
+    /// Item ids never to return.
+    pub exclude: Vec<i64>,
+}
+
+/// The per-request bounds of recall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecallLimits {
+    /// Item ids in a `history` (`--max-history`).
+    pub max_history: usize,
+    /// Item ids in an `exclude` (`--max-exclude`).
+    pub max_exclude: usize,
+    /// Queries (users) in one KServe v2 request (`--max-candidates`, the per-request row limit).
+    pub max_queries: usize,
+}
+
+/// What a recall request may carry, derived from `model.toml` and the server's limits.
+#[derive(Clone, Debug)]
+pub struct RecallContract {
+    pub user_table: TableSpec,
+    pub item_table: TableSpec,
+    pub history_table: Option<TableSpec>,
+    pub limits: RecallLimits,
+}
+
+/// A validated query, ready to queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    User(i64),
+    /// Distinct ids, in request order.
+    History(Vec<i64>),
+}
+
+/// A validated request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Prepared {
+    source: Source,
+    k: usize,
+    /// Catalogue ids, ascending, distinct.
+    exclude: Vec<u32>,
+}
+
+fn outside(id: i64, what: &str, table: &TableSpec) -> String {
+    format!(
+        "id {id} is outside the {what} {:?} (ids 0..{}), which rejects unknown ids",
+        table.name, table.rows
+    )
+}
+
+impl RecallContract {
+    /// The catalogue size: valid `k` is `1..=items`.
+    pub fn items(&self) -> usize {
+        self.item_table.rows as usize
+    }
+
+    pub fn supports_history(&self) -> bool {
+        self.history_table.is_some()
+    }
+
+    /// Checks a user id against the user table's OOV policy.
+    pub fn check_user_id(&self, id: i64) -> Result<(), String> {
+        if self.user_table.oov == OovPolicy::Reject && !self.user_table.contains(id) {
+            Err(outside(id, "user table", &self.user_table))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Checks a request against the model: exactly one of user id and history, `k` within the catalogue, lengths
+    /// within the limits, every id within its table unless the table's `oov = "default"` policy covers it (user
+    /// and history ids then read the default row; excluded ids outside the catalogue are dropped, since they can
+    /// never be returned). Duplicate history and exclude ids count once.
+    fn prepare(&self, input: RecallInput) -> Result<Prepared, ServiceError> {
+        if input.k == 0 {
+            return Err(ServiceError::invalid("k", "must be at least 1"));
+        }
+        if input.k > self.items() {
+            return Err(ServiceError::invalid(
+                "k",
+                format!(
+                    "is {}, more than the {} items of the catalogue",
+                    input.k,
+                    self.items()
+                ),
+            ));
+        }
+        let source = match input.query {
+            RecallQuery::UserId(id) => {
+                self.check_user_id(id)
+                    .map_err(|problem| ServiceError::invalid("user_id", problem))?;
+                Source::User(id)
+            }
+            RecallQuery::History(ids) => {
+                let Some(table) = &self.history_table else {
+                    return Err(ServiceError::invalid(
+                        "history",
+                        "is not supported by this model (its model.toml has no recall.history_table): send user_id",
+                    ));
+                };
+                if ids.is_empty() {
+                    return Err(ServiceError::invalid(
+                        "history",
+                        "must hold at least one item id",
+                    ));
+                }
+                if ids.len() > self.limits.max_history {
+                    return Err(ServiceError::invalid(
+                        "history",
+                        format!(
+                            "holds {} ids, more than the limit of {} (--max-history)",
+                            ids.len(),
+                            self.limits.max_history
+                        ),
+                    ));
+                }
+                let mut seen = HashSet::with_capacity(ids.len());
+                let mut distinct = Vec::with_capacity(ids.len());
+                for (i, &id) in ids.iter().enumerate() {
+                    if table.oov == OovPolicy::Reject && !table.contains(id) {
+                        return Err(ServiceError::invalid(
+                            format!("history[{i}]"),
+                            outside(id, "history table", table),
+                        ));
+                    }
+                    if seen.insert(id) {
+                        distinct.push(id);
+                    }
+                }
+                Source::History(distinct)
+            }
+        };
+        if input.exclude.len() > self.limits.max_exclude {
+            return Err(ServiceError::invalid(
+                "exclude",
+                format!(
+                    "holds {} ids, more than the limit of {} (--max-exclude)",
+                    input.exclude.len(),
+                    self.limits.max_exclude
+                ),
+            ));
+        }
+        let mut exclude = Vec::with_capacity(input.exclude.len());
+        for (i, &id) in input.exclude.iter().enumerate() {
+            if self.item_table.contains(id) {
+                exclude.push(id as u32);
+            } else if self.item_table.oov == OovPolicy::Reject {
+                return Err(ServiceError::invalid(
+                    format!("exclude[{i}]"),
+                    outside(id, "item table", &self.item_table),
+                ));
+            }
+        }
+        exclude.sort_unstable();
+        exclude.dedup();
+        Ok(Prepared {
+            source,
+            k: input.k,
+            exclude,
+        })
+    }
+}
+
+/// Why the executor could not answer a recall job.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RecallError {
+    #[error("reading the query's rows failed: {0}")]
+    Gather(#[from] GatherError),
+    /// A history whose vectors sum beyond f32 (the tables are finite; their sum need not be).
+    #[error("the query vector is not finite")]
+    NonFiniteQuery,
+    #[error("the executor panicked: {0}")]
+    Panicked(String),
+    #[error("deadline passed before execution")]
+    DeadlineExceeded,
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+/// One query waiting to be scored.
+#[derive(Debug)]
+pub struct RecallJob {
+    source: Source,
+    k: usize,
+    exclude: Vec<u32>,
+    reply: oneshot::Sender<Result<Vec<Scored>, RecallError>>,
+}
+
+impl Job for RecallJob {
+    fn is_abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn refuse(self, why: Unexecuted) {
+        let error = match why {
+            Unexecuted::Expired => RecallError::DeadlineExceeded,
+            Unexecuted::ShuttingDown => RecallError::ShuttingDown,
+        };
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+/// What every executor of one model reads.
+#[derive(Debug)]
+struct Tables {
+    catalogue: Catalogue,
+    /// The user table (index 0) and, when the model has one, the history table (index 1).
+    store: CpuStore,
+    dim: usize,
+}
+
+impl Tables {
+    /// Writes the query vector of `source` into `out` (`dim` values); `rows` is scratch for history rows.
+    fn embed(
+        &self,
+        source: &Source,
+        rows: &mut Vec<f32>,
+        out: &mut [f32],
+    ) -> Result<(), RecallError> {
+        match source {
+            Source::User(id) => self.store.gather(&[0], &[*id], out)?,
+            Source::History(ids) => {
+                let dim = self.dim;
+                rows.resize(ids.len() * dim, 0.0);
+                self.store.gather(&[1], ids, rows)?;
+                // f64 sums in request order, then one rounding: the same value as the toolchain's numpy formula.
+                let scale = 1.0 / (ids.len() as f64).sqrt();
+                for (j, o) in out.iter_mut().enumerate() {
+                    let mut sum = 0.0f64;
+                    for row in rows.chunks_exact(dim) {
+                        sum += f64::from(row[j]);
+                    }
+                    *o = (sum * scale) as f32;
+                }
+            }
+        }
+        if out.iter().all(|v| v.is_finite()) {
+            Ok(())
+        } else {
+            Err(RecallError::NonFiniteQuery)
+        }
+    }
+}
+
+/// An executor thread of a recall model: embeds a batch's queries and searches the catalogue for all of them
+/// at once.
+#[derive(Debug)]
+struct RecallExecutor {
+    tables: Arc<Tables>,
+    vectors: Vec<f32>,
+    rows: Vec<f32>,
+    scratch: SearchScratch,
+    metrics: RecallMetrics,
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+impl RecallExecutor {
+    /// Answers every job of `jobs`.
+    fn answer(&mut self, jobs: Vec<RecallJob>) {
+        let dim = self.tables.dim;
+        self.vectors.resize(jobs.len() * dim, 0.0);
+        let mut failed: Vec<Option<RecallError>> = Vec::with_capacity(jobs.len());
+        for (job, out) in jobs.iter().zip(self.vectors.chunks_exact_mut(dim)) {
+            let embedded = catch_unwind(AssertUnwindSafe(|| {
+                self.tables.embed(&job.source, &mut self.rows, out)
+            }))
+            .unwrap_or_else(|panic| Err(RecallError::Panicked(panic_message(&*panic))));
+            failed.push(embedded.err());
+        }
+        let queries: Vec<SearchQuery<'_>> = jobs
+            .iter()
+            .zip(self.vectors.chunks_exact(dim))
+            .zip(&failed)
+            .filter(|(_, failure)| failure.is_none())
+            .map(|((job, vector), _)| SearchQuery {
+                vector,
+                k: job.k,
+                exclude: &job.exclude,
+            })
+            .collect();
+        let (tables, scratch) = (&self.tables, &mut self.scratch);
+        let searched = if queries.is_empty() {
+            Ok(Vec::new())
+        } else {
+            catch_unwind(AssertUnwindSafe(|| {
+                tables.catalogue.search(&queries, scratch)
+            }))
+            .map(|(results, stats)| {
+                self.metrics.topk_duration.observe(stats.seconds);
+                self.metrics.items_scored.inc_by(stats.scored);
+                results
+            })
+            .map_err(|panic| RecallError::Panicked(panic_message(&*panic)))
+        };
+        drop(queries);
+        let mut results = match searched {
+            Ok(results) => results.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) => {
+                tracing::error!(error = %e, "recall batch failed");
+                vec![Err(e); failed.iter().filter(|f| f.is_none()).count()]
+            }
+        }
+        .into_iter();
+        for (job, failure) in jobs.into_iter().zip(failed) {
+            let answer = match failure {
+                Some(e) => {
+                    tracing::error!(error = %e, "recall query failed");
+                    Err(e)
+                }
+                None => results.next().unwrap_or(Err(RecallError::Panicked(
+                    "a search result is missing".to_owned(),
+                ))),
+            };
+            let _ = job.reply.send(answer);
+        }
+    }
+}
+
+impl BatchExecutor for RecallExecutor {
+    type Job = RecallJob;
+
+    fn execute(&mut self, batch: crate::batching::Batch<RecallJob>) {
+        let jobs = batch.entries.into_iter().map(|e| e.job).collect();
+        self.answer(jobs);
+    }
+}
+
+/// A loaded recall model: its catalogue and tables, and the batcher in front of its executor threads.
+#[derive(Debug)]
+pub struct RecallModel {
+    pub contract: RecallContract,
+    tables: Arc<Tables>,
+    /// Shards of each table of `model.toml`, in its order.
+    shard_counts: Vec<usize>,
+    batcher: Batcher<RecallJob>,
+    batching: BatchConfig,
+    default_deadline: Duration,
+    metrics: Metrics,
+    model: String,
+}
+
+impl RecallModel {
+    /// Opens the tables, lays the item table out as a [`Catalogue`] in `--shards` shards, measures a few batch
+    /// sizes for the batcher's estimate, and starts the batcher.
+    pub fn load(
+        ctx: &LoadContext,
+        mv: &ModelVersion,
+        spec: Arc<ModelSpec>,
+        limits: RecallLimits,
+    ) -> Result<RecallModel, LoadError> {
+        let toml = mv.dir.join("model.toml");
+        let recall = spec
+            .recall
+            .as_ref()
+            .ok_or_else(|| LoadError::new(&toml, "a lightgcn model needs [recall]"))?;
+        let entry = |t: usize| spec.tables[t].clone();
+        let item = entry(recall.item_table);
+        let item_bytes = open_tables(&mv.dir, std::slice::from_ref(&item))?;
+        let catalogue = Catalogue::new(&item.spec, item_bytes[0].as_slice(), ctx.shards).map_err(
+            |problem| {
+                LoadError::new(
+                    &mv.dir.join(&item.file),
+                    format!("recall.item_table {:?} {problem}", item.spec.name),
+                )
+            },
+        )?;
+        drop(item_bytes);
+
+        let mut store_entries = vec![entry(recall.user_table)];
+        store_entries.extend(recall.history_table.map(entry));
+        let bytes = open_tables(&mv.dir, &store_entries)?;
+        for (e, b) in store_entries.iter().zip(&bytes) {
+            check_table_finite(&e.spec, b.as_slice()).map_err(|problem| {
+                LoadError::new(
+                    &mv.dir.join(&e.file),
+                    format!("table {:?} {problem}", e.spec.name),
+                )
+            })?;
+        }
+        let counters = store_entries
+            .iter()
+            .map(|e| ctx.metrics.oov_counter(&mv.name, &e.spec.name))
+            .collect();
+        let specs: Vec<TableSpec> = store_entries.iter().map(|e| e.spec.clone()).collect();
+        let store = CpuStore::new(specs, bytes, ctx.shards, counters);
+
+        let mut shard_counts = vec![1; spec.tables.len()];
+        shard_counts[recall.item_table] = catalogue.shards();
+        shard_counts[recall.user_table] = store.shard_layouts()[0].shards;
+        if let Some(h) = recall.history_table {
+            shard_counts[h] = store.shard_layouts()[1].shards;
+        }
+        for (i, t) in spec.tables.iter().enumerate() {
+            let bytes = if i == recall.item_table {
+                catalogue.bytes()
+            } else {
+                t.spec.bytes()
+            };
+            ctx.metrics.set_table_bytes(
+                &mv.name,
+                &t.spec.name,
+                t.spec.storage.as_str(),
+                "cpu",
+                bytes,
+            );
+        }
+        let contract = RecallContract {
+            user_table: spec.tables[recall.user_table].spec.clone(),
+            history_table: recall.history_table.map(|h| spec.tables[h].spec.clone()),
+            item_table: item.spec,
+            limits,
+        };
+        let tables = Arc::new(Tables {
+            dim: catalogue.dim(),
+            catalogue,
+            store,
+        });
+
+        let (batching, default_deadline) = batch_config(ctx, &spec.batching);
+        let estimator = Estimator::new(&batching.buckets);
+        let metrics = ctx.metrics.recall(&mv.name);
+        let mut executors: Vec<RecallExecutor> = (0..ctx.executors)
+            .map(|_| RecallExecutor {
+                tables: Arc::clone(&tables),
+                vectors: Vec::new(),
+                rows: Vec::new(),
+                scratch: SearchScratch::default(),
+                metrics: metrics.clone(),
+            })
+            .collect();
+        if let Some(first) = executors.first_mut() {
+            warm_up(first, &batching, &estimator, contract.items())
+                .map_err(|problem| LoadError::new(&mv.dir, problem))?;
+        }
+        tracing::info!(
+            model = %mv.name,
+            items = tables.catalogue.items(),
+            dim = tables.dim,
+            shards = tables.catalogue.shards(),
+            storage = tables.catalogue.storage().as_str(),
+            isa = tables.catalogue.isa().as_str(),
+            "recall catalogue ready"
+        );
+        let batcher = Batcher::start(
+            &mv.name,
+            batching.clone(),
+            estimator,
+            executors,
+            ctx.metrics.batching(&mv.name),
+        )
+        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the batcher threads: {e}")))?;
+        Ok(RecallModel {
+            contract,
+            tables,
+            shard_counts,
+            batcher,
+            batching,
+            default_deadline,
+            metrics: ctx.metrics.clone(),
+            model: mv.name.clone(),
+        })
+    }
+
+    /// Recall always runs on the CPU (see docs/gpu.md).
+    pub fn device(&self) -> &str {
+        "cpu"
+    }
+
+    pub fn shard_counts(&self) -> Vec<usize> {
+        self.shard_counts.clone()
+    }
+
+    pub fn batching(&self) -> &BatchConfig {
+        &self.batching
+    }
+
+    /// Items in the catalogue.
+    pub fn items(&self) -> usize {
+        self.tables.catalogue.items()
+    }
+
+    /// The `k` best items for a request, best first (equal scores: lower id first). `deadline` defaults to the
+    /// model's default deadline from now.
+    pub async fn recall(
+        &self,
+        input: RecallInput,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Scored>, ServiceError> {
+        let mut answers = self.recall_many(vec![input], deadline).await?;
+        Ok(answers.pop().unwrap_or_default())
+    }
+
+    /// Several queries of one request, checked first (the first problem refuses the request), then queued
+    /// together (all or none), so they usually share one pass over the catalogue. Answers in input order.
+    pub async fn recall_many(
+        &self,
+        inputs: Vec<RecallInput>,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Vec<Scored>>, ServiceError> {
+        let prepared = inputs
+            .into_iter()
+            .map(|input| self.contract.prepare(input))
+            .collect::<Result<Vec<_>, _>>()?;
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
+        let mut chunks = Vec::with_capacity(prepared.len());
+        let mut answers = Vec::with_capacity(prepared.len());
+        for p in prepared {
+            let (reply, answer) = oneshot::channel();
+            let job = RecallJob {
+                source: p.source,
+                k: p.k,
+                exclude: p.exclude,
+                reply,
+            };
+            chunks.push((job, 1));
+            answers.push(answer);
+        }
+        if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
+            self.metrics.rejected(&self.model, refusal.reason());
+            return Err(match refusal {
+                Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
+                Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => {
+                    ServiceError::Overloaded {
+                        model: self.model.clone(),
+                        retry_after: refusal.retry_after(),
+                    }
+                }
+            });
+        }
+        let mut out = Vec::with_capacity(answers.len());
+        for answer in answers {
+            out.push(match answer.await {
+                Ok(Ok(items)) => items,
+                Ok(Err(RecallError::DeadlineExceeded)) => {
+                    return Err(ServiceError::DeadlineExceeded {
+                        model: self.model.clone(),
+                    });
+                }
+                Ok(Err(RecallError::ShuttingDown)) => {
+                    return Err(ServiceError::Unavailable("shutting down"));
+                }
+                Ok(Err(e)) => {
+                    return Err(ServiceError::Internal(format!(
+                        "model {:?}: {e}",
+                        self.model
+                    )));
+                }
+                Err(_) => {
+                    return Err(ServiceError::Internal(format!(
+                        "model {:?}: the executor dropped the job",
+                        self.model
+                    )));
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Recall's batching: the model's `[batching]` with recall's own defaults (64 queries, no queue delay: a query
+/// runs as soon as an executor is free, and queries that arrive meanwhile share the next pass), under the
+/// server's flags. Unless buckets are configured, every batch size is its own bucket: recall pads nothing.
+fn batch_config(ctx: &LoadContext, model: &BatchingSpec) -> (BatchConfig, Duration) {
+    let mut spec = model.clone();
+    spec.max_batch_rows.get_or_insert(DEFAULT_MAX_BATCH_QUERIES);
+    spec.max_queue_delay_us.get_or_insert(0);
+    let (mut config, deadline) = ctx.batching.resolve(&spec);
+    if ctx.batching.buckets.is_none() && model.buckets.is_none() {
+        config.buckets = (1..=config.max_batch_rows).collect();
+    }
+    (config, deadline)
+}
+
+/// Runs batches of 1, 2, 4, … zero queries (while each takes under [`WARM_UP_BUDGET`]) and records their times.
+fn warm_up(
+    executor: &mut RecallExecutor,
+    batching: &BatchConfig,
+    estimator: &Estimator,
+    items: usize,
+) -> Result<(), String> {
+    let k = items.min(100);
+    let mut size = 1;
+    loop {
+        let size_now = size.min(batching.max_batch_rows);
+        let mut answers = Vec::with_capacity(size_now);
+        let jobs = (0..size_now)
+            .map(|_| {
+                let (reply, answer) = oneshot::channel();
+                answers.push(answer);
+                RecallJob {
+                    source: Source::User(0),
+                    k,
+                    exclude: Vec::new(),
+                    reply,
+                }
+            })
+            .collect();
+        let started = Instant::now();
+        executor.answer(jobs);
+        let took = started.elapsed();
+        for mut answer in answers {
+            match answer.try_recv() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("warm-up query failed: {e}")),
+                Err(_) => return Err("warm-up query got no answer".to_owned()),
+            }
+        }
+        estimator.observe(size_now, took);
+        if size_now >= batching.max_batch_rows || took > WARM_UP_BUDGET {
+            return Ok(());
+        }
+        size *= 2;
+    }
+}
+
+/// Refuses tables with a non-finite value: a NaN or infinite user or history vector would have no ordered scores.
+fn check_table_finite(spec: &TableSpec, bytes: &[u8]) -> Result<(), String> {
+    let row_bytes = spec.storage.row_bytes(spec.dim);
+    let mut values = vec![0.0f32; spec.dim];
+    for (row, chunk) in bytes.chunks_exact(row_bytes).enumerate() {
+        crate::embedding::cpu::decode_row(spec.storage, chunk, &mut values);
+        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+            return Err(format!(
+                "row {row} holds a non-finite value ({v}): recall needs finite embeddings"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
