@@ -2,7 +2,9 @@
 //! batches of 100 rows × 26 fields (2,600 embedding rows) with Zipf-distributed ids, as a DeepFM ranking request
 //! of 100 candidates does. Criterion reports throughput in embedding rows per second ("elem/s").
 //!
-//! Run: `cargo bench --bench gather` (figures and machine in docs/benchmarks.md).
+//! Run: `cargo bench --bench gather` (figures and machine in docs/benchmarks.md). Under `cargo test` (no `--bench`
+//! argument) Criterion runs each case once as a smoke test; the 10^7-row tables are left out there, since writing
+//! them in an unoptimized build takes minutes.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use prometheus::IntCounter;
@@ -40,7 +42,13 @@ fn bench_gather(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut group = c.benchmark_group("cpu_gather");
     group.throughput(Throughput::Elements((CANDIDATES * FIELDS) as u64));
-    for rows in [10_000u64, 10_000_000] {
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let sizes: &[u64] = if smoke {
+        &[10_000]
+    } else {
+        &[10_000, 10_000_000]
+    };
+    for &rows in sizes {
         let batches = zipf_batches(rows, rows);
         for storage in [Storage::Fp32, Storage::Int8] {
             let stem = format!("{}-{rows}", storage.as_str());

@@ -11,6 +11,9 @@
 //! Run: `cargo bench --bench topk` (prints a Markdown table, docs/benchmarks.md). Options after `--`:
 //! `--budget-s N` (seconds per row, default 4), `--isa all` (also every narrower instruction set this CPU has),
 //! `--shards N` (default 1).
+//!
+//! Under `cargo test` (no `--bench` argument) it runs as a smoke test only: a small random catalogue, a few calls
+//! per row, so the test suite checks that the benchmark works without spending minutes in an unoptimized build.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -27,6 +30,8 @@ const DIM: usize = 64;
 const BATCH: usize = 32;
 
 struct Options {
+    /// `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) this is a smoke run.
+    smoke: bool,
     budget: Duration,
     all_isas: bool,
     shards: usize,
@@ -40,11 +45,13 @@ fn options() -> Options {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    let smoke = !args.iter().any(|a| a == "--bench");
     Options {
+        smoke,
         budget: Duration::from_secs_f64(
             value("--budget-s")
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(4.0),
+                .unwrap_or(if smoke { 0.0 } else { 4.0 }),
         ),
         all_isas: value("--isa").as_deref() == Some("all"),
         shards: value("--shards").and_then(|v| v.parse().ok()).unwrap_or(1),
@@ -136,11 +143,11 @@ fn encode(values: &[f32], storage: Storage) -> Vec<u8> {
 }
 
 /// Calls `f` until `budget` has passed (at least 30 times) and returns the sorted durations.
-fn measure(budget: Duration, mut f: impl FnMut()) -> Vec<Duration> {
+fn measure(budget: Duration, min_calls: usize, mut f: impl FnMut()) -> Vec<Duration> {
     f(); // warm the caches and the allocator
     let started = Instant::now();
     let mut out = Vec::new();
-    while out.len() < 30 || (started.elapsed() < budget && out.len() < 100_000) {
+    while out.len() < min_calls || (started.elapsed() < budget && out.len() < 100_000) {
         let t = Instant::now();
         f();
         out.push(t.elapsed());
@@ -216,11 +223,17 @@ fn main() {
     } else {
         vec![isa]
     };
-    let datasets = vec![
-        gowalla()
-            .unwrap_or_else(|| synthetic("Gowalla-shaped, random (demo model absent)", 40_981, 7)),
-        synthetic("synthetic 1M", 1_000_000, 11),
-    ];
+    let datasets = if opts.smoke {
+        vec![synthetic("smoke test, random", 2_000, 7)]
+    } else {
+        vec![
+            gowalla().unwrap_or_else(|| {
+                synthetic("Gowalla-shaped, random (demo model absent)", 40_981, 7)
+            }),
+            synthetic("synthetic 1M", 1_000_000, 11),
+        ]
+    };
+    let min_calls = if opts.smoke { 3 } else { 30 };
     println!(
         "top-{K}, dim {DIM}, {} shard(s); {} s per row; CPU {}; kernels {}",
         opts.shards,
@@ -253,7 +266,7 @@ fn main() {
                 for batch in [1usize, BATCH] {
                     let mut scratch = SearchScratch::default();
                     let mut next = 0;
-                    let times = measure(opts.budget, || {
+                    let times = measure(opts.budget, min_calls, || {
                         let queries: Vec<SearchQuery<'_>> = (0..batch)
                             .map(|i| SearchQuery {
                                 vector: &data.queries[(next + i) % data.queries.len()],
@@ -286,7 +299,7 @@ fn main() {
                 Storage::Fp32 | Storage::Fp16 => data.items * DIM,
             };
             let buffer: Vec<f32> = data.values.iter().copied().cycle().take(floats).collect();
-            let times = measure(opts.budget, || {
+            let times = measure(opts.budget, min_calls, || {
                 black_box(sequential_read(black_box(&buffer)));
             });
             let p50 = quantile(&times, 0.5);
