@@ -215,7 +215,15 @@ impl<T: Target> Shared<T> {
                 r.ok += 1;
                 r.latency.record(done - slot.at);
             }
-            Err(kind) => *r.errors.entry(kind).or_default() += 1,
+            Err(kind) => {
+                *r.errors.entry(kind).or_default() += 1;
+                if let (Some(sent), ErrorKind::Status(_) | ErrorKind::Connection) = (sent, kind) {
+                    r.error_response
+                        .entry(kind)
+                        .or_default()
+                        .record(done - sent);
+                }
+            }
         }
     }
 }
@@ -720,6 +728,16 @@ mod tests {
         assert_eq!(r.ok, 0);
         assert!(r.errors[&ErrorKind::Status(429)] > 900, "{r:?}");
         assert!(r.latency.summary().is_none());
+        // How fast the refusals came: from the send, 1 ms of service plus at most 1 ms waiting for the other
+        // connection's request (the fake server serves one at a time).
+        let refused = r.error_response[&ErrorKind::Status(429)]
+            .summary()
+            .expect("refusals timed");
+        assert_eq!(refused.count, r.errors[&ErrorKind::Status(429)]);
+        assert!(
+            (0.99..=2.01).contains(&refused.p50_ms) && refused.max_ms <= 2.01,
+            "{refused:?}"
+        );
         assert_eq!(server.connects.load(Ordering::Relaxed), 2);
         assert_eq!(stats.achieved_rps, 0.0);
     }

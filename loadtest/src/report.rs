@@ -51,6 +51,10 @@ pub struct RunReport {
     pub requests: RequestCounts,
     /// Failed requests of the window by kind: `http_<status>`, `timeout`, `connect`, `connection`.
     pub errors: BTreeMap<String, u64>,
+    /// Failed requests of the window that were sent and answered (`http_<status>`, `connection`), by kind:
+    /// answer time minus send time, i.e. how fast the server failed them.
+    #[serde(default)]
+    pub error_response_ms: BTreeMap<String, LatencySummary>,
     /// Successful requests of the window: answer time minus scheduled send time (open loop) or minus send time
     /// (closed loop). `null` when none succeeded.
     pub latency_ms: Option<LatencySummary>,
@@ -100,6 +104,7 @@ impl RunReport {
                 errors: r.error_count(),
             },
             errors: r.errors_by_label(),
+            error_response_ms: r.error_response_by_label(),
             latency_ms: r.latency.summary(),
             send_delay_ms: r.send_delay.summary(),
             peak_in_flight: stats.peak_in_flight,
@@ -181,6 +186,9 @@ impl fmt::Display for RunReport {
             write!(f, " ({})", kinds.join(", "))?;
         }
         writeln!(f)?;
+        for (kind, l) in &self.error_response_ms {
+            writeln!(f, "  {kind:<11} answered {l} (from the send time)")?;
+        }
         let since = match self.mode {
             Mode::Open { .. } => "from the scheduled send time",
             Mode::Closed { .. } => "from the send time",

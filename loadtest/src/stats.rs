@@ -155,6 +155,9 @@ pub struct Recorder {
     pub sent: u64,
     pub ok: u64,
     pub errors: BTreeMap<ErrorKind, u64>,
+    /// Failed requests that were sent and answered (`http_<status>`, broken connections), by kind: answer time
+    /// minus send time, how fast the server failed them (the send delay excluded).
+    pub error_response: BTreeMap<ErrorKind, Durations>,
     /// Successful answers that arrived inside the window, whenever they were scheduled: the achieved rate's
     /// numerator.
     pub ok_in_window: u64,
@@ -167,6 +170,13 @@ impl Recorder {
 
     pub fn errors_by_label(&self) -> BTreeMap<String, u64> {
         self.errors.iter().map(|(k, n)| (k.label(), *n)).collect()
+    }
+
+    pub fn error_response_by_label(&self) -> BTreeMap<String, LatencySummary> {
+        self.error_response
+            .iter()
+            .filter_map(|(k, d)| Some((k.label(), d.summary()?)))
+            .collect()
     }
 }
 

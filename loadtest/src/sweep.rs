@@ -473,6 +473,7 @@ mod tests {
                 errors,
             },
             errors: BTreeMap::new(),
+            error_response_ms: BTreeMap::new(),
             latency_ms: Some(LatencySummary {
                 count: 1000 - errors,
                 min_ms: 0.1,
