@@ -100,6 +100,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
     pub queue_capacity: Option<usize>,
 
+    /// Nice value (0-19) of the executor threads, above the HTTP/gRPC threads' 0: under overload, decoding,
+    /// admission and 429s keep the CPU they need and inference takes the rest [default: 5].
+    #[arg(long, env = "RECSERVE_EXECUTOR_NICENESS")]
+    pub executor_niceness: Option<u8>,
+
     /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
     /// [default: on].
     #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
@@ -183,6 +188,7 @@ struct FileConfig {
     max_exclude: Option<usize>,
     max_body_bytes: Option<usize>,
     queue_capacity: Option<usize>,
+    executor_niceness: Option<u8>,
     batching: Option<Switch>,
     max_batch_rows: Option<usize>,
     max_queue_delay_us: Option<u64>,
@@ -234,6 +240,7 @@ pub struct Config {
     pub max_exclude: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
+    pub executor_niceness: u8,
     pub batching: Switch,
     /// Batching settings that override every model's `[batching]` section when set.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -449,6 +456,16 @@ impl ServeArgs {
                 1,
                 1 << 20,
             )?,
+            executor_niceness: in_range(
+                "--executor-niceness",
+                usize::from(
+                    self.executor_niceness
+                        .or(file.executor_niceness)
+                        .unwrap_or(5),
+                ),
+                0,
+                19,
+            )? as u8,
             batching: self.batching.or(file.batching).unwrap_or(Switch::On),
             max_batch_rows: self
                 .max_batch_rows

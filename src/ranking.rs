@@ -318,6 +318,27 @@ impl RankingModel {
         &self.batching
     }
 
+    /// Refuses a request before it is decoded when admission would refuse it whatever its size (the queue is
+    /// full, or the work ahead alone would miss `deadline`, defaulting as in [`Self::score`]).
+    pub fn precheck(&self, deadline: Option<Instant>) -> Result<(), ServiceError> {
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
+        self.batcher
+            .precheck(deadline)
+            .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// Counts a refusal and turns it into the service error the client gets.
+    fn refused(&self, refusal: Refusal) -> ServiceError {
+        self.metrics.rejected(&self.model, refusal.reason());
+        match refusal {
+            Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
+            Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => ServiceError::Overloaded {
+                model: self.model.clone(),
+                retry_after: refusal.retry_after(),
+            },
+        }
+    }
+
     /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher
     /// and reassembles the scores in order. `deadline` defaults to the model's default deadline from now.
     pub async fn score(
@@ -354,16 +375,7 @@ impl RankingModel {
             }
         }
         if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
-            self.metrics.rejected(&self.model, refusal.reason());
-            return Err(match refusal {
-                Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
-                Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => {
-                    ServiceError::Overloaded {
-                        model: self.model.clone(),
-                        retry_after: refusal.retry_after(),
-                    }
-                }
-            });
+            return Err(self.refused(refusal));
         }
         let mut scores = Vec::with_capacity(input.rows);
         for answer in answers {

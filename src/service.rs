@@ -76,6 +76,7 @@ impl LoadContext {
                 buckets: config.batch_buckets.clone(),
                 default_deadline_ms: config.default_deadline_ms,
                 queue_capacity: config.queue_capacity,
+                executor_niceness: config.executor_niceness,
             },
         }
     }

@@ -176,7 +176,10 @@ async fn rank_served(
     deadline: Option<Instant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServiceError> {
-    let contract = &served.ranking()?.contract;
+    let ranking = served.ranking()?;
+    // Under overload most requests are refused: refuse before paying for the JSON.
+    ranking.precheck(deadline)?;
+    let contract = &ranking.contract;
     let body = body_bytes(body, service.limits.max_body_bytes)?;
     let request: v1::RankRequest = v1::parse_json(&body)?;
     let input = v1::rank_input(contract, &request)?;

@@ -68,6 +68,7 @@ pub struct BatchSettings {
     pub buckets: Option<Vec<usize>>,
     pub default_deadline_ms: Option<u64>,
     pub queue_capacity: usize,
+    pub executor_niceness: u8,
 }
 
 impl BatchSettings {
@@ -100,6 +101,7 @@ impl BatchSettings {
                 max_queue_delay: Duration::from_micros(delay),
                 buckets,
                 queue_capacity: self.queue_capacity,
+                executor_niceness: self.executor_niceness,
             },
             Duration::from_millis(deadline),
         )
@@ -207,6 +209,7 @@ impl<J: Job> Batcher<J> {
         executors: Vec<E>,
         metrics: BatchMetrics,
     ) -> std::io::Result<Batcher<J>> {
+        let niceness = config.executor_niceness;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 policy: Policy::new(config, executors.len()),
@@ -225,7 +228,10 @@ impl<J: Job> Batcher<J> {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("exec-{model}-{i}"))
-                    .spawn(move || run_executor(executor, &shared, &receiver))?,
+                    .spawn(move || {
+                        lower_priority(niceness);
+                        run_executor(executor, &shared, &receiver);
+                    })?,
             );
         }
         let batcher = {
@@ -264,6 +270,18 @@ impl<J: Job> Batcher<J> {
         }
         self.shared.wake_batcher();
         Ok(())
+    }
+
+    /// Refuses at once, before the request is even decoded, when it would be refused whatever its size
+    /// ([`Policy::precheck`]): under overload, refusals then cost the transport almost nothing.
+    pub fn precheck(&self, deadline: Instant) -> Result<(), Refusal> {
+        let state = self.shared.lock();
+        if state.closing {
+            return Err(Refusal::ShuttingDown);
+        }
+        state
+            .policy
+            .precheck(deadline, Instant::now(), &self.shared.estimator)
     }
 
     /// The execution-time estimate, for tests and the admission of callers.
@@ -355,6 +373,26 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
     }
 }
 
+/// Gives the calling thread the nice value `niceness` (Linux: nice values are per thread). Raising one's own
+/// nice value needs no privilege; a failure only costs the priority, so it is logged, not fatal.
+fn lower_priority(niceness: u8) {
+    if niceness == 0 {
+        return;
+    }
+    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+    let result = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, i32::from(niceness))
+    };
+    if result != 0 {
+        tracing::warn!(
+            niceness,
+            error = %std::io::Error::last_os_error(),
+            "could not lower an executor thread's priority"
+        );
+    }
+}
+
 fn run_executor<E: BatchExecutor>(
     mut executor: E,
     shared: &Shared<E::Job>,
@@ -368,11 +406,15 @@ fn run_executor<E: BatchExecutor>(
             break;
         };
         let (rows, bucket, estimate) = (batch.rows, batch.bucket, batch.estimate);
+        let closed_at = batch.closed_at;
         let start = Instant::now();
         executor.execute(batch);
-        let took = start.elapsed();
+        let done = Instant::now();
+        metrics.execution.observe((done - start).as_secs_f64());
+        // What admission and deadline closes must predict: from the close to the answer, including the time the
+        // executor thread waited for a core, which a CPU-bound server under overload makes large.
+        let took = done.saturating_duration_since(closed_at);
         shared.estimator.observe(bucket, took);
-        metrics.execution.observe(took.as_secs_f64());
         if !estimate.is_zero() {
             metrics
                 .estimate_ratio
@@ -436,6 +478,7 @@ mod tests {
             buckets: None,
             default_deadline_ms: None,
             queue_capacity: 64,
+            executor_niceness: 5,
         };
         let (config, deadline) = server.resolve(&BatchingSpec::default());
         assert_eq!(config.max_batch_rows, DEFAULT_MAX_BATCH_ROWS);

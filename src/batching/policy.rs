@@ -11,6 +11,10 @@ use super::estimator::Estimator;
 /// How long before a batch must start the batcher closes it: covers waking up and handing the batch over.
 pub const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
 
+/// Share of a request's remaining time budget that admission may plan to fill with queueing and execution: the
+/// rest absorbs the error of the execution-time estimate, and the time the transport takes outside the queue.
+pub const ADMISSION_SHARE: f64 = 0.8;
+
 /// The knobs of one model's batching. Documented with their defaults in `docs/batching.md`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchConfig {
@@ -25,6 +29,9 @@ pub struct BatchConfig {
     pub buckets: Vec<usize>,
     /// Requests (chunks) that may wait; more are refused at once.
     pub queue_capacity: usize,
+    /// Nice value of the executor threads (0 to 19): above the transport's 0, so that decoding, admission and
+    /// refusals keep the CPU they need while inference takes the rest.
+    pub executor_niceness: u8,
 }
 
 impl BatchConfig {
@@ -128,6 +135,9 @@ pub struct Batch<J> {
     pub reason: CloseReason,
     /// The execution time predicted for `bucket`, for comparison with the actual one.
     pub estimate: Duration,
+    /// When the batcher closed it. The estimator learns from this to completion, so a batch that waits for its
+    /// executor thread to get a core (busy transport threads, other processes) counts that wait too.
+    pub closed_at: Instant,
 }
 
 /// What the batcher thread should do now.
@@ -196,14 +206,48 @@ impl<J> Policy<J> {
         self.queue.is_empty()
     }
 
-    /// The wait predicted for a request of `rows` rows arriving now: the queued and running work ahead of it,
-    /// spread over the executors at the throughput of full batches, plus its own execution.
+    /// The wait predicted for a request of `rows` rows arriving now: the running batches and the full batches
+    /// queued ahead of it, spread over the executors at the speed of full batches, plus the execution of the
+    /// batch it will be in.
     pub fn predicted_wait(&self, rows: usize, estimator: &Estimator) -> Duration {
         let full = self.config.max_batch_rows;
         let per_full_batch = estimator.estimate(full);
-        let ahead =
-            (self.queued_rows + self.in_flight_rows) as f64 / full as f64 / self.executors as f64;
-        per_full_batch.mul_f64(ahead) + estimator.estimate(self.config.bucket(rows.min(full)))
+        // The queue leaves FIFO in full batches; the request rides in the batch after the full ones ahead of it,
+        // together with the rows left over before it, so that batch's size, not the request's own, is what it
+        // waits for (under load, a full batch; on an idle server, its own bucket).
+        let full_batches_ahead = self.queued_rows / full;
+        let last_batch = (self.queued_rows % full + rows).min(full);
+        let ahead = (self.in_flight_rows as f64 / full as f64 + full_batches_ahead as f64)
+            / self.executors as f64;
+        per_full_batch.mul_f64(ahead) + estimator.estimate(self.config.bucket(last_batch))
+    }
+
+    /// Whether a request with this deadline would be refused whatever its size: the queue is full, or the work
+    /// already queued and running ahead of it plus the smallest batch would end after the deadline. Cheap, so a
+    /// transport can ask before it decodes the body; anything refused here, `admit` refuses too.
+    pub fn precheck(
+        &self,
+        deadline: Instant,
+        now: Instant,
+        estimator: &Estimator,
+    ) -> Result<(), Refusal> {
+        if self.queue.len() >= self.config.queue_capacity {
+            let retry_after = self
+                .predicted_wait(1, estimator)
+                .max(Duration::from_millis(1));
+            return Err(Refusal::QueueFull { retry_after });
+        }
+        let budget = deadline
+            .saturating_duration_since(now)
+            .mul_f64(ADMISSION_SHARE);
+        let predicted_wait = self.predicted_wait(1, estimator);
+        if predicted_wait > budget {
+            return Err(Refusal::PredictedLate {
+                predicted_wait,
+                budget,
+            });
+        }
+        Ok(())
     }
 
     /// Admits the chunks of one request (all or none) or refuses it at once.
@@ -221,7 +265,9 @@ impl<J> Policy<J> {
                 .max(Duration::from_millis(1));
             return Err((Refusal::QueueFull { retry_after }, chunks));
         }
-        let budget = deadline.saturating_duration_since(now);
+        let budget = deadline
+            .saturating_duration_since(now)
+            .mul_f64(ADMISSION_SHARE);
         // Each chunk after the first waits for the ones before it; the request is late if its last chunk is.
         let predicted_wait = self.predicted_wait(rows, estimator);
         if predicted_wait > budget {
@@ -338,6 +384,7 @@ impl<J> Policy<J> {
                     bucket: self.config.bucket(rows),
                     reason,
                     estimate,
+                    closed_at: now,
                 })
             }
         }
@@ -368,6 +415,7 @@ mod tests {
             max_queue_delay: 2 * MS,
             buckets: vec![10, 50, 100],
             queue_capacity: 8,
+            executor_niceness: 0,
         }
     }
 
@@ -521,10 +569,17 @@ mod tests {
             refusal,
             Refusal::PredictedLate {
                 predicted_wait: 4 * MS,
-                budget: 2 * MS
+                budget: (2 * MS).mul_f64(ADMISSION_SHARE)
             }
         );
-        assert_eq!(refusal.retry_after(), 2 * MS);
+        assert_eq!(
+            refusal.retry_after(),
+            4 * MS - (2 * MS).mul_f64(ADMISSION_SHARE)
+        );
+        // Admission plans to fill only ADMISSION_SHARE of the budget: 4 ms of predicted wait needs a budget of
+        // 5 ms at a share of 0.8, and 4.9 ms is not enough.
+        assert!(p.admit(vec![(9, 10)], t0 + MS * 49 / 10, t0, &e).is_err());
+        admit(&mut p, 9, 10, t0 + 5 * MS, t0, &e);
         // With two executors the same backlog drains twice as fast.
         let mut p = Policy::new(config(), 2);
         for job in 0..3 {
@@ -536,6 +591,51 @@ mod tests {
         assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
         p.finished(100);
         assert_eq!(p.predicted_wait(10, &e), MS + MS);
+    }
+
+    #[test]
+    fn a_request_waits_for_the_batch_it_will_ride_in() {
+        // Buckets of 10, 50 and 100 rows take 1, 5 and 10 ms.
+        let t0 = Instant::now();
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(b, MS * b as u32 / 10);
+        }
+        let mut p = Policy::new(config(), 1);
+        // Idle: a lone request of 8 rows runs in its own bucket of 10.
+        assert_eq!(p.predicted_wait(8, &e), MS);
+        // 130 rows queued: one full batch ahead, then the request joins the 30 left over: 38 rows, bucket 50.
+        admit(&mut p, 0, 100, t0 + 50 * MS, t0, &e);
+        admit(&mut p, 1, 30, t0 + 50 * MS, t0, &e);
+        assert_eq!(p.predicted_wait(8, &e), 10 * MS + 5 * MS);
+        // 80 more would not fit beside those 30: the batch it closes is full.
+        assert_eq!(p.predicted_wait(80, &e), 10 * MS + 10 * MS);
+    }
+
+    #[test]
+    fn precheck_refuses_what_admission_would_refuse_whatever_the_size() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut c = config();
+        c.queue_capacity = 3;
+        let mut p = Policy::new(c, 1);
+        assert_eq!(p.precheck(t0 + 2 * MS, t0, &e), Ok(()));
+        for job in 0..2 {
+            admit(&mut p, job, 100, t0 + 50 * MS, t0, &e);
+        }
+        // Two full batches (1 ms each) plus the smallest: 3 ms, over a 2 ms budget; within a 50 ms one.
+        assert_eq!(
+            p.precheck(t0 + 2 * MS, t0, &e),
+            Err(Refusal::PredictedLate {
+                predicted_wait: 3 * MS,
+                budget: (2 * MS).mul_f64(ADMISSION_SHARE)
+            })
+        );
+        assert!(p.admit(vec![(8, 1)], t0 + 2 * MS, t0, &e).is_err());
+        assert_eq!(p.precheck(t0 + 50 * MS, t0, &e), Ok(()));
+        admit(&mut p, 2, 100, t0 + 50 * MS, t0, &e);
+        let refusal = p.precheck(t0 + 50 * MS, t0, &e).expect_err("queue full");
+        assert_eq!(refusal.reason(), "queue_full");
+        assert!(p.admit(vec![(9, 1)], t0 + 50 * MS, t0, &e).is_err());
     }
 
     #[test]
