@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Dynamic batching, measured: recserve serving one DeepFM with batching off and on, driven open loop by recload at
+# the same offered loads up to saturation, plus each mode's closed-loop saturation; then batching on under twice
+# its saturation throughput for OVERLOAD_S seconds with a tight default deadline, sampling the server's resident
+# memory every second. Writes the "Dynamic batching" section of docs/benchmarks.md (between its markers) and
+# leaves every recload report under target/bench-batching/.
+#
+# Usage: scripts/bench-batching.sh            (about 12 minutes)
+# Environment: MODEL [deepfm] REPOSITORY [models/demo] CANDIDATES ["100 4"] LOADS [fractions of batching on's
+#   saturation: "0.1 0.25 0.5 0.75 1 1.5"] DURATION [8s] WARMUP [2s] CONCURRENCY [64] OVERLOAD_S [60]
+#   OVERLOAD_CANDIDATES [100] DEADLINE_MS [50] BENCH_NOTE [a line printed above the figures]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+MODEL=${MODEL:-deepfm}
+REPOSITORY=${REPOSITORY:-models/demo}
+CANDIDATES=${CANDIDATES:-100 4}
+LOADS=${LOADS:-0.1 0.25 0.5 0.75 1 1.5}
+DURATION=${DURATION:-8s}
+WARMUP=${WARMUP:-2s}
+CONCURRENCY=${CONCURRENCY:-64}
+OVERLOAD_S=${OVERLOAD_S:-60}
+OVERLOAD_CANDIDATES=${OVERLOAD_CANDIDATES:-100}
+DEADLINE_MS=${DEADLINE_MS:-50}
+results=$root/target/bench-batching
+
+log() { echo "bench-batching: $*" >&2; }
+die() { echo "bench-batching: error: $*" >&2; exit 1; }
+
+scripts/setup.sh
+# shellcheck source=env.sh
+source scripts/env.sh
+
+[ -d "$REPOSITORY/$MODEL" ] || die "$REPOSITORY has no model $MODEL"
+rm -rf "$results"
+mkdir -p "$results/repo"
+# A repository of just this model, so that the others in the directory take no memory or warm-up time.
+ln -s "$(cd "$REPOSITORY/$MODEL" && pwd)" "$results/repo/$MODEL"
+
+log "building recserve and recload (release)"
+cargo build --release --quiet -p recserve -p recload --bins
+recserve_bin=$root/target/release/recserve
+recload_bin=$root/target/release/recload
+
+# recload on CPU 0, the server on the others (one executor per server core, one ONNX Runtime thread each).
+cpus=$(nproc)
+if [ "$cpus" -ge 2 ]; then
+  client=(taskset -c 0)
+  server_cpus="1-$((cpus - 1))"
+  [ "$cpus" -eq 2 ] && server_cpus=1
+  server_cores=$((cpus - 1))
+  server=(taskset -c "$server_cpus")
+  pinning="recload on CPU 0, recserve on CPU $server_cpus ($server_cores core(s)), \`--executors $server_cores --intra-op-threads 1\`"
+else
+  client=(); server=(); server_cores=1
+  pinning="no pinning (one CPU): recload and recserve share it"
+fi
+
+free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+server_pid=""
+stop_server() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+  fi
+}
+trap stop_server EXIT
+start_server() { # LOG FLAGS... → server_pid, url
+  local log=$1 port
+  shift
+  port=$(free_port)
+  url=http://127.0.0.1:$port
+  "${server[@]}" "$recserve_bin" serve --repository "$results/repo" --http-addr "127.0.0.1:$port" \
+    --grpc-addr "127.0.0.1:$(free_port)" --executors "$server_cores" --intra-op-threads 1 "$@" > "$log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 600); do
+    kill -0 "$server_pid" 2>/dev/null || { tail -20 "$log" >&2; die "recserve exited; log: $log"; }
+    curl -sf -o /dev/null "$url/health/ready" && return 0
+    sleep 0.2
+  done
+  die "recserve not ready after 120 s; log: $log"
+}
+recload() { # ARGS... (workload and target added)
+  "${client[@]}" "$recload_bin" run --url "$url" --model "$MODEL" --repository "$results/repo" --quiet "$@" >&2
+}
+saturation_of() { python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$1"; }
+
+# --- batching off and on: saturation, then the same offered loads -------------------------------------------
+for c in $CANDIDATES; do
+  for mode in on off; do
+    dir=$results/c$c-$mode
+    mkdir -p "$dir"
+    log "$c candidates, batching $mode: closed-loop saturation (concurrency $CONCURRENCY)"
+    start_server "$dir/recserve.log" --batching "$mode"
+    curl -sf "$url/metrics" > "$dir/metrics-before.txt"
+    recload --candidates "$c" --closed --concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" \
+      --label "batching $mode" --json "$dir/saturation.json"
+    curl -sf "$url/metrics" > "$dir/metrics-saturation.txt"
+    if [ "$mode" = on ]; then
+      on_saturation=$(saturation_of "$dir/saturation.json")
+    fi
+    for f in $LOADS; do
+      rate=$(python -c "print(max(1, round($on_saturation * $f)))")
+      log "$c candidates, batching $mode: open loop at $rate/s ($f × batching on's saturation)"
+      recload --candidates "$c" --rate "$rate" --connections 256 --timeout 2s --warmup "$WARMUP" \
+        --duration "$DURATION" --label "batching $mode" --json "$dir/open-$f.json"
+    done
+    stop_server
+  done
+done
+
+# --- overload: twice batching on's saturation, deadline DEADLINE_MS ------------------------------------------
+dir=$results/overload
+mkdir -p "$dir"
+sat=$(saturation_of "$results/c$OVERLOAD_CANDIDATES-on/saturation.json")
+rate=$(python -c "print(round(2 * $sat))")
+log "overload: $rate/s (2 × $sat/s) for $OVERLOAD_S s, default deadline $DEADLINE_MS ms, batching on"
+start_server "$dir/recserve.log" --batching on --default-deadline-ms "$DEADLINE_MS"
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status"; }
+echo "$(rss)" > "$dir/rss-kib.txt"
+(
+  while kill -0 "$server_pid" 2>/dev/null; do
+    sleep 1
+    awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status" 2>/dev/null || true
+  done >> "$dir/rss-kib.txt"
+) &
+sampler=$!
+recload --candidates "$OVERLOAD_CANDIDATES" --rate "$rate" --connections 512 --timeout 2s --warmup 0s \
+  --duration "${OVERLOAD_S}s" --settle-timeout 0s --label "overload" --json "$dir/run.json"
+sleep 2
+alive=false
+kill -0 "$server_pid" 2>/dev/null && curl -sf -o /dev/null "$url/health/ready" && alive=true
+curl -sf "$url/metrics" > "$dir/metrics.txt" || true
+kill "$sampler" 2>/dev/null || true
+wait "$sampler" 2>/dev/null || true
+stop_server
+
+python scripts/bench_batching_report.py --results "$results" --doc docs/benchmarks.md --candidates "$CANDIDATES" \
+  --loads "$LOADS" --overload-candidates "$OVERLOAD_CANDIDATES" --deadline-ms "$DEADLINE_MS" \
+  --overload-s "$OVERLOAD_S" --alive "$alive" --pinning "$pinning" --concurrency "$CONCURRENCY" \
+  --note "${BENCH_NOTE:-}"
+log "done: docs/benchmarks.md (dynamic batching section); reports in $results"
