@@ -57,16 +57,8 @@ else
   pinning="no pinning (one CPU): recload and recserve share it"
 fi
 
-free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-server_pid=""
-stop_server() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
-trap stop_server EXIT
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
 start_server() { # LOG FLAGS... → server_pid, url
   local log=$1 port
   shift

@@ -159,16 +159,8 @@ else
 fi
 
 # --- servers ------------------------------------------------------------------------------------------------
-free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-server_pid=""
-stop_server() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
-trap stop_server EXIT
+# shellcheck source=../../scripts/lib/server-process.sh
+source "$root/scripts/lib/server-process.sh"
 wait_ready() { # URL LOG
   for _ in $(seq 600); do
     if ! kill -0 "$server_pid" 2>/dev/null; then tail -20 "$2" >&2; die "the server exited; log: $2"; fi
