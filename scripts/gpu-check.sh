@@ -73,7 +73,8 @@ print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "capi", "libonn
 find_nvrtc_dir() {
   local dir
   if ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then return; fi
-  for dir in ${LD_LIBRARY_PATH//:/ }; do
+  local path=${LD_LIBRARY_PATH:-}
+  for dir in ${path//:/ }; do
     ls "$dir"/libnvrtc.so* >/dev/null 2>&1 && return
   done
   for dir in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
