@@ -769,8 +769,11 @@ async fn malformed_tensors_are_refused_naming_the_tensor_while_good_requests_go_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_health_is_serving_when_ready_and_not_serving_when_draining() {
-    let mut server =
-        TestServer::spawn(config(&fixture_repo(), |a| a.shutdown_timeout_s = Some(1))).await;
+    // A long drain timeout: shutdown must not wait for it because a Watch stream is open.
+    let mut server = TestServer::spawn(config(&fixture_repo(), |a| {
+        a.shutdown_timeout_s = Some(300)
+    }))
+    .await;
     let channel = Channel::from_shared(server.grpc_url())
         .expect("url")
         .connect()
@@ -852,7 +855,13 @@ async fn grpc_health_is_serving_when_ready_and_not_serving_when_draining() {
         .expect("stream")
         .expect("a status");
     assert_eq!(message.status(), ServingStatus::NotServing);
-    drop(watch);
+    // Then the stream ends, so the open Watch does not hold the drain until the timeout (finished() gives up
+    // after 60 s, well before the 300 s timeout).
+    let end = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("the Watch stream ends within 10 s")
+        .expect("stream");
+    assert!(end.is_none(), "{end:?}");
     server.finished().await.expect("clean shutdown");
 }
 

@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use futures_util::{FutureExt, Stream, StreamExt};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
 
 use super::Protocol;
 use super::kserve::{
@@ -83,10 +86,56 @@ async fn report(reporter: &HealthReporter, readiness: Readiness) {
     reporter.set_service_status(INFERENCE_SERVICE, status).await;
 }
 
+/// How long a health `Watch` stream stays open once the server drains, so that its NOT_SERVING update reaches the
+/// watcher before the stream ends.
+const WATCH_GRACE: Duration = Duration::from_millis(100);
+
+/// `grpc.health.v1.Health`: tonic's implementation, except that `Watch` streams end when the server starts
+/// draining (after NOT_SERVING is sent). Otherwise an open `Watch` keeps its connection busy and holds graceful
+/// shutdown until `--shutdown-timeout-s`.
+struct DrainingHealth {
+    inner: HealthService,
+    service: Arc<Service>,
+}
+
+type HealthStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Health for DrainingHealth {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        self.inner.check(request).await
+    }
+
+    type WatchStream = HealthStream;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let updates = self.inner.watch(request).await?.into_inner();
+        let mut readiness = self.service.watch_readiness();
+        let draining = async move {
+            // An error means the service is gone: end the stream then too.
+            let _ = readiness.wait_for(|r| *r == Readiness::ShuttingDown).await;
+            tokio::time::sleep(WATCH_GRACE).await;
+        };
+        let stream: HealthStream = Box::pin(updates.take_until(draining.boxed()));
+        Ok(Response::new(stream))
+    }
+}
+
 /// The gRPC routes: inference, health and reflection. Health starts NOT_SERVING and follows the service's
 /// readiness from then on (a task that ends when the service is dropped).
 pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let reporter = HealthReporter::new();
+    let health = HealthServer::new(DrainingHealth {
+        inner: HealthService::from_health_reporter(reporter.clone()),
+        service: Arc::clone(&service),
+    });
     let mut readiness = service.watch_readiness();
     let initial = *readiness.borrow_and_update();
     report(&reporter, initial).await;
