@@ -291,6 +291,24 @@ impl<J> Policy<J> {
         Ok(())
     }
 
+    /// Rows of the batch that would close now: the oldest requests, first in first out, as many as fit (one
+    /// request when batching is off).
+    fn first_batch_rows(&self) -> usize {
+        let limit = if self.config.enabled {
+            self.queue.len()
+        } else {
+            1
+        };
+        let mut rows = 0;
+        for entry in self.queue.iter().take(limit) {
+            if rows > 0 && rows + entry.rows > self.config.max_batch_rows {
+                break;
+            }
+            rows += entry.rows;
+        }
+        rows
+    }
+
     /// Removes requests that can no longer be served usefully: past (or certain to miss) their deadline, or
     /// abandoned by their client.
     pub fn drop_dead(
@@ -303,9 +321,14 @@ impl<J> Policy<J> {
         if self.queue.is_empty() {
             return dropped;
         }
+        // Every request runs in the batch that would close now or in a later one, so none can end before that
+        // batch would (a request larger than it, in its own bucket): judged by its own bucket alone, a request
+        // about to ride in a full batch would be executed into a certain timeout.
+        let first_batch_rows = self.first_batch_rows();
         let mut kept = VecDeque::with_capacity(self.queue.len());
         for entry in self.queue.drain(..) {
-            let earliest_end = now + estimator.estimate(self.config.bucket(entry.rows));
+            let rows = first_batch_rows.max(entry.rows);
+            let earliest_end = now + estimator.estimate(self.config.bucket(rows));
             if is_abandoned(&entry.job) {
                 self.queued_rows -= entry.rows;
                 dropped.abandoned.push(entry);
@@ -540,6 +563,29 @@ mod tests {
         );
         let (jobs, rows, _, _) = dispatched(p.decide(t0 + 4 * MS, true, false, &e));
         assert_eq!((jobs, rows), (vec![1], 5));
+    }
+
+    #[test]
+    fn expires_a_request_that_would_miss_its_deadline_in_the_batch_it_rides_in() {
+        // Buckets of 10, 50 and 100 rows take 1, 5 and 10 ms.
+        let t0 = Instant::now();
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(b, MS * b as u32 / 10);
+        }
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 2, 8, t0 + 20 * MS, t0, &e);
+        admit(&mut p, 1, 90, t0 + 50 * MS, t0, &e);
+        // At t0 + 12 ms, 8 ms are left to job 2: enough for its own bucket of 10 (1 ms), not for the 98-row
+        // batch it rides in with job 1 (bucket 100, 10 ms).
+        let now = t0 + 12 * MS;
+        let dropped = p.drop_dead(now, &e, |_| false);
+        assert_eq!(
+            dropped.expired.iter().map(|x| x.job).collect::<Vec<_>>(),
+            vec![2]
+        );
+        let (jobs, rows, _, _) = dispatched(p.decide(now, true, false, &e));
+        assert_eq!((jobs, rows), (vec![1], 90));
     }
 
     #[test]
