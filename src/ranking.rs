@@ -330,13 +330,7 @@ impl RankingModel {
     /// Counts a refusal and turns it into the service error the client gets.
     fn refused(&self, refusal: Refusal) -> ServiceError {
         self.metrics.rejected(&self.model, refusal.reason());
-        match refusal {
-            Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
-            Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => ServiceError::Overloaded {
-                model: self.model.clone(),
-                retry_after: refusal.retry_after(),
-            },
-        }
+        refusal.into_error(&self.model)
     }
 
     /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher

@@ -151,18 +151,44 @@ async fn rank_call(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    model_call(service, model, version, headers, body, "rank", rank_served).await
+}
+
+/// The shape every `/v1` per-model route shares: resolve the model (and the version, when pinned in the path),
+/// read the deadline header, run `serve`, answer an error with its status, and record the request under
+/// `endpoint`.
+pub(crate) async fn model_call<F, Fut>(
+    service: Arc<Service>,
+    model: String,
+    version: Option<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: &'static str,
+    serve: F,
+) -> Response
+where
+    F: FnOnce(
+        Arc<Service>,
+        Arc<ServedModel>,
+        Option<Instant>,
+        Result<Bytes, BytesRejection>,
+    ) -> Fut,
+    Fut: Future<Output = Result<Response, ServiceError>>,
+{
     let start = Instant::now();
     let served = parse_version(version).and_then(|version| service.model(&model, version));
     let label = served.as_ref().map_or(UNKNOWN_MODEL, |m| m.name.as_str());
     let result = match (&served, deadline_from(&headers, start)) {
-        (Ok(served), Ok(deadline)) => rank_served(&service, served, deadline, body).await,
+        (Ok(served), Ok(deadline)) => {
+            serve(Arc::clone(&service), Arc::clone(served), deadline, body).await
+        }
         (Err(e), _) => Err(e.clone()),
         (_, Err(e)) => Err(e),
     };
     let response = result.unwrap_or_else(|e| error_response(&e));
     service.metrics.observe_request(
         label,
-        "rank",
+        endpoint,
         Protocol::V1.as_str(),
         response.status().as_u16(),
         start.elapsed().as_secs_f64(),
@@ -171,8 +197,8 @@ async fn rank_call(
 }
 
 async fn rank_served(
-    service: &Service,
-    served: &ServedModel,
+    service: Arc<Service>,
+    served: Arc<ServedModel>,
     deadline: Option<Instant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServiceError> {
@@ -183,7 +209,7 @@ async fn rank_served(
     let body = body_bytes(body, service.limits.max_body_bytes)?;
     let request: v1::RankRequest = v1::parse_json(&body)?;
     let input = v1::rank_input(contract, &request)?;
-    let scores = service.rank(served, input, deadline).await?;
+    let scores = service.rank(&served, input, deadline).await?;
     Ok(axum::Json(v1::rank_response(
         &served.name,
         served.version,

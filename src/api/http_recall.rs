@@ -14,7 +14,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use super::http::{body_bytes, deadline_from, error_response, parse_version};
+use super::http::{body_bytes, deadline_from, error_response, model_call};
 use super::{Protocol, v1, v1_recall};
 use crate::error::ServiceError;
 use crate::metrics::UNKNOWN_MODEL;
@@ -57,28 +57,21 @@ async fn recall_call(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let start = Instant::now();
-    let served = parse_version(version).and_then(|version| service.model(&model, version));
-    let label = served.as_ref().map_or(UNKNOWN_MODEL, |m| m.name.as_str());
-    let result = match (&served, deadline_from(&headers, start)) {
-        (Ok(served), Ok(deadline)) => recall_served(&service, served, deadline, body).await,
-        (Err(e), _) => Err(e.clone()),
-        (_, Err(e)) => Err(e),
-    };
-    let response = result.unwrap_or_else(|e| error_response(&e));
-    service.metrics.observe_request(
-        label,
+    model_call(
+        service,
+        model,
+        version,
+        headers,
+        body,
         "recall",
-        Protocol::V1.as_str(),
-        response.status().as_u16(),
-        start.elapsed().as_secs_f64(),
-    );
-    response
+        recall_served,
+    )
+    .await
 }
 
 async fn recall_served(
-    service: &Service,
-    served: &ServedModel,
+    service: Arc<Service>,
+    served: Arc<ServedModel>,
     deadline: Option<Instant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServiceError> {
@@ -86,7 +79,7 @@ async fn recall_served(
     served.recall()?;
     let body = body_bytes(body, service.limits.max_body_bytes)?;
     let input = v1_recall::recall_input(v1::parse_json(&body)?)?;
-    let items = service.recall(served, input, deadline).await?;
+    let items = service.recall(&served, input, deadline).await?;
     Ok(axum::Json(v1_recall::recall_response(
         &served.name,
         served.version,

@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::estimator::Estimator;
+use crate::error::ServiceError;
 
 /// How long before a batch must start the batcher closes it: covers waking up and handing the batch over.
 pub const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
@@ -100,6 +101,17 @@ impl Refusal {
             Refusal::QueueFull { .. } => "queue_full",
             Refusal::PredictedLate { .. } => "predicted_late",
             Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// The error the client gets: 429 (with `retry_after`) when overloaded, 503 while shutting down.
+    pub fn into_error(self, model: &str) -> ServiceError {
+        match self {
+            Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
+            Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => ServiceError::Overloaded {
+                model: model.to_owned(),
+                retry_after: self.retry_after(),
+            },
         }
     }
 

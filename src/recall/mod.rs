@@ -28,7 +28,7 @@ pub use catalogue::{
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
 
-use crate::batching::{BatchConfig, BatchExecutor, Batcher, Estimator, Job, Refusal, Unexecuted};
+use crate::batching::{BatchConfig, BatchExecutor, Batcher, Estimator, Job, Unexecuted};
 use crate::embedding::{CpuStore, EmbeddingStore, GatherError, OovPolicy, TableSpec, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::metrics::{Metrics, RecallMetrics};
@@ -582,15 +582,7 @@ impl RecallModel {
         }
         if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
             self.metrics.rejected(&self.model, refusal.reason());
-            return Err(match refusal {
-                Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
-                Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => {
-                    ServiceError::Overloaded {
-                        model: self.model.clone(),
-                        retry_after: refusal.retry_after(),
-                    }
-                }
-            });
+            return Err(refusal.into_error(&self.model));
         }
         let mut out = Vec::with_capacity(answers.len());
         for answer in answers {
