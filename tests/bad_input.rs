@@ -145,7 +145,7 @@ fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
         &rank,
         v.to_string(),
         400,
-        "missing field `candidates`",
+        "candidates: is required",
     );
     let mut v = good.clone();
     v["user"]["fields"]["C99"] = json!(1);

@@ -575,8 +575,11 @@ async fn malformed_tensors_are_refused_naming_the_tensor_while_good_requests_go_
     }
 
     // Bodies over --max-body-bytes (4 MiB) are refused before decoding.
-    let (status, _, body) = post_v2(&server, path, &[], vec![b' '; 5 << 20]).await;
+    // Refused with `Connection: close`: the unread rest of the body leaves the connection unusable, and a client
+    // must not send its next request on it.
+    let (status, headers, body) = post_v2(&server, path, &[], vec![b' '; 5 << 20]).await;
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers.get("connection"), Some("close"));
 
     // The binary extension both ways, with binary_data_output.
     let mut binary_request = sized.clone();

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use recserve::api::v1::{RankRequest, parse_json, rank_input};
+use recserve::api::rank_body::decode_rank;
 use recserve::config::Config;
 use recserve::embedding::{self, open_tables};
 use recserve::error::LoadError;
@@ -259,9 +259,8 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
     let inputs = (0..options.pool.max(1))
         .map(|_| {
             let body = workload.body(&mut rng);
-            let request: RankRequest = parse_json(&body)
-                .map_err(|e| CeilingError::Invalid(format!("generated request refused: {e}")))?;
-            rank_input(&contract, &request)
+            decode_rank(&contract, &body)
+                .map(|decoded| decoded.input)
                 .map_err(|e| CeilingError::Invalid(format!("generated request refused: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
+use super::rank_body::{RankBody, decode_rank};
 use super::{Protocol, kserve, v1};
 use crate::error::ServiceError;
 use crate::metrics::UNKNOWN_MODEL;
@@ -43,11 +44,21 @@ pub fn error_response(error: &ServiceError) -> Response {
         tracing::error!(%detail, "internal error");
     }
     let mut response = (status, axum::Json(json!({ "error": error.to_string() }))).into_response();
-    if let ServiceError::Overloaded { retry_after, .. } = error {
-        let seconds = retry_after.as_secs().max(1);
-        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
+    match error {
+        ServiceError::Overloaded { retry_after, .. } => {
+            let seconds = retry_after.as_secs().max(1);
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
         }
+        // The rest of the body is not read, so the connection cannot carry another request: saying so keeps a
+        // client from sending its next request on a connection that is about to close.
+        ServiceError::PayloadTooLarge { .. } => {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
     }
     response
 }
@@ -207,13 +218,17 @@ async fn rank_served(
     ranking.precheck(deadline)?;
     let contract = &ranking.contract;
     let body = body_bytes(body, service.limits.max_body_bytes)?;
-    let request: v1::RankRequest = v1::parse_json(&body)?;
-    let input = v1::rank_input(contract, &request)?;
+    let RankBody {
+        input,
+        candidate_ids,
+        top_k,
+    } = decode_rank(contract, &body)?;
     let scores = service.rank(&served, input, deadline).await?;
     Ok(axum::Json(v1::rank_response(
         &served.name,
         served.version,
-        &request,
+        &candidate_ids,
+        top_k,
         &scores,
     ))
     .into_response())

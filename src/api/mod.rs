@@ -5,6 +5,8 @@ pub mod grpc;
 pub mod http;
 pub mod http_recall;
 pub mod kserve;
+pub mod rank_body;
+pub mod rank_reference;
 pub mod v1;
 pub mod v1_recall;
 

@@ -1,5 +1,6 @@
 //! The `/v1` JSON API: request and response bodies (documented in `docs/api.md`) and their decoding into the
-//! typed service inputs. Decoding names the exact field of every problem (`candidates[3].fields.C21`).
+//! typed service inputs. Decoding names the exact field of every problem (`candidates[3].fields.C21`). Rank bodies,
+//! the hot path, are decoded by [`super::rank_body`].
 
 use std::collections::HashMap;
 
@@ -7,22 +8,23 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
-use crate::ranking::{RankContract, RankInput};
 use crate::repository::Side;
 use crate::service::ServedModel;
 
+/// Refuses a body that is not a JSON object: serde also reads a struct from an array.
+pub fn require_object(body: &[u8]) -> Result<(), ServiceError> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        Some(_) => Err(ServiceError::Malformed(
+            "the body must be a JSON object".to_owned(),
+        )),
+        None => Err(ServiceError::Malformed("the body is empty".to_owned())),
+    }
+}
+
 /// Parses a JSON object body, naming the path of the first problem.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
-    // serde also reads a struct from an array; a request body must be an object.
-    match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => {}
-        Some(_) => {
-            return Err(ServiceError::Malformed(
-                "the body must be a JSON object".to_owned(),
-            ));
-        }
-        None => return Err(ServiceError::Malformed("the body is empty".to_owned())),
-    }
+    require_object(body)?;
     // Valid bodies take the plain parser; only a failed parse is repeated with path tracking, which costs a
     // share of every parse, to name the field in the error.
     if let Ok(value) = serde_json::from_slice(body) {
@@ -43,17 +45,6 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
     Ok(value)
 }
 
-/// `POST /v1/models/{model}/rank`.
-#[derive(Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RankRequest {
-    #[serde(default)]
-    pub user: UserSide,
-    pub candidates: Vec<Candidate>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<usize>,
-}
-
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserSide {
@@ -61,15 +52,6 @@ pub struct UserSide {
     pub fields: HashMap<String, i64>,
     #[serde(default)]
     pub dense: Vec<f32>,
-}
-
-#[derive(Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Candidate {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<i64>,
-    #[serde(default)]
-    pub fields: HashMap<String, i64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -87,127 +69,17 @@ pub struct ScoredCandidate {
     pub score: f32,
 }
 
-/// Checks one `fields` object against the fields it must hold exactly, writing each id into `row`.
-fn fill_fields(
-    contract: &RankContract,
-    path: &str,
-    given: &HashMap<String, i64>,
-    expected: &[usize],
-    side: Side,
-    row: &mut [i64],
-) -> Result<(), ServiceError> {
-    for &f in expected {
-        let name = contract.field_name(f);
-        let id = *given
-            .get(name)
-            .ok_or_else(|| ServiceError::invalid(format!("{path}.{name}"), "is missing"))?;
-        contract
-            .check_id(f, id)
-            .map_err(|problem| ServiceError::invalid(format!("{path}.{name}"), problem))?;
-        row[f] = id;
-    }
-    if given.len() != expected.len() {
-        let mut unknown: Vec<&String> = given
-            .keys()
-            .filter(|k| {
-                !expected
-                    .iter()
-                    .any(|&f| contract.field_name(f) == k.as_str())
-            })
-            .collect();
-        unknown.sort_unstable();
-        if let Some(name) = unknown.first() {
-            let problem = match contract.field_index(name) {
-                Some(f) if Some(f) == contract.item_id_field => {
-                    "is the model's item_id_field: send it as the candidate's `id`, not in `fields`"
-                        .to_owned()
-                }
-                Some(_) if side == Side::User => {
-                    "is an item-side field: send it in candidates[i].fields".to_owned()
-                }
-                Some(_) => "is a user-side field: send it in user.fields".to_owned(),
-                None => "is not a field of this model".to_owned(),
-            };
-            return Err(ServiceError::invalid(format!("{path}.{name}"), problem));
-        }
-    }
-    Ok(())
-}
-
-/// Expands a rank request into rows: the user side repeated for every candidate.
-pub fn rank_input(contract: &RankContract, req: &RankRequest) -> Result<RankInput, ServiceError> {
-    let rows = req.candidates.len();
-    contract
-        .check_rows(rows)
-        .map_err(|problem| ServiceError::invalid("candidates", problem))?;
-    if req.top_k == Some(0) {
-        return Err(ServiceError::invalid("top_k", "must be at least 1"));
-    }
-    if req.user.dense.len() != contract.dense_features {
-        return Err(ServiceError::invalid(
-            "user.dense",
-            format!(
-                "holds {} values, but the model takes {} dense features",
-                req.user.dense.len(),
-                contract.dense_features
-            ),
-        ));
-    }
-    for (i, &v) in req.user.dense.iter().enumerate() {
-        RankContract::check_dense(v)
-            .map_err(|problem| ServiceError::invalid(format!("user.dense[{i}]"), problem))?;
-    }
-
-    let nf = contract.fields();
-    let mut user_row = vec![0i64; nf];
-    fill_fields(
-        contract,
-        "user.fields",
-        &req.user.fields,
-        &contract.user_fields,
-        Side::User,
-        &mut user_row,
-    )?;
-
-    let mut ids = Vec::with_capacity(rows * nf);
-    for (i, c) in req.candidates.iter().enumerate() {
-        let start = ids.len();
-        ids.extend_from_slice(&user_row);
-        let row = &mut ids[start..];
-        let path = format!("candidates[{i}].fields");
-        fill_fields(
-            contract,
-            &path,
-            &c.fields,
-            &contract.item_fields,
-            Side::Item,
-            row,
-        )?;
-        if let Some(f) = contract.item_id_field {
-            let id = c.id.ok_or_else(|| {
-                ServiceError::invalid(
-                    format!("candidates[{i}].id"),
-                    format!(
-                        "is required: it is the value of the model's item_id_field {:?}",
-                        contract.field_name(f)
-                    ),
-                )
-            })?;
-            contract
-                .check_id(f, id)
-                .map_err(|problem| ServiceError::invalid(format!("candidates[{i}].id"), problem))?;
-            row[f] = id;
-        }
-    }
-    let dense = req.user.dense.repeat(rows);
-    Ok(RankInput { rows, ids, dense })
-}
-
 /// Builds the response: every candidate in request order, or the `top_k` best (highest score first, ties by
 /// request order).
-pub fn rank_response(model: &str, version: u64, req: &RankRequest, scores: &[f32]) -> RankResponse {
+pub fn rank_response(
+    model: &str,
+    version: u64,
+    candidate_ids: &[Option<i64>],
+    top_k: Option<usize>,
+    scores: &[f32],
+) -> RankResponse {
     let mut order: Vec<usize> = (0..scores.len()).collect();
-    if let Some(k) = req.top_k {
+    if let Some(k) = top_k {
         // NaN (a broken model) sorts last rather than first.
         let key = |i: usize| {
             if scores[i].is_nan() {
@@ -230,7 +102,7 @@ pub fn rank_response(model: &str, version: u64, req: &RankRequest, scores: &[f32
             .into_iter()
             .map(|i| ScoredCandidate {
                 index: i,
-                id: req.candidates[i].id,
+                id: candidate_ids[i],
                 score: scores[i],
             })
             .collect(),
@@ -316,135 +188,14 @@ pub fn model_info(model: &ServedModel) -> ModelInfo {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::repository::ModelSpec;
-
-    const SPEC: &str = r#"
-format_version = 1
-kind = "deepfm"
-[ranking]
-dense_features = ["d0", "d1"]
-item_id_field = "item"
-[dense_graph]
-file = "g.onnx"
-precision = "fp32"
-[[tables]]
-name = "u"
-file = "t.safetensors"
-rows = 10
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[tables]]
-name = "item"
-file = "t.safetensors"
-rows = 100
-dim = 3
-storage = "fp32"
-[[tables]]
-name = "cat"
-file = "t.safetensors"
-rows = 5
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[fields]]
-name = "u"
-side = "user"
-[[fields]]
-name = "item"
-side = "item"
-[[fields]]
-name = "cat"
-side = "item"
-"#;
-
-    fn contract() -> RankContract {
-        RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
-    }
-
-    fn decode(body: &str) -> Result<RankInput, ServiceError> {
-        let request: RankRequest = parse_json(body.as_bytes())?;
-        rank_input(&contract(), &request)
-    }
-
-    fn message(body: &str) -> String {
-        decode(body).expect_err("must be refused").to_string()
-    }
-
-    #[test]
-    fn expands_user_side_to_every_candidate() {
-        let input = decode(
-            r#"{"user": {"fields": {"u": 7}, "dense": [0.5, -1]},
-                "candidates": [{"id": 42, "fields": {"cat": 1}}, {"id": 3, "fields": {"cat": 4}}]}"#,
-        )
-        .expect("valid");
-        assert_eq!(input.rows, 2);
-        assert_eq!(input.ids, vec![7, 42, 1, 7, 3, 4]);
-        assert_eq!(input.dense, vec![0.5, -1.0, 0.5, -1.0]);
-    }
-
-    #[test]
-    fn out_of_vocabulary_ids_pass_only_for_default_tables() {
-        // `item` has oov = "default": any id passes here and reads the default row in the gather.
-        let input = decode(r#"{"user": {"fields": {"u": 0}, "dense": [0, 0]}, "candidates": [{"id": -5, "fields": {"cat": 0}}]}"#)
-            .expect("default policy");
-        assert_eq!(input.ids, vec![0, -5, 0]);
-    }
-
-    #[test]
-    fn names_the_field_of_every_problem() {
-        let ok_user = r#""user": {"fields": {"u": 1}, "dense": [0, 0]}"#;
-        let cases = [
-            (r#"{"user": "#.to_owned(), "malformed request body: EOF while parsing"),
-            (format!(r#"{{{ok_user}}}"#), "missing field `candidates`"),
-            (format!(r#"{{{ok_user}, "candidates": []}}"#), "candidates: must hold at least one candidate"),
-            (
-                format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}, {{"id": 1, "fields": {{"cat": 0}}}}, {{"id": 1, "fields": {{"cat": 0}}}}, {{"id": 1, "fields": {{"cat": 0}}}}]}}"#),
-                "candidates: holds 4 candidates, more than the limit of 3",
-            ),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": "x"}}}}]}}"#), "candidates[0].fields.cat: invalid type: string \"x\", expected i64"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1.5, "fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: invalid type: floating point"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{}}}}]}}"#), "candidates[0].fields.cat: is missing"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: is required: it is the value of the model's item_id_field \"item\""),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 5}}}}]}}"#), "candidates[0].fields.cat: id 5 is outside the vocabulary of table \"cat\" (ids 0..5), which rejects unknown ids"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "item": 1}}}}]}}"#), "candidates[0].fields.item: is the model's item_id_field"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "u": 1}}}}]}}"#), "candidates[0].fields.u: is a user-side field"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "zz": 1}}}}]}}"#), "candidates[0].fields.zz: is not a field of this model"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}], "top_k": 0}}"#), "top_k: must be at least 1"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}], "extra": 1}}"#), "unknown field `extra`"),
-            (r#"{"user": {"fields": {"u": 10}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u: id 10 is outside the vocabulary"),
-            (r#"{"user": {"fields": {"u": 1, "cat": 1}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.cat: is an item-side field"),
-            (r#"{"user": {"fields": {}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u: is missing"),
-            (r#"{"user": {"fields": {"u": 1}, "dense": [0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense: holds 1 values, but the model takes 2 dense features"),
-            (r#"{"user": {"fields": {"u": 1}, "dense": [0, 1e39]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: must be a finite number, got inf"),
-            (r#"{"user": {"fields": {"u": 1}, "dense": [0, NaN]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "malformed request body"),
-            (r#"{"user": {"fields": {"u": 1}, "dense": [0, "1"]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: invalid type: string"),
-            (r#"{"user": {"fields": {"u": 99999999999999999999}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u"),
-            ("[]".to_owned(), "malformed request body"),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}]}} trailing"#), "malformed request body: trailing characters"),
-        ];
-        for (body, expected) in cases {
-            let got = message(&body);
-            assert!(
-                got.contains(expected),
-                "for {body}\nexpected {expected:?}\ngot      {got:?}"
-            );
-        }
-    }
 
     #[test]
     fn top_k_sorts_by_score_then_request_order() {
         let scores = [0.2, 0.9, f32::NAN, 0.9, 0.5];
         let order = |k: Option<usize>| {
-            let mut req: RankRequest = parse_json(
-                br#"{"candidates": [{"id": 10}, {"id": 11}, {"id": 12}, {"id": 13}, {"id": 14}]}"#,
-            )
-            .expect("parse");
-            req.top_k = k;
-            let resp = rank_response("m", 1, &req, &scores);
+            let ids: Vec<Option<i64>> = (10..15).map(Some).collect();
+            let resp = rank_response("m", 1, &ids, k, &scores);
             resp.scores
                 .iter()
                 .map(|s| (s.index, s.id))

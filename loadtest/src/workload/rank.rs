@@ -362,7 +362,8 @@ mod tests {
     use std::path::Path;
 
     use rand::SeedableRng;
-    use recserve::api::v1::{RankRequest, TableInfo, parse_json, rank_input};
+    use recserve::api::rank_body::decode_rank;
+    use recserve::api::v1::TableInfo;
     use recserve::ranking::RankContract;
 
     use super::*;
@@ -440,8 +441,9 @@ table = "cat"
     /// Decodes `body` exactly as the server does, against the contract of `spec`.
     fn server_accepts(body: &[u8], candidates: usize) -> recserve::ranking::RankInput {
         let contract = RankContract::new(Arc::new(spec()), 1000);
-        let request: RankRequest = parse_json(body).expect("the server parses the body");
-        let input = rank_input(&contract, &request).expect("the server accepts every id");
+        let input = decode_rank(&contract, body)
+            .expect("the server accepts every id")
+            .input;
         assert_eq!(input.rows, candidates);
         input
     }
@@ -500,8 +502,9 @@ table = "cat"
         )
         .expect("valid");
         let body = w.body(&mut StdRng::seed_from_u64(1));
-        let request: RankRequest = parse_json(&body).expect("parses");
-        assert_eq!(request.top_k, Some(2));
+        let contract = RankContract::new(Arc::new(spec()), 1000);
+        let decoded = decode_rank(&contract, &body).expect("accepted");
+        assert_eq!(decoded.top_k, Some(2));
     }
 
     fn model_info() -> ModelInfo {

@@ -1,0 +1,98 @@
+//! `/v1` rank body decoding, side by side: the server's one-pass decoder (`rank_body::decode_rank`) against the
+//! plain serde-derive decoding it replaced (`rank_reference::decode_rank`), on bodies for the demo DeepFM
+//! (`models/demo/deepfm`: 19 user fields, 6 item fields, the item id, 13 dense features) with 4 and 100
+//! candidates, ids drawn uniformly from each table. Criterion reports candidates per second ("elem/s").
+//!
+//! Run: `cargo bench --bench rank_decode` (figures in docs/benchmarks.md). Under `cargo test` (no `--bench`
+//! argument) Criterion runs each case once as a smoke test.
+
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use recserve::api::rank_body::RankBody;
+use recserve::api::{rank_body, rank_reference};
+use recserve::error::ServiceError;
+use recserve::ranking::RankContract;
+use recserve::repository::ModelSpec;
+
+/// A rank body decoder.
+type Decode = fn(&RankContract, &[u8]) -> Result<RankBody, ServiceError>;
+
+/// Bodies generated up front and cycled through, so generation is not measured.
+const BODIES: usize = 32;
+
+/// A body as clients write it: every candidate's fields in model order, compact JSON.
+fn body(spec: &ModelSpec, contract: &RankContract, candidates: usize, rng: &mut StdRng) -> Vec<u8> {
+    let mut id = |f: usize| rng.random_range(0..spec.tables[spec.fields[f].table].spec.rows as i64);
+    let fields = |ids: &mut dyn FnMut(usize) -> i64, of: &[usize]| {
+        let members: Vec<String> = of
+            .iter()
+            .map(|&f| format!("\"{}\":{}", contract.field_name(f), ids(f)))
+            .collect();
+        format!("{{{}}}", members.join(","))
+    };
+    let user = fields(&mut id, &contract.user_fields);
+    let dense: Vec<String> = (0..contract.dense_features)
+        .map(|i| format!("{}.0", (i * 7) % 50))
+        .collect();
+    let item_id = contract
+        .item_id_field
+        .expect("the demo model has an item id field");
+    let rows: Vec<String> = (0..candidates)
+        .map(|_| {
+            let item = fields(&mut id, &contract.item_fields);
+            format!("{{\"id\":{},\"fields\":{item}}}", id(item_id))
+        })
+        .collect();
+    format!(
+        "{{\"user\":{{\"fields\":{user},\"dense\":[{}]}},\"candidates\":[{}]}}",
+        dense.join(","),
+        rows.join(",")
+    )
+    .into_bytes()
+}
+
+fn bench_decode(c: &mut Criterion) {
+    let toml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/models/demo/deepfm/1/model.toml"
+    ))
+    .expect("the demo model");
+    let spec = Arc::new(ModelSpec::parse(&toml).expect("the demo model.toml parses"));
+    let contract = RankContract::new(Arc::clone(&spec), 1000);
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut group = c.benchmark_group("rank_decode");
+    for candidates in [4usize, 100] {
+        let bodies: Vec<Vec<u8>> = (0..BODIES)
+            .map(|_| body(&spec, &contract, candidates, &mut rng))
+            .collect();
+        for b in &bodies {
+            assert_eq!(
+                rank_body::decode_rank(&contract, b).expect("valid"),
+                rank_reference::decode_rank(&contract, b).expect("valid"),
+                "both decoders read the same rows"
+            );
+        }
+        group.throughput(Throughput::Elements(candidates as u64));
+        let decoders: [(&str, Decode); 2] = [
+            ("reference", rank_reference::decode_rank),
+            ("one_pass", rank_body::decode_rank),
+        ];
+        for (name, decode) in decoders {
+            let mut next = 0;
+            group.bench_function(BenchmarkId::new(name, candidates), |b| {
+                b.iter(|| {
+                    let decoded = decode(&contract, &bodies[next % BODIES]).expect("valid");
+                    next += 1;
+                    std::hint::black_box(decoded)
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_decode);
+criterion_main!(benches);
