@@ -77,8 +77,10 @@ def main():
     results = Path(args.results)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU")
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     any_run = load(next(results.glob("c*-on/saturation.json")))
+    # When the measurements began (the first recload run), not when this report was written.
+    started = min(load(p)["started_at"] for p in results.glob("*/*.json"))
+    now = datetime.datetime.fromisoformat(started.replace("Z", "+00:00")).strftime("%Y-%m-%d %H:%M UTC")
     out = [BEGIN, "## Dynamic batching", ""]
     if args.note:
         out += [f"> **{args.note}**", ""]
