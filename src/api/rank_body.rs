@@ -559,51 +559,8 @@ mod tests {
 
     use super::*;
     use crate::api::rank_reference;
+    use crate::api::test_contract::contract;
     use crate::repository::ModelSpec;
-
-    const SPEC: &str = r#"
-format_version = 1
-kind = "deepfm"
-[ranking]
-dense_features = ["d0", "d1"]
-item_id_field = "item"
-[dense_graph]
-file = "g.onnx"
-precision = "fp32"
-[[tables]]
-name = "u"
-file = "t.safetensors"
-rows = 10
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[tables]]
-name = "item"
-file = "t.safetensors"
-rows = 100
-dim = 3
-storage = "fp32"
-[[tables]]
-name = "cat"
-file = "t.safetensors"
-rows = 5
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[fields]]
-name = "u"
-side = "user"
-[[fields]]
-name = "item"
-side = "item"
-[[fields]]
-name = "cat"
-side = "item"
-"#;
-
-    fn contract() -> RankContract {
-        RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
-    }
 
     fn decode(body: &str) -> Result<RankInput, ServiceError> {
         decode_rank(&contract(), body.as_bytes()).map(|b| b.input)

@@ -454,6 +454,15 @@ mod tests {
         }
     }
 
+    /// An estimator in proportion to rows: buckets of 10, 50 and 100 rows take 1, 5 and 10 ms.
+    fn proportional() -> Estimator {
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(b, MS * b as u32 / 10);
+        }
+        e
+    }
+
     /// An estimator that predicts 1 ms for every bucket.
     fn one_ms() -> Estimator {
         let e = Estimator::new(&[10, 50, 100]);
@@ -579,12 +588,7 @@ mod tests {
 
     #[test]
     fn expires_a_request_that_would_miss_its_deadline_in_the_batch_it_rides_in() {
-        // Buckets of 10, 50 and 100 rows take 1, 5 and 10 ms.
-        let t0 = Instant::now();
-        let e = Estimator::new(&[10, 50, 100]);
-        for b in [10, 50, 100] {
-            e.observe(b, MS * b as u32 / 10);
-        }
+        let (t0, e) = (Instant::now(), proportional());
         let mut p = Policy::new(config(), 1);
         admit(&mut p, 2, 8, t0 + 20 * MS, t0, &e);
         admit(&mut p, 1, 90, t0 + 50 * MS, t0, &e);
@@ -653,12 +657,7 @@ mod tests {
 
     #[test]
     fn a_request_waits_for_the_batch_it_will_ride_in() {
-        // Buckets of 10, 50 and 100 rows take 1, 5 and 10 ms.
-        let t0 = Instant::now();
-        let e = Estimator::new(&[10, 50, 100]);
-        for b in [10, 50, 100] {
-            e.observe(b, MS * b as u32 / 10);
-        }
+        let (t0, e) = (Instant::now(), proportional());
         let mut p = Policy::new(config(), 1);
         // Idle: a lone request of 8 rows runs in its own bucket of 10.
         assert_eq!(p.predicted_wait(8, &e), MS);

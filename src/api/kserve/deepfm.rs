@@ -254,60 +254,12 @@ impl TensorContract for DeepFm<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use axum::body::Bytes;
     use serde_json::json;
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::repository::ModelSpec;
-
-    /// Fields in model.toml order: u (user, reject, 10 rows), item (item, default), cat (item, reject, 5 rows).
-    const SPEC: &str = r#"
-format_version = 1
-kind = "deepfm"
-[ranking]
-dense_features = ["d0", "d1"]
-item_id_field = "item"
-[dense_graph]
-file = "g.onnx"
-precision = "fp32"
-output = "ctr"
-[[tables]]
-name = "u"
-file = "t.safetensors"
-rows = 10
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[tables]]
-name = "item"
-file = "t.safetensors"
-rows = 100
-dim = 3
-storage = "fp32"
-[[tables]]
-name = "cat"
-file = "t.safetensors"
-rows = 5
-dim = 3
-storage = "fp32"
-oov = "reject"
-[[fields]]
-name = "u"
-side = "user"
-[[fields]]
-name = "item"
-side = "item"
-[[fields]]
-name = "cat"
-side = "item"
-"#;
-
-    fn contract() -> RankContract {
-        RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
-    }
+    use crate::api::test_contract::contract;
 
     fn tensor(name: &str, datatype: &str, shape: &[i64], data: TensorData) -> InputTensor {
         InputTensor {
