@@ -4,7 +4,7 @@
 //! The full list, with what each is for, is in `docs/metrics.md`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -45,6 +45,7 @@ pub struct Metrics {
     padding_rows: IntCounterVec,
     batches: IntCounterVec,
     queue_depth: IntGaugeVec,
+    admission_margin: GaugeVec,
     execution: HistogramVec,
     estimate_ratio: HistogramVec,
     gpu_memory: IntGaugeVec,
@@ -167,6 +168,15 @@ impl Metrics {
                 "Requests (or chunks of large ones) waiting in the batcher's queue.",
                 &["model"],
             ),
+            admission_margin: GaugeVec::new(
+                Opts::new(
+                    "recserve_admission_margin_seconds",
+                    "Margin admission adds to each predicted wait: the 99th percentile of how much later than \
+                     predicted recent requests were answered.",
+                ),
+                &["model"],
+            )
+            .expect("metric definitions are static and valid"),
             execution: histogram(
                 "recserve_batch_execution_seconds",
                 "Time to execute one batch (gather and inference of the padded batch).",
@@ -202,7 +212,7 @@ impl Metrics {
                 &["pipeline", "stage"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 23] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 24] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -221,6 +231,7 @@ impl Metrics {
             Box::new(m.padding_rows.clone()),
             Box::new(m.batches.clone()),
             Box::new(m.queue_depth.clone()),
+            Box::new(m.admission_margin.clone()),
             Box::new(m.execution.clone()),
             Box::new(m.estimate_ratio.clone()),
             Box::new(m.topk_duration.clone()),
@@ -293,6 +304,7 @@ impl Metrics {
             estimate_ratio: self.estimate_ratio.with_label_values(&[model]),
             expired: self.expired.with_label_values(&[model]),
             abandoned: self.abandoned.with_label_values(&[model]),
+            admission_margin: self.admission_margin.with_label_values(&[model]),
         }
     }
 

@@ -368,9 +368,10 @@ impl RankingModel {
                 answers.push(answer);
             }
         }
-        if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
-            return Err(self.refused(refusal));
-        }
+        let promised = match self.batcher.submit(chunks, deadline) {
+            Ok(promised) => promised,
+            Err((refusal, _)) => return Err(self.refused(refusal)),
+        };
         let mut scores = Vec::with_capacity(input.rows);
         for answer in answers {
             match answer.await {
@@ -397,6 +398,7 @@ impl RankingModel {
                 }
             }
         }
+        self.batcher.answered(promised);
         Ok(scores)
     }
 }

@@ -5,6 +5,7 @@
 //! timeout, then a short spin).
 
 pub mod estimator;
+pub mod lateness;
 pub mod policy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +14,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use prometheus::{Histogram, IntCounter, IntGauge};
+use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
 
 pub use estimator::Estimator;
 pub use policy::{Batch, BatchConfig, CloseReason, Entry, Refusal, split_rows};
@@ -142,6 +143,7 @@ pub struct BatchMetrics {
     pub estimate_ratio: Histogram,
     pub expired: IntCounter,
     pub abandoned: IntCounter,
+    pub admission_margin: Gauge,
 }
 
 impl BatchMetrics {
@@ -248,28 +250,42 @@ impl<J: Job> Batcher<J> {
         })
     }
 
-    /// Queues the chunks of one request, all or none, or refuses them at once (handing them back).
+    /// Queues the chunks of one request, all or none, or refuses them at once (handing them back). Returns when
+    /// the request is predicted to be answered: pass it to [`Self::answered`] once the answer is in hand.
     pub fn submit(
         &self,
         chunks: Vec<(J, usize)>,
         deadline: Instant,
-    ) -> Result<(), (Refusal, Vec<(J, usize)>)> {
+    ) -> Result<Instant, (Refusal, Vec<(J, usize)>)> {
         let now = Instant::now();
-        {
+        let promised = {
             let mut state = self.shared.lock();
             if state.closing {
                 return Err((Refusal::ShuttingDown, chunks));
             }
-            state
+            let promised = state
                 .policy
                 .admit(chunks, deadline, now, &self.shared.estimator)?;
             self.shared
                 .metrics
                 .queue_depth
                 .set(state.policy.len() as i64);
-        }
+            promised
+        };
         self.shared.wake_batcher();
-        Ok(())
+        Ok(promised)
+    }
+
+    /// A request that [`Self::submit`] predicted to be answered at `promised` has its answer now, back on the
+    /// transport's side: how late that is sets admission's margin.
+    pub fn answered(&self, promised: Instant) {
+        let now = Instant::now();
+        let mut state = self.shared.lock();
+        state.policy.answered(promised, now);
+        self.shared
+            .metrics
+            .admission_margin
+            .set(state.policy.margin().as_secs_f64());
     }
 
     /// Refuses at once, before the request is even decoded, when it would be refused whatever its size

@@ -7,14 +7,22 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::estimator::Estimator;
+use super::lateness::Lateness;
 use crate::error::ServiceError;
 
 /// How long before a batch must start the batcher closes it: covers waking up and handing the batch over.
 pub const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
 
-/// Share of a request's remaining time budget that admission may plan to fill with queueing and execution: the
-/// rest absorbs the error of the execution-time estimate, and the time the transport takes outside the queue.
-pub const ADMISSION_SHARE: f64 = 0.8;
+/// Share of a request's remaining time budget that admission may plan to fill with queueing, execution and the
+/// measured lateness of recent answers ([`Lateness`]): the rest is for the time the transport takes before the
+/// request reaches admission and after its answer leaves, which the server cannot time.
+pub const ADMISSION_SHARE: f64 = 0.9;
+
+/// Most of a request's remaining budget the lateness margin may take. The margin is learned only from admitted
+/// requests: unbounded, one bad spell (a stall, the first second of a sudden overload) could make it refuse
+/// everything, after which nothing would teach it otherwise. Bounded, a queue predicted to clear within
+/// `ADMISSION_SHARE - MAX_MARGIN_SHARE` of the budget is always admitted, and keeps the margin learning.
+pub const MAX_MARGIN_SHARE: f64 = 0.5;
 
 /// The knobs of one model's batching. Documented with their defaults in `docs/batching.md`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,6 +143,8 @@ pub struct Entry<J> {
     pub rows: usize,
     pub enqueued: Instant,
     pub deadline: Instant,
+    /// When admission predicted it would be answered; lateness is measured against this.
+    pub promised: Instant,
 }
 
 /// A closed batch, to hand to an executor.
@@ -192,6 +202,7 @@ pub struct Policy<J> {
     /// Rows handed to executors and not yet finished, for the admission estimate.
     in_flight_rows: usize,
     executors: usize,
+    lateness: Lateness,
 }
 
 impl<J> Policy<J> {
@@ -202,6 +213,7 @@ impl<J> Policy<J> {
             queued_rows: 0,
             in_flight_rows: 0,
             executors: executors.max(1),
+            lateness: Lateness::default(),
         }
     }
 
@@ -234,6 +246,16 @@ impl<J> Policy<J> {
         per_full_batch.mul_f64(ahead) + estimator.estimate(self.config.bucket(last_batch))
     }
 
+    /// What admission may plan to fill of a request's remaining time (`ADMISSION_SHARE` of it), and the margin it
+    /// keeps within that for lateness (bounded by `MAX_MARGIN_SHARE` of it).
+    fn budget(&self, deadline: Instant, now: Instant) -> (Duration, Duration) {
+        let left = deadline.saturating_duration_since(now);
+        (
+            left.mul_f64(ADMISSION_SHARE),
+            self.lateness.margin().min(left.mul_f64(MAX_MARGIN_SHARE)),
+        )
+    }
+
     /// Whether a request with this deadline would be refused whatever its size: the queue is full, or the work
     /// already queued and running ahead of it plus the smallest batch would end after the deadline. Cheap, so a
     /// transport can ask before it decodes the body; anything refused here, `admit` refuses too.
@@ -249,10 +271,8 @@ impl<J> Policy<J> {
                 .max(Duration::from_millis(1));
             return Err(Refusal::QueueFull { retry_after });
         }
-        let budget = deadline
-            .saturating_duration_since(now)
-            .mul_f64(ADMISSION_SHARE);
-        let predicted_wait = self.predicted_wait(1, estimator);
+        let (budget, margin) = self.budget(deadline, now);
+        let predicted_wait = self.predicted_wait(1, estimator) + margin;
         if predicted_wait > budget {
             return Err(Refusal::PredictedLate {
                 predicted_wait,
@@ -262,14 +282,15 @@ impl<J> Policy<J> {
         Ok(())
     }
 
-    /// Admits the chunks of one request (all or none) or refuses it at once.
+    /// Admits the chunks of one request (all or none) or refuses it at once. Admitted, it returns when the
+    /// request is predicted to be answered: report the answer's time with [`Self::answered`].
     pub fn admit(
         &mut self,
         chunks: Vec<(J, usize)>,
         deadline: Instant,
         now: Instant,
         estimator: &Estimator,
-    ) -> Result<(), (Refusal, Vec<(J, usize)>)> {
+    ) -> Result<Instant, (Refusal, Vec<(J, usize)>)> {
         let rows: usize = chunks.iter().map(|(_, r)| r).sum();
         if self.queue.len() + chunks.len() > self.config.queue_capacity {
             let retry_after = self
@@ -277,20 +298,20 @@ impl<J> Policy<J> {
                 .max(Duration::from_millis(1));
             return Err((Refusal::QueueFull { retry_after }, chunks));
         }
-        let budget = deadline
-            .saturating_duration_since(now)
-            .mul_f64(ADMISSION_SHARE);
+        let (budget, margin) = self.budget(deadline, now);
         // Each chunk after the first waits for the ones before it; the request is late if its last chunk is.
         let predicted_wait = self.predicted_wait(rows, estimator);
-        if predicted_wait > budget {
+        let with_margin = predicted_wait + margin;
+        if with_margin > budget {
             return Err((
                 Refusal::PredictedLate {
-                    predicted_wait,
+                    predicted_wait: with_margin,
                     budget,
                 },
                 chunks,
             ));
         }
+        let promised = now + predicted_wait;
         for (job, rows) in chunks {
             self.queued_rows += rows;
             self.queue.push_back(Entry {
@@ -298,9 +319,23 @@ impl<J> Policy<J> {
                 rows,
                 enqueued: now,
                 deadline,
+                promised,
             });
         }
-        Ok(())
+        Ok(promised)
+    }
+
+    /// A request admitted with the prediction `promised` was answered at `at`: teaches admission's margin.
+    pub fn answered(&mut self, promised: Instant, at: Instant) {
+        self.lateness.observe(
+            at.saturating_duration_since(promised),
+            promised.saturating_duration_since(at),
+        );
+    }
+
+    /// The margin admission currently adds to predicted waits: the high quantile of recent lateness.
+    pub fn margin(&self) -> Duration {
+        self.lateness.margin()
     }
 
     /// Rows of the batch that would close now: the oldest requests, first in first out, as many as fit (one
@@ -346,6 +381,11 @@ impl<J> Policy<J> {
                 dropped.abandoned.push(entry);
             } else if entry.deadline <= earliest_end {
                 self.queued_rows -= entry.rows;
+                // It would be answered no earlier than that: as late as admission must learn to expect.
+                self.lateness.observe(
+                    earliest_end.saturating_duration_since(entry.promised),
+                    entry.promised.saturating_duration_since(earliest_end),
+                );
                 dropped.expired.push(entry);
             } else {
                 kept.push_back(entry);
@@ -639,9 +679,9 @@ mod tests {
             4 * MS - (2 * MS).mul_f64(ADMISSION_SHARE)
         );
         // Admission plans to fill only ADMISSION_SHARE of the budget: 4 ms of predicted wait needs a budget of
-        // 5 ms at a share of 0.8, and 4.9 ms is not enough.
-        assert!(p.admit(vec![(9, 10)], t0 + MS * 49 / 10, t0, &e).is_err());
-        admit(&mut p, 9, 10, t0 + 5 * MS, t0, &e);
+        // 4.44 ms at a share of 0.9, and 4.4 ms is not enough.
+        assert!(p.admit(vec![(9, 10)], t0 + MS * 44 / 10, t0, &e).is_err());
+        admit(&mut p, 9, 10, t0 + MS * 45 / 10, t0, &e);
         // With two executors the same backlog drains twice as fast.
         let mut p = Policy::new(config(), 2);
         for job in 0..3 {
@@ -653,6 +693,84 @@ mod tests {
         assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
         p.finished(100);
         assert_eq!(p.predicted_wait(10, &e), MS + MS);
+    }
+
+    #[test]
+    fn admission_keeps_a_margin_for_the_lateness_of_recent_answers() {
+        let (t0, e) = (Instant::now(), proportional());
+        let queued = |p: &mut Policy<u32>| {
+            // Four full batches (10 ms each) ahead: a 10-row request is predicted to be answered in 41 ms.
+            for job in 0..4 {
+                admit(p, job, 100, t0 + 500 * MS, t0, &e);
+            }
+            assert_eq!(p.predicted_wait(10, &e), 41 * MS);
+        };
+        let mut p = Policy::new(config(), 1);
+        queued(&mut p);
+        assert_eq!(p.margin(), Duration::ZERO);
+        // Nothing learned yet: 41 ms fits 90% of 48 ms.
+        assert!(p.precheck(t0 + 48 * MS, t0, &e).is_ok());
+        admit(&mut p, 9, 10, t0 + 48 * MS, t0, &e);
+
+        // Answers came up to 3 ms after their predicted time: 44 ms must fit. 90% of 48 ms does not hold it, 90% of
+        // 50 ms does.
+        let mut p = Policy::new(config(), 1);
+        for i in 0..200u32 {
+            p.answered(t0, t0 + MS * (i % 4));
+        }
+        assert_eq!(p.margin(), 3 * MS);
+        queued(&mut p);
+        let (refusal, _) = p
+            .admit(vec![(9, 10)], t0 + 48 * MS, t0, &e)
+            .expect_err("late by the margin");
+        assert_eq!(
+            refusal,
+            Refusal::PredictedLate {
+                predicted_wait: 44 * MS,
+                budget: (48 * MS).mul_f64(ADMISSION_SHARE)
+            }
+        );
+        assert!(p.precheck(t0 + 48 * MS, t0, &e).is_err());
+        admit(&mut p, 9, 10, t0 + 50 * MS, t0, &e);
+
+        // Answers a second late: the margin takes at most MAX_MARGIN_SHARE of the budget, so a short queue is
+        // still admitted and the margin keeps learning.
+        let mut p = Policy::new(config(), 1);
+        for _ in 0..100 {
+            p.answered(t0, t0 + 1000 * MS);
+        }
+        assert_eq!(p.margin(), 1000 * MS);
+        // 1 ms predicted + 25 ms of margin fit 45 ms; 2 full batches ahead (21 ms + 25 ms) do not.
+        admit(&mut p, 0, 100, t0 + 50 * MS, t0, &e);
+        admit(&mut p, 1, 100, t0 + 50 * MS, t0, &e);
+        assert_eq!(
+            p.admit(vec![(9, 10)], t0 + 50 * MS, t0, &e)
+                .expect_err("over the budget")
+                .0,
+            Refusal::PredictedLate {
+                predicted_wait: 21 * MS + 25 * MS,
+                budget: (50 * MS).mul_f64(ADMISSION_SHARE)
+            }
+        );
+        // Answers that came early bring it back down.
+        for _ in 0..1024 {
+            p.answered(t0 + MS, t0);
+        }
+        assert_eq!(p.margin(), Duration::ZERO);
+    }
+
+    #[test]
+    fn requests_dropped_as_expired_count_as_late() {
+        let (t0, e) = (Instant::now(), proportional());
+        let mut p = Policy::new(config(), 1);
+        for job in 0..64 {
+            // Predicted to be answered 1 ms after admission; still queued 49.5 ms later, when it can no longer
+            // end before its deadline: it would have been at least 49.5 ms late.
+            admit(&mut p, job, 10, t0 + 50 * MS, t0, &e);
+            let dropped = p.drop_dead(t0 + MS * 99 / 2, &e, |_| false);
+            assert_eq!(dropped.expired.len(), 1);
+        }
+        assert_eq!(p.margin(), MS * 99 / 2);
     }
 
     #[test]

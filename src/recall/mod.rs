@@ -580,10 +580,13 @@ impl RecallModel {
             chunks.push((job, 1));
             answers.push(answer);
         }
-        if let Err((refusal, _)) = self.batcher.submit(chunks, deadline) {
-            self.metrics.rejected(&self.model, refusal.reason());
-            return Err(refusal.into_error(&self.model));
-        }
+        let promised = match self.batcher.submit(chunks, deadline) {
+            Ok(promised) => promised,
+            Err((refusal, _)) => {
+                self.metrics.rejected(&self.model, refusal.reason());
+                return Err(refusal.into_error(&self.model));
+            }
+        };
         let mut out = Vec::with_capacity(answers.len());
         for answer in answers {
             out.push(match answer.await {
@@ -610,6 +613,7 @@ impl RecallModel {
                 }
             });
         }
+        self.batcher.answered(promised);
         Ok(out)
     }
 }
