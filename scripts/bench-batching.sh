@@ -2,13 +2,13 @@
 # Dynamic batching, measured: recserve serving one DeepFM with batching off and on, driven open loop by recload at
 # the same offered loads up to saturation, plus each mode's closed-loop saturation; then batching on under twice
 # its saturation throughput for OVERLOAD_S seconds with a tight default deadline, sampling the server's resident
-# memory every second. Writes the "Dynamic batching" section of docs/benchmarks.md (between its markers) and
+# memory every second, and a control run at the same rate in which every request is refused. Writes the "Dynamic batching" section of docs/benchmarks.md (between its markers) and
 # leaves every recload report under target/bench-batching/.
 #
 # Usage: scripts/bench-batching.sh            (about 12 minutes)
 # Environment: MODEL [deepfm] REPOSITORY [models/demo] CANDIDATES ["100 4"] LOADS [fractions of batching on's
 #   saturation: "0.1 0.25 0.5 0.75 1 1.5"] DURATION [8s] WARMUP [2s] CONCURRENCY [64] OVERLOAD_S [60]
-#   OVERLOAD_CANDIDATES [100] DEADLINE_MS [50] BENCH_NOTE [a line printed above the figures]
+#   OVERLOAD_CANDIDATES [100] DEADLINE_MS [50] CONTROL_S [20] BENCH_NOTE [a line printed above the figures]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,6 +21,7 @@ DURATION=${DURATION:-8s}
 WARMUP=${WARMUP:-2s}
 CONCURRENCY=${CONCURRENCY:-64}
 OVERLOAD_S=${OVERLOAD_S:-60}
+CONTROL_S=${CONTROL_S:-20}
 OVERLOAD_CANDIDATES=${OVERLOAD_CANDIDATES:-100}
 DEADLINE_MS=${DEADLINE_MS:-50}
 results=$root/target/bench-batching
@@ -127,6 +128,18 @@ kill -0 "$server_pid" 2>/dev/null && curl -sf -o /dev/null "$url/health/ready" &
 curl -sf "$url/metrics" > "$dir/metrics.txt" || true
 kill "$sampler" 2>/dev/null || true
 wait "$sampler" 2>/dev/null || true
+stop_server
+
+# --- control: the same rate with nothing executed ------------------------------------------------------------
+# A 1 ms default deadline refuses every request at admission, so no inference runs: what a 429 takes here is the
+# floor the transport, the generator and the machine set, to read the overload run's 429 figures against.
+dir=$results/control
+mkdir -p "$dir"
+log "control: $rate/s for $CONTROL_S s, default deadline 1 ms (every request refused)"
+start_server "$dir/recserve.log" --batching on --default-deadline-ms 1
+recload --candidates "$OVERLOAD_CANDIDATES" --rate "$rate" --connections 512 --timeout 2s --warmup 2s \
+  --duration "${CONTROL_S}s" --settle-timeout 0s --label "control" --json "$dir/run.json"
+curl -sf "$url/metrics" > "$dir/metrics.txt" || true
 stop_server
 
 python scripts/bench_batching_report.py --results "$results" --doc docs/benchmarks.md --candidates "$CANDIDATES" \

@@ -50,6 +50,29 @@ def metric_sum(text, name):
     return total
 
 
+def labelled_sum(text, name, *labels):
+    """Sum of the samples of metric `name` whose label set holds every one of `labels` (`key="value"`)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)
+        if m and all(label in m.group(1).split(",") for label in labels):
+            total += float(m.group(2))
+    return total
+
+
+def metric(path, name):
+    """The value of metric `name` (one model: summed over label sets) in a saved scrape, or None."""
+    path = Path(path)
+    if not path.exists() or name not in path.read_text():
+        return None
+    return metric_sum(path.read_text(), name)
+
+
+def quantiles(r):
+    """p50 / p90 / p99 / max of one latency summary of a recload report."""
+    return " / ".join(ms(r[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
+
+
 def mean_batch(before, after):
     """Mean rows per executed batch between two /metrics scrapes."""
     a, b = Path(before).read_text(), Path(after).read_text()
@@ -133,6 +156,13 @@ def main():
     rss = [int(x) for x in (results / "overload" / "rss-kib.txt").read_text().split()]
     third = max(1, len(rss) // 3)
     refused = run["error_response_ms"].get("http_429")
+    control = load(results / "control" / "run.json")
+    control_refused = control["error_response_ms"].get("http_429")
+    margin = metric(results / "overload" / "metrics.txt", "recserve_admission_margin_seconds")
+    margin = "not exported" if margin is None else ms(1000 * margin)
+    scrape = (results / "overload" / "metrics.txt").read_text()
+    fast = int(labelled_sum(scrape, "recserve_request_duration_seconds_bucket", 'endpoint="rank"', 'le="0.001"'))
+    refusals = int(labelled_sum(scrape, "recserve_requests_total", 'endpoint="rank"', 'code="429"'))
     accepted = run["latency_ms"]
     total = run["requests"]["scheduled"]
     out += [
@@ -150,10 +180,15 @@ def main():
         f"{ms(accepted['p50_ms'])} / {ms(accepted['p99_ms'])} / {ms(accepted['max_ms'])} "
         f"(deadline {args.deadline_ms} ms) |" if accepted else "| accepted requests | none |",
         f"| failed | {failed(run)} |",
-        f"| 429 answered: p50 / p99 / max (from the send) | "
-        f"{ms(refused['p50_ms'])} / {ms(refused['p99_ms'])} / {ms(refused['max_ms'])} |" if refused
+        f"| 429 answered: p50 / p90 / p99 / max (from the send) | {quantiles(refused)} |" if refused
         else "| 429 answered | none refused |",
-        f"| recload send delay p99 | {ms(run['send_delay_ms']['p99_ms'])} |",
+        f"| server side, from the handler's start: answers within 1 ms / 429s in all | {fast} / {refusals} (200s and "
+        f"504s wait for a batch, so the fast answers are refusals) |",
+        f"| control, the same rate with every request refused and nothing executed: 429 p50 / p90 / p99 / max | "
+        f"{quantiles(control_refused)} |" if control_refused else "| control | no 429 recorded |",
+        f"| recload send delay p99 (overload / control) | {ms(run['send_delay_ms']['p99_ms'])} / "
+        f"{ms(control['send_delay_ms']['p99_ms'])} |",
+        f"| admission's lateness margin at the end (`recserve_admission_margin_seconds`) | {margin} |",
         f"| server resident memory (VmRSS, every second) | ready {rss[0] / 1024:.0f} MiB; first third of the run "
         f"max {max(rss[1:1 + third]) / 1024:.0f} MiB, last third max {max(rss[-third:]) / 1024:.0f} MiB, "
         f"overall max {max(rss) / 1024:.0f} MiB, median {statistics.median(rss) / 1024:.0f} MiB |",
