@@ -143,6 +143,12 @@ async fn concurrent_requests_get_exactly_their_own_rows_or_a_clean_refusal() {
         value("recserve_batches_total{model=\"deepfm-int8\"") >= 1.0,
         "batches are counted by reason"
     );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("recserve_admission_margin_seconds{model=\"deepfm-int8\"} ")),
+        "the admission margin gauge is exported per model"
+    );
     let rejected = value("recserve_rejected_total{model=\"deepfm-int8\"");
     let expired = value("recserve_expired_total{model=\"deepfm-int8\"");
     assert_eq!(

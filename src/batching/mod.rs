@@ -353,6 +353,12 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
             let closing = state.closing;
             let decision = state.policy.decide(now, free, closing, &shared.estimator);
             metrics.queue_depth.set(state.policy.len() as i64);
+            if !dropped.expired.is_empty() {
+                // Expired requests teach the margin too.
+                metrics
+                    .admission_margin
+                    .set(state.policy.margin().as_secs_f64());
+            }
             (decision, dropped, closing)
         };
         for entry in dropped.expired {
