@@ -321,10 +321,15 @@ impl RankingModel {
     /// Refuses a request before it is decoded when admission would refuse it whatever its size (the queue is
     /// full, or the work ahead alone would miss `deadline`, defaulting as in [`Self::score`]).
     pub fn precheck(&self, deadline: Option<Instant>) -> Result<(), ServiceError> {
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
         self.batcher
-            .precheck(deadline)
+            .precheck(self.deadline(deadline))
             .map_err(|refusal| self.refused(refusal))
+    }
+
+    /// A request's deadline: the one it came with, else the model's default deadline from now. A transport that
+    /// prechecks and then scores resolves it once, before both, so the default budget counts its decoding too.
+    pub fn deadline(&self, given: Option<Instant>) -> Instant {
+        given.unwrap_or_else(|| Instant::now() + self.default_deadline)
     }
 
     /// Counts a refusal and turns it into the service error the client gets.
@@ -340,7 +345,7 @@ impl RankingModel {
         input: RankInput,
         deadline: Option<Instant>,
     ) -> Result<Vec<f32>, ServiceError> {
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
+        let deadline = self.deadline(deadline);
         let (fields, dense) = (self.contract.fields(), self.contract.dense_features);
         let ranges = split_rows(input.rows, self.batching.max_batch_rows);
         let mut chunks = Vec::with_capacity(ranges.len());

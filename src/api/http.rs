@@ -214,6 +214,8 @@ async fn rank_served(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServiceError> {
     let ranking = served.ranking()?;
+    // The default deadline, when the request names none, counts from now: decoding spends it too.
+    let deadline = Some(ranking.deadline(deadline));
     // Under overload most requests are refused: refuse before paying for the JSON.
     ranking.precheck(deadline)?;
     let contract = &ranking.contract;
