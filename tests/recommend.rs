@@ -250,6 +250,19 @@ async fn bad_requests_name_the_field() {
             "{what}: expected {needle:?} in {message:?}"
         );
     }
+    // A user field given twice is refused, not read as the last one (JSON values cannot hold it: raw text).
+    let (got, answer) = server
+        .post_raw(
+            "/v1/recommend/fixture",
+            r#"{"user_id": 3, "user": {"fields": {"age": 1, "city": 1, "age": 2}, "dense": [1, 2]}}"#,
+        )
+        .await;
+    assert_eq!(got, 400, "{answer}");
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("user.fields: `age` is given more than once"),
+        "{message:?}"
+    );
     server.stop().await.expect("clean shutdown");
 }
 

@@ -3,9 +3,11 @@
 //! the hot path, are decoded by [`super::rank_body`].
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::ServiceError;
 use crate::repository::Side;
@@ -48,10 +50,43 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserSide {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_ids")]
     pub fields: HashMap<String, i64>,
     #[serde(default)]
     pub dense: Vec<f32>,
+}
+
+/// An object of ids by field name that refuses a key given twice (serde's maps would keep the last one), as the
+/// rank decoder does.
+fn unique_ids<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, i64>, D::Error> {
+    struct Ids;
+    impl<'de> Visitor<'de> for Ids {
+        type Value = HashMap<String, i64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object of ids by field name")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut ids = HashMap::with_capacity(map.size_hint().unwrap_or(0));
+            while let Some(name) = map.next_key::<String>()? {
+                let id = map.next_value::<i64>()?;
+                match ids.entry(name) {
+                    Entry::Occupied(e) => {
+                        return Err(de::Error::custom(format_args!(
+                            "`{}` is given more than once",
+                            e.key()
+                        )));
+                    }
+                    Entry::Vacant(e) => {
+                        e.insert(id);
+                    }
+                }
+            }
+            Ok(ids)
+        }
+    }
+    d.deserialize_map(Ids)
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
