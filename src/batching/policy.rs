@@ -96,7 +96,9 @@ pub enum Refusal {
     QueueFull { retry_after: Duration },
     /// The work queued ahead of it plus its own execution would end after its deadline.
     PredictedLate {
+        /// The predicted wait plus the lateness margin.
         predicted_wait: Duration,
+        /// `ADMISSION_SHARE` of the time left to the deadline.
         budget: Duration,
     },
     /// The server is shutting down.
