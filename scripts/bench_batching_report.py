@@ -40,37 +40,15 @@ def failed(report):
     return f"{100 * r['errors'] / max(r['scheduled'], 1):.1f}% ({kinds})"
 
 
-def metric_sum(text, name):
-    """Sum of every sample of metric `name` (all label sets) in a Prometheus exposition."""
+def metric_sum(text, name, *labels):
+    """Sum of the samples of metric `name` in a Prometheus exposition whose label set holds every one of `labels`
+    (`key="value"`; none: every sample)."""
     total = 0.0
     for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", line)
-        if m:
-            total += float(m.group(1))
-    return total
-
-
-def labelled_sum(text, name, *labels):
-    """Sum of the samples of metric `name` whose label set holds every one of `labels` (`key="value"`)."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)
-        if m and all(label in m.group(1).split(",") for label in labels):
+        m = re.match(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", line)
+        if m and all(label in (m.group(1) or "").split(",") for label in labels):
             total += float(m.group(2))
     return total
-
-
-def metric(path, name):
-    """The value of metric `name` (one model: summed over label sets) in a saved scrape, or None."""
-    path = Path(path)
-    if not path.exists() or name not in path.read_text():
-        return None
-    return metric_sum(path.read_text(), name)
-
-
-def quantiles(r):
-    """p50 / p90 / p99 / max of one latency summary of a recload report."""
-    return " / ".join(ms(r[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
 
 
 def mean_batch(before, after):
@@ -79,6 +57,11 @@ def mean_batch(before, after):
     rows = metric_sum(b, "recserve_batch_rows_sum") - metric_sum(a, "recserve_batch_rows_sum")
     count = metric_sum(b, "recserve_batch_rows_count") - metric_sum(a, "recserve_batch_rows_count")
     return rows / count if count else None
+
+
+def quantiles(r):
+    """p50 / p90 / p99 / max of one latency summary of a recload report."""
+    return " / ".join(ms(r[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
 
 
 def splice(doc, section):
@@ -158,11 +141,11 @@ def main():
     refused = run["error_response_ms"].get("http_429")
     control = load(results / "control" / "run.json")
     control_refused = control["error_response_ms"].get("http_429")
-    margin = metric(results / "overload" / "metrics.txt", "recserve_admission_margin_seconds")
-    margin = "not exported" if margin is None else ms(1000 * margin)
     scrape = (results / "overload" / "metrics.txt").read_text()
-    fast = int(labelled_sum(scrape, "recserve_request_duration_seconds_bucket", 'endpoint="rank"', 'le="0.001"'))
-    refusals = int(labelled_sum(scrape, "recserve_requests_total", 'endpoint="rank"', 'code="429"'))
+    margin = (ms(1000 * metric_sum(scrape, "recserve_admission_margin_seconds"))
+              if "recserve_admission_margin_seconds" in scrape else "not exported")
+    fast = int(metric_sum(scrape, "recserve_request_duration_seconds_bucket", 'endpoint="rank"', 'le="0.001"'))
+    refusals = int(metric_sum(scrape, "recserve_requests_total", 'endpoint="rank"', 'code="429"'))
     accepted = run["latency_ms"]
     total = run["requests"]["scheduled"]
     out += [

@@ -5,7 +5,7 @@
 //! request admitted at the edge of its budget still ends inside it, and the queue under overload is only as long
 //! as the measured error allows.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Answers the quantile is taken over: under overload about half a second of traffic.
 const WINDOW: usize = 1024;
@@ -43,10 +43,11 @@ impl Default for Lateness {
 }
 
 impl Lateness {
-    /// Records one answer: `late` is how much after its predicted time it came (`early` when before).
-    pub fn observe(&mut self, late: Duration, early: Duration) {
+    /// Records one answer, predicted for `promised`, that came at `answered`.
+    pub fn observe(&mut self, promised: Instant, answered: Instant) {
         let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-        let sample = nanos(late).saturating_sub(nanos(early));
+        let sample = nanos(answered.saturating_duration_since(promised))
+            .saturating_sub(nanos(promised.saturating_duration_since(answered)));
         if self.samples.len() < WINDOW {
             self.samples.push(sample);
         } else {
@@ -88,53 +89,55 @@ mod tests {
 
     #[test]
     fn margin_is_the_high_quantile_of_recent_lateness() {
+        let t0 = Instant::now();
         let mut l = Lateness::default();
         // Too few answers: no margin yet.
         for _ in 0..MIN_SAMPLES - 1 {
-            l.observe(5 * MS, Duration::ZERO);
+            l.observe(t0, t0 + 5 * MS);
         }
         assert_eq!(l.margin(), Duration::ZERO);
-        l.observe(5 * MS, Duration::ZERO);
+        l.observe(t0, t0 + 5 * MS);
         assert_eq!(l.margin(), 5 * MS);
 
         // A full window: 1..=1024 µs late in shuffled order; the 99th percentile is the 1014th smallest.
         let mut l = Lateness::default();
         for i in 0..WINDOW as u64 {
             let us = (i * 389) % WINDOW as u64 + 1;
-            l.observe(Duration::from_micros(us), Duration::ZERO);
+            l.observe(t0, t0 + Duration::from_micros(us));
         }
         assert_eq!(l.margin(), Duration::from_micros(1014));
 
         // Answers that come early leave no margin.
         let mut l = Lateness::default();
         for _ in 0..WINDOW {
-            l.observe(Duration::ZERO, 3 * MS);
+            l.observe(t0 + 3 * MS, t0);
         }
         assert_eq!(l.margin(), Duration::ZERO);
     }
 
     #[test]
     fn old_answers_leave_the_window() {
+        let t0 = Instant::now();
         let mut l = Lateness::default();
         for _ in 0..WINDOW {
-            l.observe(20 * MS, Duration::ZERO);
+            l.observe(t0, t0 + 20 * MS);
         }
         assert_eq!(l.margin(), 20 * MS);
         // The load eases: a window of punctual answers replaces the late ones.
         for _ in 0..WINDOW {
-            l.observe(Duration::ZERO, MS);
+            l.observe(t0 + MS, t0);
         }
         assert_eq!(l.margin(), Duration::ZERO);
         // A few very late answers among many punctual ones stay below the 99th percentile…
         for i in 0..WINDOW {
             let late = if i % 200 == 0 { 50 * MS } else { MS };
-            l.observe(late, Duration::ZERO);
+            l.observe(t0, t0 + late);
         }
         assert_eq!(l.margin(), MS);
         // …but two in a hundred do not.
         for i in 0..WINDOW {
             let late = if i % 50 == 0 { 50 * MS } else { MS };
-            l.observe(late, Duration::ZERO);
+            l.observe(t0, t0 + late);
         }
         assert_eq!(l.margin(), 50 * MS);
     }

@@ -329,10 +329,7 @@ impl<J> Policy<J> {
 
     /// A request admitted with the prediction `promised` was answered at `at`: teaches admission's margin.
     pub fn answered(&mut self, promised: Instant, at: Instant) {
-        self.lateness.observe(
-            at.saturating_duration_since(promised),
-            promised.saturating_duration_since(at),
-        );
+        self.lateness.observe(promised, at);
     }
 
     /// The margin admission currently adds to predicted waits: the high quantile of recent lateness.
@@ -384,10 +381,7 @@ impl<J> Policy<J> {
             } else if entry.deadline <= earliest_end {
                 self.queued_rows -= entry.rows;
                 // It would be answered no earlier than that: as late as admission must learn to expect.
-                self.lateness.observe(
-                    earliest_end.saturating_duration_since(entry.promised),
-                    entry.promised.saturating_duration_since(earliest_end),
-                );
+                self.lateness.observe(entry.promised, earliest_end);
                 dropped.expired.push(entry);
             } else {
                 kept.push_back(entry);
