@@ -353,7 +353,7 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
             let closing = state.closing;
             let decision = state.policy.decide(now, free, closing, &shared.estimator);
             metrics.queue_depth.set(state.policy.len() as i64);
-            if !dropped.expired.is_empty() {
+            if dropped.expired_requests > 0 {
                 // Expired requests teach the margin too.
                 metrics
                     .admission_margin
@@ -361,12 +361,10 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
             }
             (decision, dropped, closing)
         };
+        metrics.expired.inc_by(dropped.expired_requests);
+        metrics.abandoned.inc_by(dropped.abandoned_requests);
         for entry in dropped.expired {
-            metrics.expired.inc();
             entry.job.refuse(Unexecuted::Expired);
-        }
-        for _ in dropped.abandoned {
-            metrics.abandoned.inc();
         }
         match decision {
             Decision::Dispatch(batch) => {

@@ -147,6 +147,8 @@ pub struct Entry<J> {
     pub deadline: Instant,
     /// When admission predicted it would be answered; lateness is measured against this.
     pub promised: Instant,
+    /// The request's admission number, shared by its chunks.
+    pub request: u64,
 }
 
 /// A closed batch, to hand to an executor.
@@ -177,13 +179,17 @@ pub enum Decision<J> {
     Idle,
 }
 
-/// Requests dropped from the queue without execution.
+/// Requests (chunks) dropped from the queue without execution.
 #[derive(Debug)]
 pub struct Dropped<J> {
     /// Their deadline has passed, or cannot be met even if executed at once.
     pub expired: Vec<Entry<J>>,
     /// Their client has gone.
     pub abandoned: Vec<Entry<J>>,
+    /// Requests these chunks belong to, each counted once and only the first time any of its chunks is dropped:
+    /// the expired ones and the abandoned ones.
+    pub expired_requests: u64,
+    pub abandoned_requests: u64,
 }
 
 impl<J> Default for Dropped<J> {
@@ -191,6 +197,8 @@ impl<J> Default for Dropped<J> {
         Dropped {
             expired: Vec::new(),
             abandoned: Vec::new(),
+            expired_requests: 0,
+            abandoned_requests: 0,
         }
     }
 }
@@ -205,6 +213,10 @@ pub struct Policy<J> {
     in_flight_rows: usize,
     executors: usize,
     lateness: Lateness,
+    /// The admission number the next request gets.
+    next_request: u64,
+    /// The request of the last chunk dropped: its other chunks, queued right behind it, are the same request.
+    last_dropped: Option<u64>,
 }
 
 impl<J> Policy<J> {
@@ -216,6 +228,8 @@ impl<J> Policy<J> {
             in_flight_rows: 0,
             executors: executors.max(1),
             lateness: Lateness::default(),
+            next_request: 0,
+            last_dropped: None,
         }
     }
 
@@ -314,6 +328,8 @@ impl<J> Policy<J> {
             ));
         }
         let promised = now + predicted_wait;
+        let request = self.next_request;
+        self.next_request += 1;
         for (job, rows) in chunks {
             self.queued_rows += rows;
             self.queue.push_back(Entry {
@@ -322,6 +338,7 @@ impl<J> Policy<J> {
                 enqueued: now,
                 deadline,
                 promised,
+                request,
             });
         }
         Ok(promised)
@@ -377,11 +394,17 @@ impl<J> Policy<J> {
             let earliest_end = now + estimator.estimate(self.config.bucket(rows));
             if is_abandoned(&entry.job) {
                 self.queued_rows -= entry.rows;
+                if self.last_dropped.replace(entry.request) != Some(entry.request) {
+                    dropped.abandoned_requests += 1;
+                }
                 dropped.abandoned.push(entry);
             } else if entry.deadline <= earliest_end {
                 self.queued_rows -= entry.rows;
-                // It would be answered no earlier than that: as late as admission must learn to expect.
-                self.lateness.observe(entry.promised, earliest_end);
+                if self.last_dropped.replace(entry.request) != Some(entry.request) {
+                    dropped.expired_requests += 1;
+                    // It would be answered no earlier than that: as late as admission must learn to expect.
+                    self.lateness.observe(entry.promised, earliest_end);
+                }
                 dropped.expired.push(entry);
             } else {
                 kept.push_back(entry);
@@ -767,6 +790,46 @@ mod tests {
             assert_eq!(dropped.expired.len(), 1);
         }
         assert_eq!(p.margin(), MS * 99 / 2);
+    }
+
+    #[test]
+    fn a_request_split_in_chunks_is_dropped_and_counted_once() {
+        let (t0, e) = (Instant::now(), proportional());
+        let mut p = Policy::new(config(), 1);
+        let three_chunks = |first: u32| -> Vec<(u32, usize)> {
+            split_rows(250, 100)
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (first + i as u32, r.len()))
+                .collect()
+        };
+        for request in 0..32 {
+            // Predicted at 30 ms (three full batches); 45 ms later no chunk can end within 50 ms.
+            p.admit(three_chunks(3 * request), t0 + 50 * MS, t0, &e)
+                .expect("three chunks fit");
+            let dropped = p.drop_dead(t0 + 45 * MS, &e, |_| false);
+            assert_eq!((dropped.expired.len(), dropped.expired_requests), (3, 1));
+        }
+        // One lateness sample per request: 32, fewer than the margin needs (three per chunk would be 96).
+        assert_eq!(p.margin(), Duration::ZERO);
+        // Requests of one chunk, each 49.5 ms late (as in the test above): the margin appears with the 64th.
+        for job in 0..32 {
+            assert_eq!(p.margin(), Duration::ZERO, "{} requests", 32 + job);
+            admit(&mut p, 100 + job, 10, t0 + 50 * MS, t0, &e);
+            let dropped = p.drop_dead(t0 + MS * 99 / 2, &e, |_| false);
+            assert_eq!((dropped.expired.len(), dropped.expired_requests), (1, 1));
+        }
+        assert_eq!(p.margin(), MS * 99 / 2);
+
+        // An abandoned request too is one request, however many chunks.
+        p.admit(three_chunks(300), t0 + 50 * MS, t0, &e)
+            .expect("three chunks fit");
+        let dropped = p.drop_dead(t0 + MS, &e, |_| true);
+        assert_eq!(
+            (dropped.abandoned.len(), dropped.abandoned_requests),
+            (3, 1)
+        );
+        assert!(p.is_empty());
     }
 
     #[test]
