@@ -349,8 +349,20 @@ impl RawModel {
                 "batching.max_batch_rows = {rows} must be between 1 and 65536"
             ));
         }
-        if self.batching.default_deadline_ms == Some(0) {
-            return Err("batching.default_deadline_ms must be at least 1".to_owned());
+        // The same ranges as the server's flags for these settings.
+        if let Some(us) = self.batching.max_queue_delay_us
+            && us > 1_000_000
+        {
+            return Err(format!(
+                "batching.max_queue_delay_us = {us} must be between 0 and 1000000"
+            ));
+        }
+        if let Some(ms) = self.batching.default_deadline_ms
+            && !(1..=3_600_000).contains(&ms)
+        {
+            return Err(format!(
+                "batching.default_deadline_ms = {ms} must be between 1 and 3600000"
+            ));
         }
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
@@ -700,6 +712,18 @@ table = "item"
             (
                 DEEPFM.replace("name = \"last_item\"", "name = \"user\""),
                 "field \"user\" is declared twice",
+            ),
+            (
+                format!("{DEEPFM}\n[batching]\nmax_queue_delay_us = 1000001\n"),
+                "batching.max_queue_delay_us = 1000001 must be between 0 and 1000000",
+            ),
+            (
+                format!("{DEEPFM}\n[batching]\ndefault_deadline_ms = 0\n"),
+                "batching.default_deadline_ms = 0 must be between 1 and 3600000",
+            ),
+            (
+                format!("{DEEPFM}\n[batching]\ndefault_deadline_ms = 3600001\n"),
+                "batching.default_deadline_ms = 3600001 must be between 1 and 3600000",
             ),
         ];
         for (text, expected) in cases {
