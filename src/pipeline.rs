@@ -289,6 +289,9 @@ impl Pipeline {
             )));
         }
 
+        // Under overload the ranking model refuses most requests: refuse before spending a recall on one that
+        // its queue would turn away whatever the number of candidates.
+        ranking.precheck(deadline)?;
         let recalled = self
             .recall
             .recall()?

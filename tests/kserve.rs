@@ -905,3 +905,68 @@ async fn the_documented_v2_example_scores_like_its_v1_twin() {
     assert_eq!(response, shown, "docs/api.md shows another answer");
     server.stop().await.expect("clean shutdown");
 }
+
+/// What a ranking model's queue would refuse whatever the request holds is refused before the body is decoded,
+/// when the transport carries a deadline: a malformed request then gets 429 / RESOURCE_EXHAUSTED, not 400. Without
+/// a transport deadline the body's `timeout` parameter could set any deadline, so the request is decoded (400).
+/// The queue is held by one `/v1` request that waits 1 s for company in a queue of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_before_decoding_when_the_transport_has_a_deadline() {
+    let server = TestServer::start(config(&fixture_repo(), |a| {
+        a.queue_capacity = Some(1);
+        a.max_queue_delay_us = Some(1_000_000);
+    }))
+    .await;
+    let all = cases();
+    let case = all["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["model"] == "deepfm-fp32")
+        .expect("a deepfm-fp32 case");
+    let mut request = case["request"].clone();
+    request.as_object_mut().expect("object").remove("top_k");
+    request["candidates"] = json!([request["candidates"][0].clone()]);
+    // Connected beforehand: the checks below must run within the second the first request is held.
+    let mut client = GrpcInferenceServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect gRPC");
+    let held = server.post_in_background(
+        "/v1/models/deepfm-fp32/rank",
+        &[("x-recserve-deadline-ms", "30000")],
+        &request,
+    );
+    server.wait_for_queue_depth("deepfm-fp32", 1).await;
+
+    let path = "/v2/models/deepfm-fp32/infer";
+    let deadline = vec![("x-recserve-deadline-ms", "30000".to_owned())];
+    let (status, headers, body) = post_v2(&server, path, &deadline, b"{not json".to_vec()).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        headers.get("retry-after").is_some(),
+        "429 carries Retry-After"
+    );
+    assert!(
+        error_of(&body).contains("overloaded"),
+        "{}",
+        error_of(&body)
+    );
+    let (status, _, body) = post_v2(&server, path, &[], b"{not json".to_vec()).await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+
+    let empty = || proto::ModelInferRequest {
+        model_name: "deepfm-fp32".into(),
+        ..Default::default()
+    };
+    let mut with_timeout = tonic::Request::new(empty());
+    with_timeout
+        .metadata_mut()
+        .insert("grpc-timeout", "30S".parse().expect("ascii"));
+    let status = client.model_infer(with_timeout).await.expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let status = client.model_infer(empty()).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    assert_eq!(held.await.expect("first request"), 200);
+    server.stop().await.expect("clean shutdown");
+}

@@ -266,6 +266,63 @@ async fn bad_requests_name_the_field() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// A pipeline whose ranking queue would refuse the request is refused before its recall runs: the ranking model
+/// here holds one request for 1 s (a long batching delay, a queue of one), and a second recommend meanwhile gets
+/// 429 with the recall model's batch count unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_ranking_queue_would_refuse_is_refused_before_recall() {
+    let repo = fixture_repo();
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_dir(&repo.join("lightgcn"), &dir.path().join("lightgcn"));
+    copy_dir(&repo.join("deepfm-items"), &dir.path().join("deepfm-items"));
+    let model_toml = dir.path().join("deepfm-items/1/model.toml");
+    let mut text = std::fs::read_to_string(&model_toml).expect("model.toml");
+    text.push_str("\n[batching]\nmax_queue_delay_us = 1000000\ndefault_deadline_ms = 30000\n");
+    std::fs::write(&model_toml, text).expect("write model.toml");
+    let server = TestServer::start(config(dir.path(), |a| {
+        a.config = Some(fixture_dir().join("recserve.toml"));
+        a.queue_capacity = Some(1);
+    }))
+    .await;
+    let request = recall_cases()["recommend_cases"][0]["request"].clone();
+    let recall_batches = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("recserve_batches_total{model=\"lightgcn\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+
+    let held = server.post_in_background("/v1/recommend/fixture", &[], &request);
+    // Wait until the first request has been recalled and waits in the ranking queue.
+    let metrics = server.wait_for_queue_depth("deepfm-items", 1).await;
+    let before = recall_batches(&metrics);
+    assert!(before >= 1.0, "the first request was recalled");
+
+    let (status, answer) = server.post("/v1/recommend/fixture", &request).await;
+    assert_eq!(status, 429, "{answer}");
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("deepfm-items") && message.contains("overloaded"),
+        "{message:?}"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert_eq!(
+        recall_batches(&metrics),
+        before,
+        "the refused request ran no recall"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "recserve_rejected_total{model=\"deepfm-items\",reason=\"queue_full\"}"
+        ),
+        1.0
+    );
+    assert_eq!(held.await.expect("first request"), 200);
+    server.stop().await.expect("clean shutdown");
+}
+
 /// Starts a server on `repository` with `pipeline` as its config file and returns the start-up error.
 async fn refused(repository: &Path, pipeline: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");

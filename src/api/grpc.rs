@@ -377,6 +377,7 @@ impl Inference {
         arrival: Instant,
     ) -> Result<proto::ModelInferResponse, ServiceError> {
         let transport_deadline = grpc_timeout(metadata)?.and_then(|t| arrival.checked_add(t));
+        kserve::precheck(served, transport_deadline)?;
         let (request, raw) = decode(request)?;
         let deadline = kserve::deadline(&request.parameters, transport_deadline, arrival)?;
         let response = kserve::infer(&self.service, served, request, deadline).await?;

@@ -171,6 +171,37 @@ impl TestServer {
         (resp.status().as_u16(), resp.text().await.expect("body"))
     }
 
+    /// Sends a JSON POST with these headers in the background; the task yields the answer's status.
+    pub fn post_in_background(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> JoinHandle<u16> {
+        let mut post = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        for (name, value) in headers {
+            post = post.header(*name, *value);
+        }
+        tokio::spawn(async move { post.send().await.expect("POST").status().as_u16() })
+    }
+
+    /// Waits (about a second at most) until `model`'s queue holds `depth` requests, and returns `/metrics` then.
+    pub async fn wait_for_queue_depth(&self, model: &str, depth: usize) -> String {
+        let gauge = format!("recserve_queue_depth{{model=\"{model}\"}}");
+        for _ in 0..500 {
+            let (_, metrics) = self.get("/metrics").await;
+            if metric_sample(&metrics, &gauge) == depth as f64 {
+                return metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("{model}'s queue never held {depth} requests");
+    }
+
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let resp = self
             .client

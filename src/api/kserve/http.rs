@@ -503,6 +503,7 @@ async fn infer_call(
     let result = async {
         let served = served.as_ref().map_err(Clone::clone)?;
         let transport_deadline = deadline_from(&headers, arrival)?;
+        super::precheck(served, transport_deadline)?;
         let body = body_bytes(body, service.limits.max_body_bytes)?;
         let (request, binary_outputs) = decode(&headers, body)?;
         let deadline = super::deadline(&request.parameters, transport_deadline, arrival)?;

@@ -167,6 +167,16 @@ pub fn deadline(
     })
 }
 
+/// Refuses, before the request is decoded, what a ranking model's queue would refuse whatever it holds: checked
+/// against the transport's deadline, which the `timeout` parameter can only bring closer. Without a transport
+/// deadline the parameter could set any, so nothing is checked here (admission still is, after decoding).
+pub fn precheck(model: &ServedModel, transport: Option<Instant>) -> Result<(), ServiceError> {
+    match (model.ranking(), transport) {
+        (Ok(ranking), Some(deadline)) => ranking.precheck(Some(deadline)),
+        _ => Ok(()),
+    }
+}
+
 /// Runs an inference request on `model`: checks the requested outputs, decodes the inputs against the kind's
 /// contract, calls the service function and returns the requested outputs in the requested order.
 pub async fn infer(
