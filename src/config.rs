@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::batching::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
@@ -470,13 +471,19 @@ impl ServeArgs {
             max_batch_rows: self
                 .max_batch_rows
                 .or(file.max_batch_rows)
-                .map(|v| in_range("--max-batch-rows", v, 1, 65_536))
+                .map(|v| in_range("--max-batch-rows", v, 1, MAX_BATCH_ROWS))
                 .transpose()?,
             max_queue_delay_us: self
                 .max_queue_delay_us
                 .or(file.max_queue_delay_us)
                 .map(|v| {
-                    in_range("--max-queue-delay-us", v as usize, 0, 1_000_000).map(|v| v as u64)
+                    in_range(
+                        "--max-queue-delay-us",
+                        v as usize,
+                        0,
+                        MAX_QUEUE_DELAY_US as usize,
+                    )
+                    .map(|v| v as u64)
                 })
                 .transpose()?,
             batch_buckets: {
@@ -498,7 +505,13 @@ impl ServeArgs {
                 .default_deadline_ms
                 .or(file.default_deadline_ms)
                 .map(|v| {
-                    in_range("--default-deadline-ms", v as usize, 1, 3_600_000).map(|v| v as u64)
+                    in_range(
+                        "--default-deadline-ms",
+                        v as usize,
+                        1,
+                        MAX_DEFAULT_DEADLINE_MS as usize,
+                    )
+                    .map(|v| v as u64)
                 })
                 .transpose()?,
             pin,

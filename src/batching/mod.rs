@@ -59,6 +59,13 @@ pub fn default_buckets(max: usize) -> Vec<usize> {
     out
 }
 
+/// The largest `max_batch_rows`, from the flag or from `model.toml`.
+pub const MAX_BATCH_ROWS: usize = 65_536;
+/// The largest `max_queue_delay_us` (one second), from the flag or from `model.toml`.
+pub const MAX_QUEUE_DELAY_US: u64 = 1_000_000;
+/// The largest `default_deadline_ms` (one hour), from the flag or from `model.toml`.
+pub const MAX_DEFAULT_DEADLINE_MS: u64 = 3_600_000;
+
 /// Batching settings of the server (flags, environment, config file): each one that is set overrides the
 /// model's `[batching]` section.
 #[derive(Clone, Debug, PartialEq, Eq)]

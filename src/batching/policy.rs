@@ -543,6 +543,15 @@ mod tests {
             .unwrap_or_else(|(refusal, _)| panic!("job {job} refused: {refusal:?}"));
     }
 
+    /// The chunks of a request of `rows` rows as jobs numbered from `first`, in batches of at most 100 rows.
+    fn chunks(first: u32, rows: usize) -> Vec<(u32, usize)> {
+        split_rows(rows, 100)
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (first + i as u32, r.len()))
+            .collect()
+    }
+
     fn dispatched(decision: Decision<u32>) -> (Vec<u32>, usize, usize, CloseReason) {
         match decision {
             Decision::Dispatch(b) => (
@@ -796,16 +805,9 @@ mod tests {
     fn a_request_split_in_chunks_is_dropped_and_counted_once() {
         let (t0, e) = (Instant::now(), proportional());
         let mut p = Policy::new(config(), 1);
-        let three_chunks = |first: u32| -> Vec<(u32, usize)> {
-            split_rows(250, 100)
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (first + i as u32, r.len()))
-                .collect()
-        };
         for request in 0..32 {
             // Predicted at 30 ms (three full batches); 45 ms later no chunk can end within 50 ms.
-            p.admit(three_chunks(3 * request), t0 + 50 * MS, t0, &e)
+            p.admit(chunks(3 * request, 250), t0 + 50 * MS, t0, &e)
                 .expect("three chunks fit");
             let dropped = p.drop_dead(t0 + 45 * MS, &e, |_| false);
             assert_eq!((dropped.expired.len(), dropped.expired_requests), (3, 1));
@@ -822,7 +824,7 @@ mod tests {
         assert_eq!(p.margin(), MS * 99 / 2);
 
         // An abandoned request too is one request, however many chunks.
-        p.admit(three_chunks(300), t0 + 50 * MS, t0, &e)
+        p.admit(chunks(300, 250), t0 + 50 * MS, t0, &e)
             .expect("three chunks fit");
         let dropped = p.drop_dead(t0 + MS, &e, |_| true);
         assert_eq!(
@@ -884,12 +886,7 @@ mod tests {
         c.queue_capacity = 4;
         let mut p = Policy::new(c, 1);
         admit(&mut p, 0, 10, t0 + 50 * MS, t0, &e);
-        let chunks: Vec<(u32, usize)> = split_rows(250, 100)
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (10 + i as u32, r.len()))
-            .collect();
-        p.admit(chunks, t0 + 50 * MS, t0, &e)
+        p.admit(chunks(10, 250), t0 + 50 * MS, t0, &e)
             .expect("three chunks fit in a queue of four");
         assert_eq!(p.len(), 4);
         let two: Vec<(u32, usize)> = vec![(20, 100), (21, 1)];

@@ -10,6 +10,7 @@ use std::path::{Component, Path};
 
 use serde::Deserialize;
 
+use crate::batching::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 use crate::embedding::{OovPolicy, Storage, TableSpec};
 
 /// The only `format_version` this build reads.
@@ -343,25 +344,24 @@ impl RawModel {
                 .map_err(|problem| format!("batching.buckets {problem}"))?;
         }
         if let Some(rows) = self.batching.max_batch_rows
-            && !(1..=65_536).contains(&rows)
+            && !(1..=MAX_BATCH_ROWS).contains(&rows)
         {
             return Err(format!(
-                "batching.max_batch_rows = {rows} must be between 1 and 65536"
+                "batching.max_batch_rows = {rows} must be between 1 and {MAX_BATCH_ROWS}"
             ));
         }
-        // The same ranges as the server's flags for these settings.
         if let Some(us) = self.batching.max_queue_delay_us
-            && us > 1_000_000
+            && us > MAX_QUEUE_DELAY_US
         {
             return Err(format!(
-                "batching.max_queue_delay_us = {us} must be between 0 and 1000000"
+                "batching.max_queue_delay_us = {us} must be between 0 and {MAX_QUEUE_DELAY_US}"
             ));
         }
         if let Some(ms) = self.batching.default_deadline_ms
-            && !(1..=3_600_000).contains(&ms)
+            && !(1..=MAX_DEFAULT_DEADLINE_MS).contains(&ms)
         {
             return Err(format!(
-                "batching.default_deadline_ms = {ms} must be between 1 and 3600000"
+                "batching.default_deadline_ms = {ms} must be between 1 and {MAX_DEFAULT_DEADLINE_MS}"
             ));
         }
         if self.format_version != FORMAT_VERSION {
