@@ -12,7 +12,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Zipf};
 use recserve::embedding::synthetic::{TestTable, write_tables};
-use recserve::embedding::{CpuStore, EmbeddingStore, OovPolicy, Storage};
+use recserve::embedding::{CpuStore, EmbeddingStore};
+use recserve::repository::{OovPolicy, Storage};
 
 const DIM: usize = 16;
 const FIELDS: usize = 26;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use crate::batching::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
+use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -493,7 +493,7 @@ impl ServeArgs {
                     Some(self.batch_buckets.clone())
                 };
                 if let Some(b) = &buckets {
-                    crate::batching::check_buckets(b).map_err(|problem| {
+                    crate::repository::check_buckets(b).map_err(|problem| {
                         ConfigError(format!(
                             "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
                         ))

@@ -16,11 +16,11 @@ use prometheus::Histogram;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::config::PipelineConfig;
-use crate::embedding::OovPolicy;
 use crate::error::{LoadError, ServiceError};
 use crate::metrics::Metrics;
 use crate::ranking::RankInput;
 use crate::recall::{RecallInput, RecallQuery};
+use crate::repository::OovPolicy;
 use crate::repository::{ModelKind, ModelSpec};
 use crate::service::ServedModel;
 

@@ -11,10 +11,11 @@ use tokio::sync::oneshot;
 use crate::batching::{
     Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Refusal, Unexecuted, split_rows,
 };
-use crate::embedding::{self, EmbeddingStore, OovPolicy, open_tables};
+use crate::embedding::{self, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{DenseGraph, ExecError, GraphShape, Worker};
 use crate::metrics::Metrics;
+use crate::repository::OovPolicy;
 use crate::repository::{ModelSpec, ModelVersion, Side};
 use crate::service::LoadContext;
 

@@ -28,23 +28,6 @@ pub const DEFAULT_MAX_BATCH_ROWS: usize = 1024;
 pub const DEFAULT_MAX_QUEUE_DELAY_US: u64 = 500;
 pub const DEFAULT_DEADLINE_MS: u64 = 1000;
 
-/// Checks a bucket list: not empty, every size ≥ 1, strictly ascending.
-pub fn check_buckets(buckets: &[usize]) -> Result<(), String> {
-    if buckets.is_empty() {
-        return Err("must list at least one batch size".to_owned());
-    }
-    if buckets[0] == 0 {
-        return Err("sizes must be at least 1".to_owned());
-    }
-    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
-        return Err(format!(
-            "must be strictly ascending ({} then {})",
-            w[0], w[1]
-        ));
-    }
-    Ok(())
-}
-
 /// Batch sizes about 25% apart up to `max` (1, 2, 4, …, 64, 80, 96, 112, 128, 160, …), so padding wastes at most
 /// about a fifth of a batch.
 pub fn default_buckets(max: usize) -> Vec<usize> {
@@ -58,13 +41,6 @@ pub fn default_buckets(max: usize) -> Vec<usize> {
     out.push(max);
     out
 }
-
-/// The largest `max_batch_rows`, from the flag or from `model.toml`.
-pub const MAX_BATCH_ROWS: usize = 65_536;
-/// The largest `max_queue_delay_us` (one second), from the flag or from `model.toml`.
-pub const MAX_QUEUE_DELAY_US: u64 = 1_000_000;
-/// The largest `default_deadline_ms` (one hour), from the flag or from `model.toml`.
-pub const MAX_DEFAULT_DEADLINE_MS: u64 = 3_600_000;
 
 /// Batching settings of the server (flags, environment, config file): each one that is set overrides the
 /// model's `[batching]` section.
@@ -473,27 +449,10 @@ mod tests {
         for max in [1, 7, 100, 1000, 4096] {
             let b = default_buckets(max);
             assert!(
-                check_buckets(&b).is_ok() && b.last() == Some(&max),
+                crate::repository::check_buckets(&b).is_ok() && b.last() == Some(&max),
                 "{max}: {b:?}"
             );
         }
-    }
-
-    #[test]
-    fn checks_bucket_lists() {
-        assert!(check_buckets(&[1, 8, 64]).is_ok());
-        assert_eq!(
-            check_buckets(&[]),
-            Err("must list at least one batch size".to_owned())
-        );
-        assert_eq!(
-            check_buckets(&[0, 4]),
-            Err("sizes must be at least 1".to_owned())
-        );
-        assert_eq!(
-            check_buckets(&[4, 4]),
-            Err("must be strictly ascending (4 then 4)".to_owned())
-        );
     }
 
     #[test]

@@ -3,9 +3,9 @@
 
 use prometheus::IntCounter;
 
-use super::{
-    EmbeddingStore, GatherError, ShardLayout, Storage, TableBytes, TableSpec, check_gather_shape,
-};
+use super::{EmbeddingStore, GatherError, ShardLayout, TableBytes, check_gather_shape};
+
+use crate::repository::{Storage, TableSpec};
 
 /// How many ids ahead of the row being copied the gather prefetches. Random rows come from DRAM (~100 ns each);
 /// eight in flight hide most of that latency without evicting rows before they are used.
@@ -169,9 +169,9 @@ fn prefetch(row: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedding::OovPolicy;
     use crate::embedding::reference;
     use crate::embedding::synthetic::{TestTable, write_tables};
+    use crate::repository::OovPolicy;
 
     fn counter() -> IntCounter {
         IntCounter::new("test_oov_total", "test").expect("counter")

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use memmap2::{Mmap, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
 
-use super::Storage;
 use crate::error::LoadError;
+use crate::repository::Storage;
 use crate::repository::TableEntry;
 
 /// Bytes of one table (or a shard of it) inside a memory-mapped file. Cheap to clone.

@@ -14,91 +14,10 @@ pub mod synthetic;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Deserialize;
-
-use crate::gpu::{DeviceOutput, ShardMemory};
+use crate::repository::TableSpec;
 
 pub use cpu::CpuStore;
 pub use file::{TableBytes, open_tables};
-
-/// How a table's rows are stored. Documented byte for byte in `docs/model-repository.md`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Storage {
-    Fp32,
-    Fp16,
-    /// FBGEMM's fused row-wise layout: `dim` u8 codes, then the row's f32 scale and f32 bias.
-    Int8,
-}
-
-impl Storage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Storage::Fp32 => "fp32",
-            Storage::Fp16 => "fp16",
-            Storage::Int8 => "int8",
-        }
-    }
-
-    /// Bytes of one stored row of `dim` values.
-    pub fn row_bytes(self, dim: usize) -> usize {
-        match self {
-            Storage::Fp32 => 4 * dim,
-            Storage::Fp16 => 2 * dim,
-            Storage::Int8 => dim + 8,
-        }
-    }
-}
-
-/// What an id outside `[0, rows)` does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OovPolicy {
-    /// Read this row instead, and count it.
-    Default { row: u64 },
-    /// Refuse the request.
-    Reject,
-}
-
-impl OovPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OovPolicy::Default { .. } => "default",
-            OovPolicy::Reject => "reject",
-        }
-    }
-}
-
-/// One table as `model.toml` declares it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TableSpec {
-    pub name: String,
-    pub rows: u64,
-    pub dim: usize,
-    pub storage: Storage,
-    pub oov: OovPolicy,
-}
-
-impl TableSpec {
-    /// The row an id reads under this table's policy, or `None` when the policy rejects it.
-    #[inline]
-    pub fn resolve(&self, id: i64) -> Option<u64> {
-        match u64::try_from(id) {
-            Ok(row) if row < self.rows => Some(row),
-            _ => match self.oov {
-                OovPolicy::Default { row } => Some(row),
-                OovPolicy::Reject => None,
-            },
-        }
-    }
-
-    pub fn contains(&self, id: i64) -> bool {
-        u64::try_from(id).is_ok_and(|row| row < self.rows)
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.rows * self.storage.row_bytes(self.dim) as u64
-    }
-}
 
 /// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,
 /// `row_in_shard = id % rows_per_shard`. Identical on every device.
@@ -241,6 +160,28 @@ impl GatherLane for HostLane {
     }
 }
 
+/// A device buffer that a gather writes `[rows, fields, dim]` float32 values into (memory ONNX Runtime allocated
+/// for a GPU session's input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOutput {
+    /// CUDA device address.
+    pub ptr: u64,
+    /// Capacity in f32 values.
+    pub len: usize,
+    /// CUDA device ordinal.
+    pub device: usize,
+}
+
+/// Bytes of device memory that one shard of one table occupies, for `recserve_gpu_memory_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardMemory {
+    pub table: String,
+    pub shard: usize,
+    /// `cuda:N`.
+    pub device: String,
+    pub bytes: u64,
+}
+
 /// Checks `ids`/`out` against `fields` and returns the shared `dim`.
 pub(crate) fn check_gather_shape(
     tables: &[TableSpec],
@@ -331,25 +272,5 @@ mod tests {
                 shards: 4
             }
         );
-    }
-
-    #[test]
-    fn resolve_applies_the_policy() {
-        let mut spec = TableSpec {
-            name: "t".into(),
-            rows: 5,
-            dim: 2,
-            storage: Storage::Fp32,
-            oov: OovPolicy::Default { row: 3 },
-        };
-        assert_eq!(spec.resolve(0), Some(0));
-        assert_eq!(spec.resolve(4), Some(4));
-        assert_eq!(spec.resolve(5), Some(3));
-        assert_eq!(spec.resolve(-1), Some(3));
-        assert_eq!(spec.resolve(i64::MIN), Some(3));
-        spec.oov = OovPolicy::Reject;
-        assert_eq!(spec.resolve(5), None);
-        assert_eq!(spec.resolve(-1), None);
-        assert_eq!(spec.resolve(4), Some(4));
     }
 }

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use safetensors::SafeTensors;
 
-use super::{GatherError, Storage, TableSpec};
+use super::GatherError;
+
+use crate::repository::{Storage, TableSpec};
 
 /// Gathers `ids` (`[rows, fields]`) from tables that all live in the safetensors file `file` into `out`
 /// (`[rows, fields, dim]`), applying each table's OOV policy.

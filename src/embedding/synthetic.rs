@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, tensor::TensorView};
 
-use super::{OovPolicy, Storage, TableBytes, TableSpec, open_tables};
+use super::{TableBytes, open_tables};
+
 use crate::repository::TableEntry;
+use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A table of deterministic pseudo-random values.
 #[derive(Debug, Clone)]

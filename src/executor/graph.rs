@@ -12,8 +12,8 @@ use ort::session::{IoBinding, Session};
 use ort::value::{Outlet, Tensor, TensorElementType, TensorRef, ValueType};
 
 use super::{Runtime, SessionOptions};
+use crate::embedding::DeviceOutput;
 use crate::error::LoadError;
-use crate::gpu::DeviceOutput;
 use crate::repository::DenseGraphSpec;
 
 /// The sizes `model.toml` declares for the graph's inputs.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use prometheus::IntCounter;
 
 use super::{GpuError, GpuInfo, GpuProvider, TensorRtOptions};
-use crate::embedding::{EmbeddingStore, TableBytes, TableSpec};
+use crate::embedding::{EmbeddingStore, TableBytes};
+use crate::repository::TableSpec;
 
 pub(super) fn probe() -> Result<Vec<GpuInfo>, GpuError> {
     Err(GpuError::NotBuilt)

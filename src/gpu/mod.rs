@@ -25,7 +25,9 @@ use std::sync::Arc;
 use prometheus::IntCounter;
 use serde::{Deserialize, Serialize};
 
-use crate::embedding::{CpuStore, EmbeddingStore, TableBytes, TableSpec};
+use crate::embedding::{CpuStore, EmbeddingStore, TableBytes};
+
+use crate::repository::TableSpec;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaLane, CudaStore, kernels, peak_memory_bandwidth};
@@ -295,28 +297,6 @@ pub fn execution_providers(
     tensorrt: &TensorRtOptions,
 ) -> Result<Vec<ort::ep::ExecutionProviderDispatch>, GpuError> {
     backend::execution_providers(provider, device, tensorrt)
-}
-
-/// A device buffer that a gather writes `[rows, fields, dim]` float32 values into (memory ONNX Runtime allocated
-/// for a GPU session's input).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceOutput {
-    /// CUDA device address.
-    pub ptr: u64,
-    /// Capacity in f32 values.
-    pub len: usize,
-    /// CUDA device ordinal.
-    pub device: usize,
-}
-
-/// Bytes of device memory that one shard of one table occupies, for `recserve_gpu_memory_bytes`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardMemory {
-    pub table: String,
-    pub shard: usize,
-    /// `cuda:N`.
-    pub device: String,
-    pub bytes: u64,
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use super::kernel::{self, Isa, ShardScan};
 use super::select::{Scored, TopK, merge};
-use crate::embedding::{ShardLayout, Storage, TableSpec};
+use crate::embedding::ShardLayout;
+use crate::repository::{Storage, TableSpec};
 
 /// Items per panel: one 512-bit (or two 256-bit) vector of f32.
 pub const LANES: usize = 16;

@@ -29,10 +29,11 @@ pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
 
 use crate::batching::{BatchConfig, BatchExecutor, Batcher, Estimator, Job, Unexecuted};
-use crate::embedding::{CpuStore, EmbeddingStore, GatherError, OovPolicy, TableSpec, open_tables};
+use crate::embedding::{CpuStore, EmbeddingStore, GatherError, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::metrics::{Metrics, RecallMetrics};
 use crate::repository::{BatchingSpec, ModelSpec, ModelVersion};
+use crate::repository::{OovPolicy, TableSpec};
 use crate::service::LoadContext;
 
 /// Queries per batch unless the model's `[batching]` or the server's flags say otherwise: a batch of 64 queries

@@ -8,7 +8,7 @@
 //!   `s = d * scale + bias * t`.
 
 use super::select::{Scored, answer_order};
-use crate::embedding::{Storage, TableSpec};
+use crate::repository::{Storage, TableSpec};
 
 /// Unit roundoff of f32.
 const U32: f64 = 1.0 / (1u64 << 24) as f64;

@@ -5,7 +5,7 @@
 
 use super::reference;
 use super::*;
-use crate::embedding::{OovPolicy, Storage, TableSpec};
+use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
 struct Rng(u64);

@@ -1,15 +1,21 @@
 //! The model repository on disk: `<repository>/<model>/<version>/model.toml`. Finds the models, picks the version
 //! to serve (the highest, unless pinned), and reads each `model.toml` into a checked [`ModelSpec`].
 
+mod batching;
 mod spec;
+mod table;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-pub use spec::{
-    BatchingSpec, DenseGraphSpec, FORMAT_VERSION, FieldSpec, ItemFeaturesSpec, ModelKind,
-    ModelSpec, Precision, RankingSpec, RecallSpec, Side, TableEntry,
+pub use batching::{
+    BatchingSpec, MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US, check_buckets,
 };
+pub use spec::{
+    DenseGraphSpec, FORMAT_VERSION, FieldSpec, ItemFeaturesSpec, ModelKind, ModelSpec, Precision,
+    RankingSpec, RecallSpec, Side, TableEntry,
+};
+pub use table::{OovPolicy, Storage, TableSpec};
 
 use crate::error::LoadError;
 

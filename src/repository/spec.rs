@@ -10,8 +10,8 @@ use std::path::{Component, Path};
 
 use serde::Deserialize;
 
-use crate::batching::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
-use crate::embedding::{OovPolicy, Storage, TableSpec};
+use super::BatchingSpec;
+use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// The only `format_version` this build reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -75,16 +75,6 @@ pub struct ModelSpec {
     pub item_features: Option<ItemFeaturesSpec>,
     /// The model author's batching defaults; server settings override them.
     pub batching: BatchingSpec,
-}
-
-/// `[batching]`: every key optional.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchingSpec {
-    pub max_batch_rows: Option<usize>,
-    pub max_queue_delay_us: Option<u64>,
-    pub buckets: Option<Vec<usize>>,
-    pub default_deadline_ms: Option<u64>,
 }
 
 /// A table and the file it lives in.
@@ -339,31 +329,7 @@ fn check_item_features(
 
 impl RawModel {
     fn check(self) -> Result<ModelSpec, String> {
-        if let Some(buckets) = &self.batching.buckets {
-            crate::batching::check_buckets(buckets)
-                .map_err(|problem| format!("batching.buckets {problem}"))?;
-        }
-        if let Some(rows) = self.batching.max_batch_rows
-            && !(1..=MAX_BATCH_ROWS).contains(&rows)
-        {
-            return Err(format!(
-                "batching.max_batch_rows = {rows} must be between 1 and {MAX_BATCH_ROWS}"
-            ));
-        }
-        if let Some(us) = self.batching.max_queue_delay_us
-            && us > MAX_QUEUE_DELAY_US
-        {
-            return Err(format!(
-                "batching.max_queue_delay_us = {us} must be between 0 and {MAX_QUEUE_DELAY_US}"
-            ));
-        }
-        if let Some(ms) = self.batching.default_deadline_ms
-            && !(1..=MAX_DEFAULT_DEADLINE_MS).contains(&ms)
-        {
-            return Err(format!(
-                "batching.default_deadline_ms = {ms} must be between 1 and {MAX_DEFAULT_DEADLINE_MS}"
-            ));
-        }
+        self.batching.check()?;
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
                 "format_version = {} is not supported (this server reads {FORMAT_VERSION})",

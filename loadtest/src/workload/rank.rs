@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Exp};
 use recserve::api::v1::ModelInfo;
-use recserve::embedding::OovPolicy;
+use recserve::repository::OovPolicy;
 use recserve::repository::{ModelKind, ModelSpec, Side};
 use serde::Serialize;
 

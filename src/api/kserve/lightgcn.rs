@@ -210,8 +210,8 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::embedding::{OovPolicy, Storage, TableSpec};
     use crate::recall::RecallLimits;
+    use crate::repository::{OovPolicy, Storage, TableSpec};
 
     fn table(name: &str, rows: u64, oov: OovPolicy) -> TableSpec {
         TableSpec {

@@ -13,11 +13,11 @@ use cudarc::driver::sys;
 use prometheus::IntCounter;
 
 use super::store::{CudaStore, DeviceBuffer};
+use crate::embedding::DeviceOutput;
 use crate::embedding::synthetic::{TestTable, write_tables};
-use crate::embedding::{
-    CpuStore, EmbeddingStore, GatherError, GatherLane, OovPolicy, Storage, TableSpec, reference,
-};
-use crate::gpu::{DeviceOutput, GpuInfo, probe};
+use crate::embedding::{CpuStore, EmbeddingStore, GatherError, GatherLane, reference};
+use crate::gpu::{GpuInfo, probe};
+use crate::repository::{OovPolicy, Storage, TableSpec};
 
 fn gpus() -> Vec<GpuInfo> {
     probe().unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))

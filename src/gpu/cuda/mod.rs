@@ -18,7 +18,8 @@ use prometheus::IntCounter;
 pub use store::{CudaLane, CudaStore};
 
 use super::{GpuError, GpuInfo, GpuProvider, TensorRtOptions};
-use crate::embedding::{EmbeddingStore, TableBytes, TableSpec};
+use crate::embedding::{EmbeddingStore, TableBytes};
+use crate::repository::TableSpec;
 
 /// A driver error as a [`GpuError`], with the driver's own description.
 pub(crate) fn driver(call: &'static str, e: cu::DriverError) -> GpuError {

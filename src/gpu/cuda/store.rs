@@ -23,11 +23,13 @@ use prometheus::IntCounter;
 
 use super::driver;
 use super::kernels::{self, EMBEDDING_GATHER, EMBEDDING_GATHER_SRC};
+use crate::embedding::{DeviceOutput, ShardMemory};
 use crate::embedding::{
-    EmbeddingStore, GatherError, GatherLane, OovPolicy, ShardLayout, Storage, TableBytes,
-    TableSpec, check_gather_shape, check_gather_shape_len,
+    EmbeddingStore, GatherError, GatherLane, ShardLayout, TableBytes, check_gather_shape,
+    check_gather_shape_len,
 };
-use crate::gpu::{DeviceOutput, GpuError, GpuInfo, ShardMemory};
+use crate::gpu::{GpuError, GpuInfo};
+use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// Threads per block of the gather kernel.
 const BLOCK_THREADS: u32 = 256;
