@@ -11,11 +11,11 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use recserve::api::rank_body::RankBody;
-use recserve::api::{rank_body, rank_reference};
+use recserve::api::v1::rank_body::{self, RankBody};
 use recserve::error::ServiceError;
 use recserve::ranking::RankContract;
 use recserve::repository::ModelSpec;
+use recserve::testing::rank_reference;
 
 /// A rank body decoder.
 type Decode = fn(&RankContract, &[u8]) -> Result<RankBody, ServiceError>;

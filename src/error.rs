@@ -1,6 +1,7 @@
 //! The two error types of the server: [`LoadError`] for models that cannot be served (start-up), and
 //! [`ServiceError`] for requests that cannot be answered. Each transport maps `ServiceError` to its status codes in
-//! one exhaustive `match`, so a new variant cannot be forgotten.
+//! one exhaustive `match` ([`ServiceError::http_status`] for HTTP and the metrics, one for gRPC), so a new variant
+//! cannot be forgotten.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -81,6 +82,25 @@ impl ServiceError {
         ServiceError::InvalidInput {
             field: field.into(),
             problem: problem.into(),
+        }
+    }
+
+    /// The HTTP status of this outcome: the one mapping to HTTP statuses, which HTTP responses use and which
+    /// labels every protocol's requests in the metrics (gRPC maps to its codes in `api::kserve::grpc`).
+    /// Exhaustive: a new variant must be mapped here.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ServiceError::InvalidInput { .. }
+            | ServiceError::Malformed(_)
+            | ServiceError::WrongKind { .. } => 400,
+            ServiceError::PayloadTooLarge { .. } => 413,
+            ServiceError::ModelNotFound { .. }
+            | ServiceError::VersionNotFound { .. }
+            | ServiceError::PipelineNotFound { .. } => 404,
+            ServiceError::Overloaded { .. } => 429,
+            ServiceError::DeadlineExceeded { .. } => 504,
+            ServiceError::Unavailable(_) => 503,
+            ServiceError::Internal(_) => 500,
         }
     }
 

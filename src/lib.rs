@@ -11,7 +11,10 @@ pub mod metrics;
 pub mod pipeline;
 pub mod ranking;
 pub mod recall;
+pub mod registry;
 pub mod repository;
 pub mod server;
 pub mod service;
 pub mod telemetry;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -305,6 +305,7 @@ impl Metrics {
             expired: self.expired.with_label_values(&[model]),
             abandoned: self.abandoned.with_label_values(&[model]),
             admission_margin: self.admission_margin.with_label_values(&[model]),
+            rejected: self.rejected.clone(),
         }
     }
 

@@ -4,140 +4,20 @@
 //! ([`ItemFeatures`], `[item_features]` in its `model.toml`), ranks them with the user side the request sent, and
 //! returns the `k` best. Each stage is timed for the response (when asked) and for
 //! `recserve_pipeline_stage_duration_seconds`.
+//!
+//! A pipeline holds no model: each request brings the two models of one registry snapshot, so both stages run on
+//! versions that were served together.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memmap2::Mmap;
 use prometheus::Histogram;
-use safetensors::{Dtype, SafeTensors};
 
 use crate::config::PipelineConfig;
-use crate::error::{LoadError, ServiceError};
+use crate::error::ServiceError;
 use crate::metrics::Metrics;
-use crate::ranking::RankInput;
-use crate::recall::{RecallInput, RecallQuery};
-use crate::repository::OovPolicy;
-use crate::repository::{ModelKind, ModelSpec};
-use crate::service::ServedModel;
-
-/// A ranking model's item feature table: for catalogue item `i`, the ids of its item-side fields.
-#[derive(Debug)]
-pub struct ItemFeatures {
-    rows: usize,
-    /// The ranking field each column feeds (indices into the model's fields).
-    columns: Vec<usize>,
-    /// `[rows, columns]`, row-major.
-    values: Vec<i64>,
-    /// The model's `item_id_field` when no column feeds it: it then takes the item's id.
-    id_field: Option<usize>,
-}
-
-impl ItemFeatures {
-    /// Reads and checks the `[item_features]` of a ranking model, if it has one: the tensor exists, is I64 of shape
-    /// `[items, columns]`, and every id in a column whose table rejects unknown ids is inside that table.
-    pub fn open(dir: &Path, spec: &ModelSpec) -> Result<Option<ItemFeatures>, LoadError> {
-        let Some(features) = &spec.item_features else {
-            return Ok(None);
-        };
-        let path = dir.join(&features.file);
-        let file = File::open(&path).map_err(|e| {
-            LoadError::new(&path, format!("cannot open the item feature table: {e}"))
-        })?;
-        // SAFETY: read-only, and the repository is not modified while served (as for embedding tables).
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| LoadError::new(&path, format!("cannot memory-map: {e}")))?;
-        let tensors = SafeTensors::deserialize(&map).map_err(|e| {
-            LoadError::new(
-                &path,
-                format!("not a valid safetensors file (truncated or corrupt?): {e}"),
-            )
-        })?;
-        let view = tensors.tensor(&features.tensor).map_err(|_| {
-            let mut names = tensors.names();
-            names.sort_unstable();
-            LoadError::new(
-                &path,
-                format!(
-                    "has no tensor {:?} for [item_features] (tensors in the file: {})",
-                    features.tensor,
-                    names.join(", ")
-                ),
-            )
-        })?;
-        let cols = features.fields.len();
-        let rows = match (view.dtype(), view.shape()) {
-            (Dtype::I64, &[rows, c]) if c == cols && rows > 0 => rows,
-            (dtype, shape) => {
-                return Err(LoadError::new(
-                    &path,
-                    format!(
-                        "tensor {:?} is {dtype:?} {shape:?}, but [item_features] needs I64 [items, {cols}] (one column \
-                         per entry of item_features.fields, at least one item)",
-                        features.tensor
-                    ),
-                ));
-            }
-        };
-        let values: Vec<i64> = view
-            .data()
-            .as_chunks::<8>()
-            .0
-            .iter()
-            .map(|b| i64::from_le_bytes(*b))
-            .collect();
-        for (c, &field) in features.fields.iter().enumerate() {
-            let table = &spec.tables[spec.fields[field].table].spec;
-            if table.oov != OovPolicy::Reject {
-                continue;
-            }
-            if let Some(row) = (0..rows).find(|&r| !table.contains(values[r * cols + c])) {
-                return Err(LoadError::new(
-                    &path,
-                    format!(
-                        "tensor {:?} row {row}, column {:?}: id {} is outside table {:?} (ids 0..{}), which rejects \
-                         unknown ids",
-                        features.tensor,
-                        spec.fields[field].name,
-                        values[row * cols + c],
-                        table.name,
-                        table.rows
-                    ),
-                ));
-            }
-        }
-        let id_field = spec
-            .ranking
-            .as_ref()
-            .and_then(|r| r.item_id_field)
-            .filter(|f| !features.fields.contains(f));
-        Ok(Some(ItemFeatures {
-            rows,
-            columns: features.fields.clone(),
-            values,
-            id_field,
-        }))
-    }
-
-    /// Items the table describes (ids `0..rows`).
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Writes item `id`'s item-side fields into `row` (one rank row, `[fields]`).
-    fn fill(&self, id: u32, row: &mut [i64]) {
-        let at = id as usize * self.columns.len();
-        for (&field, &value) in self.columns.iter().zip(&self.values[at..]) {
-            row[field] = value;
-        }
-        if let Some(field) = self.id_field {
-            row[field] = i64::from(id);
-        }
-    }
-}
+use crate::ranking::{ItemFeatures, RankInput, RankingModel, best_first};
+use crate::recall::{RecallInput, RecallModel, RecallQuery};
 
 /// A recommend request, as every transport decodes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -179,14 +59,11 @@ pub struct Recommendation {
     pub timings: StageTimings,
 }
 
-/// A configured, checked pipeline.
+/// A configured pipeline, checked against the models it was built with.
 #[derive(Debug)]
 pub struct Pipeline {
     pub name: String,
     pub config: PipelineConfig,
-    pub recall: Arc<ServedModel>,
-    pub ranking: Arc<ServedModel>,
-    features: Arc<ItemFeatures>,
     /// recall, features, rank.
     stages: [Histogram; 3],
 }
@@ -195,71 +72,52 @@ pub struct Pipeline {
 pub const STAGES: [&str; 3] = ["recall", "features", "rank"];
 
 impl Pipeline {
-    /// Checks `config` against the loaded models: a lightgcn recall model, a deepfm ranking model with
-    /// `[item_features]` of exactly one row per catalogue item, and no more candidates than items.
+    /// Checks `config` against its models: a ranking model with `[item_features]` of exactly one row per
+    /// catalogue item of the recall model, and no more candidates than items.
     pub fn new(
         name: &str,
         config: &PipelineConfig,
-        models: &BTreeMap<String, Arc<ServedModel>>,
+        recall: &RecallModel,
+        ranking: &RankingModel,
         metrics: &Metrics,
     ) -> Result<Pipeline, String> {
-        let model = |key: &str, wanted: &str, kind: ModelKind| {
-            let m = models.get(wanted).ok_or_else(|| {
-                format!(
-                    "{key} = {wanted:?} is not a model of the repository (models: {})",
-                    models.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
-            })?;
-            if m.spec.kind != kind {
-                return Err(format!(
-                    "{key} = {wanted:?} is a {} model, not {}",
-                    m.spec.kind.as_str(),
-                    kind.as_str()
-                ));
-            }
-            Ok(Arc::clone(m))
-        };
-        let recall = model("recall_model", &config.recall_model, ModelKind::Lightgcn)?;
-        let ranking = model("ranking_model", &config.ranking_model, ModelKind::Deepfm)?;
-        let items = recall.recall().map_err(|e| e.to_string())?.items();
-        let features = ranking.item_features.clone().ok_or_else(|| {
+        let items = recall.items();
+        let features = ranking.item_features().ok_or_else(|| {
             format!(
                 "ranking_model {:?} has no [item_features] in its model.toml: the pipeline cannot look up the \
                  item-side fields of recalled items",
-                ranking.name
+                config.ranking_model
             )
         })?;
         if features.rows() != items {
             return Err(format!(
                 "the item feature table of {:?} has {} rows, but the catalogue of {:?} has {items} items: one row \
                  per item is needed",
-                ranking.name,
+                config.ranking_model,
                 features.rows(),
-                recall.name
+                config.recall_model
             ));
         }
         if config.candidates > items {
             return Err(format!(
                 "candidates = {} is more than the {items} items of {:?}",
-                config.candidates, recall.name
+                config.candidates, config.recall_model
             ));
         }
         Ok(Pipeline {
             name: name.to_owned(),
             config: config.clone(),
-            recall,
-            ranking,
-            features,
             stages: STAGES.map(|stage| metrics.pipeline_stage(name, stage)),
         })
     }
 
-    /// Recalls, looks up features, ranks. `deadline` applies to both models' queues (each defaults to its model's
-    /// default deadline).
+    /// Recalls with `recall`, looks up features, ranks with `ranking`, all under one `deadline`.
     pub async fn recommend(
         &self,
+        recall: &RecallModel,
+        ranking: &RankingModel,
         input: RecommendInput,
-        deadline: Option<Instant>,
+        deadline: Instant,
     ) -> Result<Recommendation, ServiceError> {
         let started = Instant::now();
         let candidates = self.config.candidates;
@@ -277,7 +135,12 @@ impl Pipeline {
             }
             Some(k) => k,
         };
-        let ranking = self.ranking.ranking()?;
+        let features: &Arc<ItemFeatures> = ranking.item_features().ok_or_else(|| {
+            ServiceError::Internal(format!(
+                "pipeline {:?}: the ranking model has no item feature table",
+                self.name
+            ))
+        })?;
         let fields = ranking.contract.fields();
         if input.user.len() != fields || input.dense.len() != ranking.contract.dense_features {
             return Err(ServiceError::Internal(format!(
@@ -289,12 +152,7 @@ impl Pipeline {
             )));
         }
 
-        // Under overload the ranking model refuses most requests: refuse before spending a recall on one that
-        // its queue would turn away whatever the number of candidates.
-        ranking.precheck(deadline)?;
-        let recalled = self
-            .recall
-            .recall()?
+        let recalled = recall
             .recall(
                 RecallInput {
                     query: input.query,
@@ -311,7 +169,7 @@ impl Pipeline {
         for item in &recalled {
             let start = ids.len();
             ids.extend_from_slice(&input.user);
-            self.features.fill(item.id, &mut ids[start..]);
+            features.fill(item.id, &mut ids[start..]);
         }
         let dense = input.dense.repeat(rows);
         let featured_at = Instant::now();
@@ -333,15 +191,8 @@ impl Pipeline {
         }
 
         let mut order: Vec<usize> = (0..rows).collect();
-        // NaN (a broken model) sorts last; equal scores keep the recall order.
-        let key = |i: usize| {
-            if scores[i].is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                scores[i]
-            }
-        };
-        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        // Equal scores keep the recall order.
+        order.sort_by(best_first(&scores));
         order.truncate(k);
         let timings = StageTimings {
             recall: recalled_at - started,

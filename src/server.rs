@@ -35,7 +35,6 @@ pub async fn run(
         Metrics::new(),
         Limits {
             max_body_bytes: config.max_body_bytes,
-            max_candidates: config.max_candidates,
         },
     ));
     tracing::info!(
@@ -45,7 +44,7 @@ pub async fn run(
     );
 
     // Before loading starts, so gRPC health reports NOT_SERVING until the models are ready.
-    let grpc_routes = api::grpc::routes(Arc::clone(&service)).await?;
+    let grpc_routes = api::kserve::grpc::routes(Arc::clone(&service)).await?;
 
     let (failed_tx, failed_rx) = oneshot::channel::<()>();
     let loader = {

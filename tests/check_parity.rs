@@ -19,7 +19,6 @@ fn load_like_the_server(root: &Path) -> Result<(), String> {
         Metrics::new(),
         Limits {
             max_body_bytes: config.max_body_bytes,
-            max_candidates: config.max_candidates,
         },
     );
     service.load(&config).map_err(|e| e.to_string())

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{TestServer, cases, config, fixture_repo};
-use recserve::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use recserve::api::grpc::proto::model_infer_request::{
+use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use recserve::api::kserve::grpc::proto::model_infer_request::{
     InferInputTensor, InferRequestedOutputTensor,
 };
-use recserve::api::grpc::proto::{self, InferTensorContents};
+use recserve::api::kserve::grpc::proto::{self, InferTensorContents};
 use recserve::config::Config;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -625,7 +625,7 @@ async fn malformed_tensors_are_refused_naming_the_tensor_while_good_requests_go_
         (
             "/v2/models/deepfm-fp32/versions/x/ready",
             400,
-            "in the URL is not a version number",
+            "is not a version number",
         ),
         ("/v2/models/deepfm-fp32/ready", 200, "\"ready\":true"),
         ("/v2/health/ready", 200, "\"ready\":true"),

@@ -351,7 +351,7 @@ fn bad_requests() -> Vec<(&'static str, String, String, u16, &'static str)> {
             "/v1/models/lightgcn/versions/x/recall".to_owned(),
             body(json!({"user_id": 1, "k": 3})),
             400,
-            "version: \"x\" in the URL is not a version number",
+            "version: \"x\" is not a version number",
         ),
     ]
 }

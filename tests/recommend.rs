@@ -171,7 +171,7 @@ async fn bad_requests_name_the_field() {
                 json!({"fields": {"age": 1, "city": 1}, "dense": [1]}),
             ),
             400,
-            "user.dense: holds 1 values, but the ranking model takes 2 dense features",
+            "user.dense: holds 1 values, but the model takes 2 dense features",
         ),
         (
             "user id outside the user table",

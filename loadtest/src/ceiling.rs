@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use recserve::api::rank_body::decode_rank;
+use recserve::api::v1::rank_body::decode_rank;
 use recserve::config::Config;
 use recserve::embedding::{self, open_tables};
 use recserve::error::LoadError;
@@ -19,8 +19,8 @@ use recserve::executor::{DenseGraph, GraphShape, Runtime, RuntimeError, Worker};
 use recserve::gpu::{self, GpuError};
 use recserve::metrics::Metrics;
 use recserve::ranking::{RankContract, RankInput};
+use recserve::registry::LoadContext;
 use recserve::repository::{self, ModelKind};
-use recserve::service::LoadContext;
 use serde::{Deserialize, Serialize};
 
 use crate::report::now_rfc3339;

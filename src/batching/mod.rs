@@ -5,6 +5,7 @@
 //! timeout, then a short spin).
 
 pub mod estimator;
+mod job;
 pub mod lateness;
 pub mod policy;
 
@@ -14,9 +15,11 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 
+use crate::error::ServiceError;
 pub use estimator::Estimator;
+pub use job::{Answer, ExecError, Job, Work, catch_panic};
 pub use policy::{Batch, BatchConfig, CloseReason, Entry, Refusal, split_rows};
 use policy::{Decision, Policy};
 
@@ -92,25 +95,10 @@ impl BatchSettings {
     }
 }
 
-/// A queued unit of work, as the batcher needs to see it.
-pub trait Job: Send + 'static {
-    /// Whether the client has gone (its answer would be thrown away).
-    fn is_abandoned(&self) -> bool;
-    /// Answers without executing: the deadline passed (or could not be met) or the server is stopping.
-    fn refuse(self, why: Unexecuted);
-}
-
-/// Why a job was answered without being executed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unexecuted {
-    Expired,
-    ShuttingDown,
-}
-
 /// Executes batches on an executor thread. Must answer every job of the batch.
 pub trait BatchExecutor: Send + 'static {
-    type Job: Job;
-    fn execute(&mut self, batch: Batch<Self::Job>);
+    type Work: Work;
+    fn execute(&mut self, batch: Batch<Job<Self::Work>>);
 }
 
 /// The batching metrics of one model.
@@ -127,6 +115,8 @@ pub struct BatchMetrics {
     pub expired: IntCounter,
     pub abandoned: IntCounter,
     pub admission_margin: Gauge,
+    /// `recserve_rejected_total` by model and reason.
+    pub rejected: IntCounterVec,
 }
 
 impl BatchMetrics {
@@ -170,13 +160,15 @@ impl<J> Shared<J> {
 }
 
 /// The batcher of one model: its queue, its batcher thread and its executor threads.
-pub struct Batcher<J: Job> {
-    shared: Arc<Shared<J>>,
+pub struct Batcher<W: Work> {
+    /// The model's name, for the errors clients get and the refusal counts.
+    model: String,
+    shared: Arc<Shared<Job<W>>>,
     batcher: Option<JoinHandle<()>>,
     executors: Vec<JoinHandle<()>>,
 }
 
-impl<J: Job> std::fmt::Debug for Batcher<J> {
+impl<W: Work> std::fmt::Debug for Batcher<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batcher")
             .field("executors", &self.executors.len())
@@ -184,16 +176,16 @@ impl<J: Job> std::fmt::Debug for Batcher<J> {
     }
 }
 
-impl<J: Job> Batcher<J> {
+impl<W: Work> Batcher<W> {
     /// Starts the batcher thread and one thread per executor. `estimator` should already hold warm-up
     /// measurements of every bucket.
-    pub fn start<E: BatchExecutor<Job = J>>(
+    pub fn start<E: BatchExecutor<Work = W>>(
         model: &str,
         config: BatchConfig,
         estimator: Estimator,
         executors: Vec<E>,
         metrics: BatchMetrics,
-    ) -> std::io::Result<Batcher<J>> {
+    ) -> std::io::Result<Batcher<W>> {
         let niceness = config.executor_niceness;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -206,7 +198,7 @@ impl<J: Job> Batcher<J> {
             metrics,
         });
         // Rendezvous: a send completes only when an executor takes the batch.
-        let (sender, receiver) = bounded::<Batch<J>>(0);
+        let (sender, receiver) = bounded::<Batch<Job<W>>>(0);
         let mut threads = Vec::with_capacity(executors.len());
         for (i, executor) in executors.into_iter().enumerate() {
             let (shared, receiver) = (Arc::clone(&shared), receiver.clone());
@@ -227,6 +219,7 @@ impl<J: Job> Batcher<J> {
         };
         let _ = shared.batcher.set(batcher.thread().clone());
         Ok(Batcher {
+            model: model.to_owned(),
             shared,
             batcher: Some(batcher),
             executors: threads,
@@ -235,20 +228,17 @@ impl<J: Job> Batcher<J> {
 
     /// Queues the chunks of one request, all or none, or refuses them at once (handing them back). Returns when
     /// the request is predicted to be answered: pass it to [`Self::answered`] once the answer is in hand.
-    pub fn submit(
-        &self,
-        chunks: Vec<(J, usize)>,
-        deadline: Instant,
-    ) -> Result<Instant, (Refusal, Vec<(J, usize)>)> {
+    fn submit(&self, chunks: Vec<(Job<W>, usize)>, deadline: Instant) -> Result<Instant, Refusal> {
         let now = Instant::now();
         let promised = {
             let mut state = self.shared.lock();
             if state.closing {
-                return Err((Refusal::ShuttingDown, chunks));
+                return Err(Refusal::ShuttingDown);
             }
             let promised = state
                 .policy
-                .admit(chunks, deadline, now, &self.shared.estimator)?;
+                .admit(chunks, deadline, now, &self.shared.estimator)
+                .map_err(|(refusal, _)| refusal)?;
             self.shared
                 .metrics
                 .queue_depth
@@ -259,9 +249,52 @@ impl<J: Job> Batcher<J> {
         Ok(promised)
     }
 
+    /// Queues the chunks of one request (all or none), waits for their answers and returns them in chunk order.
+    /// A refusal is counted and answered at once (429 when overloaded, 503 while shutting down); a failed chunk
+    /// fails the request. Once every answer is in hand, how late it is against admission's prediction teaches
+    /// admission its margin.
+    pub async fn run(
+        &self,
+        chunks: Vec<(W, usize)>,
+        deadline: Instant,
+    ) -> Result<Vec<W::Output>, ServiceError> {
+        let mut answers = Vec::with_capacity(chunks.len());
+        let jobs = chunks
+            .into_iter()
+            .map(|(work, rows)| {
+                let (job, answer) = Job::new(work);
+                answers.push(answer);
+                (job, rows)
+            })
+            .collect();
+        let promised = self
+            .submit(jobs, deadline)
+            .map_err(|refusal| self.refused(refusal))?;
+        let mut outputs = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let output = answer
+                .await
+                .unwrap_or(Err(ExecError::Dropped))
+                .map_err(|e| e.into_service_error(&self.model))?;
+            outputs.push(output);
+        }
+        self.answered(promised);
+        Ok(outputs)
+    }
+
+    /// Counts a refusal and turns it into the error the client gets.
+    fn refused(&self, refusal: Refusal) -> ServiceError {
+        self.shared
+            .metrics
+            .rejected
+            .with_label_values(&[self.model.as_str(), refusal.reason()])
+            .inc();
+        refusal.into_error(&self.model)
+    }
+
     /// A request that [`Self::submit`] predicted to be answered at `promised` has its answer now, back on the
     /// transport's side: how late that is sets admission's margin.
-    pub fn answered(&self, promised: Instant) {
+    fn answered(&self, promised: Instant) {
         let now = Instant::now();
         let mut state = self.shared.lock();
         state.policy.answered(promised, now);
@@ -273,14 +306,18 @@ impl<J: Job> Batcher<J> {
 
     /// Refuses at once, before the request is even decoded, when it would be refused whatever its size
     /// ([`Policy::precheck`]): under overload, refusals then cost the transport almost nothing.
-    pub fn precheck(&self, deadline: Instant) -> Result<(), Refusal> {
-        let state = self.shared.lock();
-        if state.closing {
-            return Err(Refusal::ShuttingDown);
-        }
-        state
-            .policy
-            .precheck(deadline, Instant::now(), &self.shared.estimator)
+    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+        let checked = {
+            let state = self.shared.lock();
+            if state.closing {
+                Err(Refusal::ShuttingDown)
+            } else {
+                state
+                    .policy
+                    .precheck(deadline, Instant::now(), &self.shared.estimator)
+            }
+        };
+        checked.map_err(|refusal| self.refused(refusal))
     }
 
     /// The execution-time estimate, for tests and the admission of callers.
@@ -289,7 +326,7 @@ impl<J: Job> Batcher<J> {
     }
 }
 
-impl<J: Job> Drop for Batcher<J> {
+impl<W: Work> Drop for Batcher<W> {
     /// Stops admitting, executes everything already queued, then joins every thread.
     fn drop(&mut self) {
         self.shared.lock().closing = true;
@@ -323,7 +360,7 @@ fn wait_until(until: Instant) {
     }
 }
 
-fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
+fn run_batcher<W: Work>(shared: &Shared<Job<W>>, sender: Sender<Batch<Job<W>>>) {
     let metrics = &shared.metrics;
     loop {
         let now = Instant::now();
@@ -331,7 +368,7 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
             let mut state = shared.lock();
             let dropped = state
                 .policy
-                .drop_dead(now, &shared.estimator, J::is_abandoned);
+                .drop_dead(now, &shared.estimator, Job::is_abandoned);
             let free = shared.idle_executors.load(Ordering::Acquire) > 0;
             let closing = state.closing;
             let decision = state.policy.decide(now, free, closing, &shared.estimator);
@@ -347,7 +384,7 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
         metrics.expired.inc_by(dropped.expired_requests);
         metrics.abandoned.inc_by(dropped.abandoned_requests);
         for entry in dropped.expired {
-            entry.job.refuse(Unexecuted::Expired);
+            entry.job.answer(Err(ExecError::DeadlineExceeded));
         }
         match decision {
             Decision::Dispatch(batch) => {
@@ -365,7 +402,7 @@ fn run_batcher<J: Job>(shared: &Shared<J>, sender: Sender<Batch<J>>) {
                 // An idle executor is committed to receiving, so this completes at once.
                 if let Err(unsent) = sender.send(batch) {
                     for entry in unsent.0.entries {
-                        entry.job.refuse(Unexecuted::ShuttingDown);
+                        entry.job.answer(Err(ExecError::ShuttingDown));
                     }
                 }
             }
@@ -398,8 +435,8 @@ fn lower_priority(niceness: u8) {
 
 fn run_executor<E: BatchExecutor>(
     mut executor: E,
-    shared: &Shared<E::Job>,
-    batches: &Receiver<Batch<E::Job>>,
+    shared: &Shared<Job<E::Work>>,
+    batches: &Receiver<Batch<Job<E::Work>>>,
 ) {
     let metrics = &shared.metrics;
     loop {

@@ -170,8 +170,8 @@ fn prefetch(row: &[u8]) {
 mod tests {
     use super::*;
     use crate::embedding::reference;
-    use crate::embedding::synthetic::{TestTable, write_tables};
     use crate::repository::OovPolicy;
+    use crate::testing::tables::{TestTable, write_tables};
 
     fn counter() -> IntCounter {
         IntCounter::new("test_oov_total", "test").expect("counter")

@@ -8,8 +8,8 @@
 
 pub mod cpu;
 mod file;
-pub mod reference;
-pub mod synthetic;
+#[cfg(test)]
+pub(crate) mod reference;
 
 use std::fmt;
 use std::sync::Arc;

@@ -8,4 +8,4 @@ mod worker;
 
 pub use graph::{DenseGraph, DeviceInput, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};
-pub use worker::{ExecError, Worker};
+pub use worker::Worker;

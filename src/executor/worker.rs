@@ -6,26 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::DenseGraph;
-use crate::batching::Estimator;
+use crate::batching::{Estimator, ExecError};
 use crate::embedding::{GatherError, GatherLane};
 use crate::metrics::ModelMetrics;
-
-/// Why a job failed inside the executor. Never the client's fault: validation happens before queueing.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ExecError {
-    #[error("gather failed: {0}")]
-    Gather(#[from] GatherError),
-    #[error("ONNX Runtime failed: {0}")]
-    Inference(String),
-    #[error("the executor panicked: {0}")]
-    Panicked(String),
-    /// The job's deadline passed while it waited; it was not executed.
-    #[error("deadline passed before execution")]
-    DeadlineExceeded,
-    /// The server stopped before the job could run.
-    #[error("shutting down")]
-    ShuttingDown,
-}
 
 /// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
 #[derive(Debug)]
@@ -109,12 +92,15 @@ impl Worker {
         dense: &[f32],
         scores: &mut Vec<f32>,
     ) -> Result<(f64, f64), ExecError> {
-        let inference = |e: ort::Error| ExecError::Inference(e.to_string());
+        let inference = |e: ort::Error| ExecError::Failed(format!("ONNX Runtime failed: {e}"));
+        let gather = |e: GatherError| ExecError::Failed(format!("gather failed: {e}"));
         if self.graph.cuda_device().is_some() {
             // Gather into the session's device input (allocation included in the gather time).
             let start = Instant::now();
             let input = self.graph.device_input(rows).map_err(inference)?;
-            self.lane.gather_device(&self.fields, ids, input.output())?;
+            self.lane
+                .gather_device(&self.fields, ids, input.output())
+                .map_err(gather)?;
             let gathered = Instant::now();
             self.graph
                 .run_device(input, dense, scores)
@@ -129,7 +115,8 @@ impl Worker {
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
         self.lane
-            .gather_host(&self.fields, ids, &mut self.embeddings)?;
+            .gather_host(&self.fields, ids, &mut self.embeddings)
+            .map_err(gather)?;
         let gathered = Instant::now();
         self.graph
             .run(rows, &self.embeddings, dense, scores)

@@ -12,15 +12,13 @@
 
 mod catalogue;
 mod kernel;
-pub mod reference;
+#[cfg(test)]
+mod reference;
 mod select;
 
 use std::collections::HashSet;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::sync::oneshot;
 
 pub use catalogue::{
     Catalogue, CodeRow, F32Row, LANES, Panels, SearchQuery, SearchScratch, SearchStats, Shard,
@@ -28,13 +26,15 @@ pub use catalogue::{
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
 
-use crate::batching::{BatchConfig, BatchExecutor, Batcher, Estimator, Job, Unexecuted};
-use crate::embedding::{CpuStore, EmbeddingStore, GatherError, open_tables};
+use crate::batching::{
+    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, ExecError, Job, Work, catch_panic,
+};
+use crate::embedding::{CpuStore, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
-use crate::metrics::{Metrics, RecallMetrics};
+use crate::metrics::RecallMetrics;
+use crate::registry::{LoadContext, RequestLimits};
 use crate::repository::{BatchingSpec, ModelSpec, ModelVersion};
 use crate::repository::{OovPolicy, TableSpec};
-use crate::service::LoadContext;
 
 /// Queries per batch unless the model's `[batching]` or the server's flags say otherwise: a batch of 64 queries
 /// scores the catalogue 64 times per pass over its memory, and waits at most one such pass.
@@ -63,24 +63,15 @@ pub struct RecallInput {
     pub exclude: Vec<i64>,
 }
 
-/// The per-request bounds of recall.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecallLimits {
-    /// Item ids in a `history` (`--max-history`).
-    pub max_history: usize,
-    /// Item ids in an `exclude` (`--max-exclude`).
-    pub max_exclude: usize,
-    /// Queries (users) in one KServe v2 request (`--max-candidates`, the per-request row limit).
-    pub max_queries: usize,
-}
-
 /// What a recall request may carry, derived from `model.toml` and the server's limits.
 #[derive(Clone, Debug)]
 pub struct RecallContract {
     pub user_table: TableSpec,
     pub item_table: TableSpec,
     pub history_table: Option<TableSpec>,
-    pub limits: RecallLimits,
+    /// `max_history` and `max_exclude` bound a query; `max_candidates` is the most queries (users) of one
+    /// KServe v2 request, the per-request row limit.
+    pub limits: RequestLimits,
 }
 
 /// A validated query, ready to queue.
@@ -220,43 +211,17 @@ impl RecallContract {
     }
 }
 
-/// Why the executor could not answer a recall job.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RecallError {
-    #[error("reading the query's rows failed: {0}")]
-    Gather(#[from] GatherError),
-    /// A history whose vectors sum beyond f32 (the tables are finite; their sum need not be).
-    #[error("the query vector is not finite")]
-    NonFiniteQuery,
-    #[error("the executor panicked: {0}")]
-    Panicked(String),
-    #[error("deadline passed before execution")]
-    DeadlineExceeded,
-    #[error("shutting down")]
-    ShuttingDown,
-}
-
-/// One query waiting to be scored.
+/// One query to score.
 #[derive(Debug)]
-pub struct RecallJob {
+pub struct RecallWork {
     source: Source,
     k: usize,
     exclude: Vec<u32>,
-    reply: oneshot::Sender<Result<Vec<Scored>, RecallError>>,
 }
 
-impl Job for RecallJob {
-    fn is_abandoned(&self) -> bool {
-        self.reply.is_closed()
-    }
-
-    fn refuse(self, why: Unexecuted) {
-        let error = match why {
-            Unexecuted::Expired => RecallError::DeadlineExceeded,
-            Unexecuted::ShuttingDown => RecallError::ShuttingDown,
-        };
-        let _ = self.reply.send(Err(error));
-    }
+impl Work for RecallWork {
+    /// The query's `k` best items, best first.
+    type Output = Vec<Scored>;
 }
 
 /// What every executor of one model reads.
@@ -275,13 +240,14 @@ impl Tables {
         source: &Source,
         rows: &mut Vec<f32>,
         out: &mut [f32],
-    ) -> Result<(), RecallError> {
+    ) -> Result<(), ExecError> {
+        let gather = |e| ExecError::Failed(format!("reading the query's rows failed: {e}"));
         match source {
-            Source::User(id) => self.store.gather(&[0], &[*id], out)?,
+            Source::User(id) => self.store.gather(&[0], &[*id], out).map_err(gather)?,
             Source::History(ids) => {
                 let dim = self.dim;
                 rows.resize(ids.len() * dim, 0.0);
-                self.store.gather(&[1], ids, rows)?;
+                self.store.gather(&[1], ids, rows).map_err(gather)?;
                 // f64 sums in request order, then one rounding: the same value as the toolchain's numpy formula.
                 let scale = 1.0 / (ids.len() as f64).sqrt();
                 for (j, o) in out.iter_mut().enumerate() {
@@ -296,7 +262,10 @@ impl Tables {
         if out.iter().all(|v| v.is_finite()) {
             Ok(())
         } else {
-            Err(RecallError::NonFiniteQuery)
+            // A history whose vectors sum beyond f32 (the tables are finite; their sum need not be).
+            Err(ExecError::Failed(
+                "the query vector is not finite".to_owned(),
+            ))
         }
     }
 }
@@ -312,26 +281,15 @@ struct RecallExecutor {
     metrics: RecallMetrics,
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default()
-}
-
 impl RecallExecutor {
     /// Answers every job of `jobs`.
-    fn answer(&mut self, jobs: Vec<RecallJob>) {
+    fn answer(&mut self, jobs: Vec<Job<RecallWork>>) {
         let dim = self.tables.dim;
         self.vectors.resize(jobs.len() * dim, 0.0);
-        let mut failed: Vec<Option<RecallError>> = Vec::with_capacity(jobs.len());
+        let mut failed: Vec<Option<ExecError>> = Vec::with_capacity(jobs.len());
         for (job, out) in jobs.iter().zip(self.vectors.chunks_exact_mut(dim)) {
-            let embedded = catch_unwind(AssertUnwindSafe(|| {
-                self.tables.embed(&job.source, &mut self.rows, out)
-            }))
-            .unwrap_or_else(|panic| Err(RecallError::Panicked(panic_message(&*panic))));
-            failed.push(embedded.err());
+            let (tables, rows) = (&self.tables, &mut self.rows);
+            failed.push(catch_panic(|| tables.embed(&job.work.source, rows, out)).err());
         }
         let queries: Vec<SearchQuery<'_>> = jobs
             .iter()
@@ -340,23 +298,21 @@ impl RecallExecutor {
             .filter(|(_, failure)| failure.is_none())
             .map(|((job, vector), _)| SearchQuery {
                 vector,
-                k: job.k,
-                exclude: &job.exclude,
+                k: job.work.k,
+                exclude: &job.work.exclude,
             })
             .collect();
         let (tables, scratch) = (&self.tables, &mut self.scratch);
         let searched = if queries.is_empty() {
             Ok(Vec::new())
         } else {
-            catch_unwind(AssertUnwindSafe(|| {
-                tables.catalogue.search(&queries, scratch)
-            }))
-            .map(|(results, stats)| {
-                self.metrics.topk_duration.observe(stats.seconds);
-                self.metrics.items_scored.inc_by(stats.scored);
-                results
-            })
-            .map_err(|panic| RecallError::Panicked(panic_message(&*panic)))
+            catch_panic(|| Ok(tables.catalogue.search(&queries, scratch))).map(
+                |(results, stats)| {
+                    self.metrics.topk_duration.observe(stats.seconds);
+                    self.metrics.items_scored.inc_by(stats.scored);
+                    results
+                },
+            )
         };
         drop(queries);
         let mut results = match searched {
@@ -373,19 +329,19 @@ impl RecallExecutor {
                     tracing::error!(error = %e, "recall query failed");
                     Err(e)
                 }
-                None => results.next().unwrap_or(Err(RecallError::Panicked(
+                None => results.next().unwrap_or(Err(ExecError::Panicked(
                     "a search result is missing".to_owned(),
                 ))),
             };
-            let _ = job.reply.send(answer);
+            job.answer(answer);
         }
     }
 }
 
 impl BatchExecutor for RecallExecutor {
-    type Job = RecallJob;
+    type Work = RecallWork;
 
-    fn execute(&mut self, batch: crate::batching::Batch<RecallJob>) {
+    fn execute(&mut self, batch: Batch<Job<RecallWork>>) {
         let jobs = batch.entries.into_iter().map(|e| e.job).collect();
         self.answer(jobs);
     }
@@ -398,11 +354,9 @@ pub struct RecallModel {
     tables: Arc<Tables>,
     /// Shards of each table of `model.toml`, in its order.
     shard_counts: Vec<usize>,
-    batcher: Batcher<RecallJob>,
+    batcher: Batcher<RecallWork>,
     batching: BatchConfig,
     default_deadline: Duration,
-    metrics: Metrics,
-    model: String,
 }
 
 impl RecallModel {
@@ -412,7 +366,6 @@ impl RecallModel {
         ctx: &LoadContext,
         mv: &ModelVersion,
         spec: Arc<ModelSpec>,
-        limits: RecallLimits,
     ) -> Result<RecallModel, LoadError> {
         let toml = mv.dir.join("model.toml");
         let recall = spec
@@ -474,7 +427,7 @@ impl RecallModel {
             user_table: spec.tables[recall.user_table].spec.clone(),
             history_table: recall.history_table.map(|h| spec.tables[h].spec.clone()),
             item_table: item.spec,
-            limits,
+            limits: ctx.limits,
         };
         let tables = Arc::new(Tables {
             dim: catalogue.dim(),
@@ -522,8 +475,6 @@ impl RecallModel {
             batcher,
             batching,
             default_deadline,
-            metrics: ctx.metrics.clone(),
-            model: mv.name.clone(),
         })
     }
 
@@ -545,12 +496,21 @@ impl RecallModel {
         self.tables.catalogue.items()
     }
 
-    /// The `k` best items for a request, best first (equal scores: lower id first). `deadline` defaults to the
-    /// model's default deadline from now.
+    /// The deadline of requests that come without one.
+    pub fn default_deadline(&self) -> Duration {
+        self.default_deadline
+    }
+
+    /// Refuses a request before it is decoded when admission would refuse it whatever its size.
+    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+        self.batcher.precheck(deadline)
+    }
+
+    /// The `k` best items for a request, best first (equal scores: lower id first).
     pub async fn recall(
         &self,
         input: RecallInput,
-        deadline: Option<Instant>,
+        deadline: Instant,
     ) -> Result<Vec<Scored>, ServiceError> {
         let mut answers = self.recall_many(vec![input], deadline).await?;
         Ok(answers.pop().unwrap_or_default())
@@ -561,61 +521,21 @@ impl RecallModel {
     pub async fn recall_many(
         &self,
         inputs: Vec<RecallInput>,
-        deadline: Option<Instant>,
+        deadline: Instant,
     ) -> Result<Vec<Vec<Scored>>, ServiceError> {
-        let prepared = inputs
+        let chunks = inputs
             .into_iter()
-            .map(|input| self.contract.prepare(input))
-            .collect::<Result<Vec<_>, _>>()?;
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.default_deadline);
-        let mut chunks = Vec::with_capacity(prepared.len());
-        let mut answers = Vec::with_capacity(prepared.len());
-        for p in prepared {
-            let (reply, answer) = oneshot::channel();
-            let job = RecallJob {
-                source: p.source,
-                k: p.k,
-                exclude: p.exclude,
-                reply,
-            };
-            chunks.push((job, 1));
-            answers.push(answer);
-        }
-        let promised = match self.batcher.submit(chunks, deadline) {
-            Ok(promised) => promised,
-            Err((refusal, _)) => {
-                self.metrics.rejected(&self.model, refusal.reason());
-                return Err(refusal.into_error(&self.model));
-            }
-        };
-        let mut out = Vec::with_capacity(answers.len());
-        for answer in answers {
-            out.push(match answer.await {
-                Ok(Ok(items)) => items,
-                Ok(Err(RecallError::DeadlineExceeded)) => {
-                    return Err(ServiceError::DeadlineExceeded {
-                        model: self.model.clone(),
-                    });
-                }
-                Ok(Err(RecallError::ShuttingDown)) => {
-                    return Err(ServiceError::Unavailable("shutting down"));
-                }
-                Ok(Err(e)) => {
-                    return Err(ServiceError::Internal(format!(
-                        "model {:?}: {e}",
-                        self.model
-                    )));
-                }
-                Err(_) => {
-                    return Err(ServiceError::Internal(format!(
-                        "model {:?}: the executor dropped the job",
-                        self.model
-                    )));
-                }
-            });
-        }
-        self.batcher.answered(promised);
-        Ok(out)
+            .map(|input| {
+                let p = self.contract.prepare(input)?;
+                let work = RecallWork {
+                    source: p.source,
+                    k: p.k,
+                    exclude: p.exclude,
+                };
+                Ok((work, 1))
+            })
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        self.batcher.run(chunks, deadline).await
     }
 }
 
@@ -647,14 +567,13 @@ fn warm_up(
         let mut answers = Vec::with_capacity(size_now);
         let jobs = (0..size_now)
             .map(|_| {
-                let (reply, answer) = oneshot::channel();
-                answers.push(answer);
-                RecallJob {
+                let (job, answer) = Job::new(RecallWork {
                     source: Source::User(0),
                     k,
                     exclude: Vec::new(),
-                    reply,
-                }
+                });
+                answers.push(answer);
+                job
             })
             .collect();
         let started = Instant::now();

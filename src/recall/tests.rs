@@ -354,10 +354,10 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
         user_table: table("user", 10, OovPolicy::Reject),
         item_table: table("item", 50, item_oov),
         history_table: Some(table("history", 50, OovPolicy::Reject)),
-        limits: RecallLimits {
+        limits: RequestLimits {
             max_history: 3,
             max_exclude: 5,
-            max_queries: 8,
+            max_candidates: 8,
         },
     }
 }

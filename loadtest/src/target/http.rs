@@ -300,7 +300,7 @@ impl Target for HttpTarget {
 
 /// Scores of a `/v1` rank answer, in candidate order. Every candidate must be present (no `top_k`).
 pub fn v1_scores(answer: &[u8]) -> Result<Vec<f32>, String> {
-    let response: recserve::api::v1::RankResponse = serde_json::from_slice(answer)
+    let response: recserve::api::v1::rank::RankResponse = serde_json::from_slice(answer)
         .map_err(|e| format!("not a /v1 rank answer ({e}): {}", quote(answer)))?;
     let mut scores = vec![f32::NAN; response.scores.len()];
     for s in &response.scores {

@@ -362,8 +362,8 @@ mod tests {
     use std::path::Path;
 
     use rand::SeedableRng;
-    use recserve::api::rank_body::decode_rank;
     use recserve::api::v1::TableInfo;
+    use recserve::api::v1::rank_body::decode_rank;
     use recserve::ranking::RankContract;
 
     use super::*;

@@ -4,15 +4,13 @@
 //! output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. Decoding applies the same
 //! [`RankContract`] checks as `/v1` and builds the same [`RankInput`].
 
-use std::time::Instant;
-
 use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameters, TensorContract, TensorSpec,
 };
 use crate::api::kserve::Datatype;
 use crate::error::ServiceError;
 use crate::ranking::{RankContract, RankInput, RankingModel};
-use crate::service::{ServedModel, Service};
+use crate::service::{ModelCall, ServedModel};
 
 /// The input holding every categorical id.
 pub const CATEGORICAL: &str = "categorical";
@@ -22,14 +20,12 @@ pub const DENSE: &str = "dense";
 /// The DeepFM contract of one served model.
 #[derive(Debug)]
 pub struct DeepFm<'a> {
-    model: &'a ServedModel,
     tensors: Tensors<'a>,
 }
 
 impl<'a> DeepFm<'a> {
     pub fn new(model: &'a ServedModel, ranking: &'a RankingModel) -> DeepFm<'a> {
         DeepFm {
-            model,
             tensors: Tensors {
                 model: &model.name,
                 contract: &ranking.contract,
@@ -220,10 +216,6 @@ fn rows_of(input: &InputTensor, columns: usize, what: &str) -> Result<usize, Ser
 }
 
 impl TensorContract for DeepFm<'_> {
-    fn endpoint(&self) -> &'static str {
-        "rank"
-    }
-
     fn inputs(&self) -> Vec<TensorSpec> {
         self.tensors.inputs()
     }
@@ -234,15 +226,14 @@ impl TensorContract for DeepFm<'_> {
 
     fn run<'a>(
         &'a self,
-        service: &'a Service,
+        call: &'a ModelCall,
         inputs: Vec<InputTensor>,
         _parameters: &'a Parameters,
-        deadline: Option<Instant>,
     ) -> Outputs<'a> {
         Box::pin(async move {
             let input = self.tensors.rank_input(inputs)?;
             let rows = input.rows as i64;
-            let scores = service.rank(self.model, input, deadline).await?;
+            let scores = call.rank(input).await?;
             Ok(vec![OutputTensor {
                 name: self.tensors.output_name().to_owned(),
                 shape: vec![rows, 1],
@@ -259,7 +250,7 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::api::test_contract::contract;
+    use crate::testing::test_contract::contract;
 
     fn tensor(name: &str, datatype: &str, shape: &[i64], data: TensorData) -> InputTensor {
         InputTensor {

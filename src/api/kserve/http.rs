@@ -3,7 +3,6 @@
 //! `binary_data_output`) in both directions. Decoding and encoding only: the rest is [`super::infer`].
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -19,12 +18,9 @@ use super::{
     EXTENSIONS, InferRequest, InferResponse, InputTensor, ModelMetadata, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, TensorSpec,
 };
-use crate::api::Protocol;
-use crate::api::http::{body_bytes, deadline_from, error_response, parse_version};
-use crate::api::v1::parse_json;
+use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
 use crate::error::ServiceError;
-use crate::metrics::UNKNOWN_MODEL;
-use crate::service::{Readiness, Service};
+use crate::service::{Operation, Protocol, Readiness, Service};
 
 /// The header giving the length of the JSON part of a body that carries binary tensors after it.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -36,20 +32,14 @@ pub fn routes() -> Router<Arc<Service>> {
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
-        .route(
-            "/v2/models/{model}/versions/{version}",
-            get(model_metadata_version),
-        )
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route(
             "/v2/models/{model}/versions/{version}/ready",
-            get(model_ready_version),
+            get(model_ready),
         )
         .route("/v2/models/{model}/infer", post(infer))
-        .route(
-            "/v2/models/{model}/versions/{version}/infer",
-            post(infer_version),
-        )
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer))
 }
 
 async fn server_metadata() -> Response {
@@ -118,48 +108,29 @@ impl From<ModelMetadata> for MetadataJson {
     }
 }
 
-fn metadata_call(service: &Service, model: &str, version: Option<String>) -> Response {
-    match parse_version(version).and_then(|v| service.model(model, v)) {
+async fn model_metadata(
+    State(service): State<Arc<Service>>,
+    Path(path): Path<ModelPath>,
+) -> Response {
+    match service.model(&path.model, path.version.as_deref()) {
         Ok(served) => axum::Json(MetadataJson::from(super::metadata(&served))).into_response(),
         Err(e) => error_response(&e),
     }
 }
 
-async fn model_metadata(
-    State(service): State<Arc<Service>>,
-    Path(model): Path<String>,
-) -> Response {
-    metadata_call(&service, &model, None)
-}
-
-async fn model_metadata_version(
-    State(service): State<Arc<Service>>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    metadata_call(&service, &model, Some(version))
-}
-
-fn ready_call(service: &Service, model: &str, version: Option<String>) -> Response {
-    match parse_version(version).and_then(|v| super::model_ready(service, model, v)) {
-        Ok(true) => axum::Json(json!({ "name": model, "ready": true })).into_response(),
-        Ok(false) => (
+/// Whether the model (and, when given, that version) is ready: served, and the server not draining.
+async fn model_ready(State(service): State<Arc<Service>>, Path(path): Path<ModelPath>) -> Response {
+    match service.model(&path.model, path.version.as_deref()) {
+        Ok(_) if service.readiness() == Readiness::Ready => {
+            axum::Json(json!({ "name": path.model, "ready": true })).into_response()
+        }
+        Ok(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({ "name": model, "ready": false })),
+            axum::Json(json!({ "name": path.model, "ready": false })),
         )
             .into_response(),
         Err(e) => error_response(&e),
     }
-}
-
-async fn model_ready(State(service): State<Arc<Service>>, Path(model): Path<String>) -> Response {
-    ready_call(&service, &model, None)
-}
-
-async fn model_ready_version(
-    State(service): State<Arc<Service>>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    ready_call(&service, &model, Some(version))
 }
 
 /// `$inference_request`.
@@ -471,55 +442,23 @@ pub fn encode(
 
 async fn infer(
     State(service): State<Arc<Service>>,
-    Path(model): Path<String>,
+    Path(path): Path<ModelPath>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    infer_call(service, model, None, headers, body).await
-}
-
-async fn infer_version(
-    State(service): State<Arc<Service>>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    infer_call(service, model, Some(version), headers, body).await
-}
-
-async fn infer_call(
-    service: Arc<Service>,
-    model: String,
-    version: Option<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let arrival = Instant::now();
-    let served = parse_version(version).and_then(|version| service.model(&model, version));
-    let (label, endpoint) = match &served {
-        Ok(m) => (m.name.as_str(), super::endpoint_of(Some(m))),
-        Err(_) => (UNKNOWN_MODEL, super::endpoint_of(None)),
-    };
-    let result = async {
-        let served = served.as_ref().map_err(Clone::clone)?;
-        let transport_deadline = deadline_from(&headers, arrival)?;
-        super::precheck(served, transport_deadline)?;
-        let body = body_bytes(body, service.limits.max_body_bytes)?;
-        let (request, binary_outputs) = decode(&headers, body)?;
-        let deadline = super::deadline(&request.parameters, transport_deadline, arrival)?;
-        let response = super::infer(&service, served, request, deadline).await?;
-        encode(&response, &binary_outputs)
-    }
-    .await;
-    let response = result.unwrap_or_else(|e| error_response(&e));
-    service.metrics.observe_request(
-        label,
-        endpoint,
-        Protocol::V2Http.as_str(),
-        response.status().as_u16(),
-        arrival.elapsed().as_secs_f64(),
-    );
-    response
+    let max_body_bytes = service.limits.max_body_bytes;
+    let request = path.request(Protocol::V2Http, Operation::Infer, &headers, true);
+    let arrival = request.arrival;
+    service
+        .model_call(request, |mut call| async move {
+            let body = body_bytes(body, max_body_bytes)?;
+            let (request, binary_outputs) = decode(&headers, body)?;
+            call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
+            let response = super::infer(&call, request).await?;
+            encode(&response, &binary_outputs)
+        })
+        .await
+        .unwrap_or_else(|e| error_response(&e))
 }
 
 #[cfg(test)]

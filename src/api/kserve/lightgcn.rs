@@ -4,8 +4,6 @@
 //! queries are queued together, so they share passes over the catalogue. `history` and `exclude`, whose lengths
 //! vary per user, are `/v1` only.
 
-use std::time::Instant;
-
 use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameter, Parameters, TensorContract,
     TensorSpec,
@@ -13,7 +11,7 @@ use super::{
 use crate::api::kserve::Datatype;
 use crate::error::ServiceError;
 use crate::recall::{RecallContract, RecallInput, RecallModel, RecallQuery};
-use crate::service::{ServedModel, Service};
+use crate::service::{ModelCall, ServedModel};
 
 /// The input holding the user ids.
 pub const USER_ID: &str = "user_id";
@@ -111,7 +109,7 @@ fn decode_inputs(
         ));
     }
     let ids = user_ids.into_i64()?;
-    let max_rows = contract.limits.max_queries;
+    let max_rows = contract.limits.max_candidates;
     if ids.is_empty() || ids.len() > max_rows {
         return Err(ServiceError::invalid(
             USER_ID,
@@ -138,10 +136,6 @@ fn decode_inputs(
 }
 
 impl TensorContract for LightGcn<'_> {
-    fn endpoint(&self) -> &'static str {
-        "recall"
-    }
-
     fn inputs(&self) -> Vec<TensorSpec> {
         vec![TensorSpec {
             name: USER_ID.to_owned(),
@@ -165,15 +159,14 @@ impl TensorContract for LightGcn<'_> {
 
     fn run<'a>(
         &'a self,
-        service: &'a Service,
+        call: &'a ModelCall,
         inputs: Vec<InputTensor>,
         parameters: &'a Parameters,
-        deadline: Option<Instant>,
     ) -> Outputs<'a> {
         Box::pin(async move {
             let inputs = self.recall_inputs(inputs, parameters)?;
             let (rows, k) = (inputs.len(), inputs.first().map_or(0, |i| i.k));
-            let answers = service.recall_many(self.model, inputs, deadline).await?;
+            let answers = call.recall(inputs).await?;
             let mut ids = Vec::with_capacity(rows * k);
             let mut scores = Vec::with_capacity(rows * k);
             for answer in &answers {
@@ -210,7 +203,7 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::recall::RecallLimits;
+    use crate::registry::RequestLimits;
     use crate::repository::{OovPolicy, Storage, TableSpec};
 
     fn table(name: &str, rows: u64, oov: OovPolicy) -> TableSpec {
@@ -231,10 +224,10 @@ mod tests {
             user_table: table("user", 10, OovPolicy::Reject),
             item_table: table("item", 50, OovPolicy::Reject),
             history_table: None,
-            limits: RecallLimits {
+            limits: RequestLimits {
                 max_history: 5,
                 max_exclude: 5,
-                max_queries: 3,
+                max_candidates: 3,
             },
         };
         decode_inputs("m", &contract, inputs, &parameters)

@@ -1,10 +1,12 @@
-//! The KServe v2 / Open Inference Protocol, transport-independent: the request and response as both transports
-//! (HTTP in [`http`], gRPC in [`crate::api::grpc`]) decode and encode them, server and model metadata, and
-//! [`infer`], which checks a request against the model's tensor contract and calls the one service function of
-//! its kind. Each model kind has its contract in a module of its own ([`deepfm`], [`lightgcn`]); [`contract_of`] picks it, so a
+//! The KServe v2 / Open Inference Protocol: the request and response as both transports (HTTP in [`http`], gRPC in
+//! [`grpc`], with the standard health service in [`health`]) decode and encode them, server and model metadata,
+//! and [`infer`], which checks a request against the model's tensor contract and calls its model through the
+//! service's envelope. Each model kind has its contract in a module of its own ([`deepfm`], [`lightgcn`]); [`contract_of`] picks it, so a
 //! new kind is one module and one match arm.
 
 pub mod deepfm;
+pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod lightgcn;
 pub mod tensor;
@@ -17,16 +19,13 @@ use std::time::{Duration, Instant};
 pub use tensor::{Datatype, InputTensor, OutputData, OutputTensor, TensorData, Typed};
 
 use crate::error::ServiceError;
-use crate::service::{ModelHandle, Readiness, ServedModel, Service};
+use crate::service::{Model, ModelCall, ServedModel};
 
 /// What `GET /v2` and `ServerMetadata` call this server.
 pub const SERVER_NAME: &str = "recserve";
 
 /// The protocol extensions this server implements, as `GET /v2` and `ServerMetadata` list them.
 pub const EXTENSIONS: &[&str] = &["binary_tensor_data"];
-
-/// The `endpoint` label of an inference request for a model that is not served (its kind is unknown).
-pub const UNKNOWN_ENDPOINT: &str = "infer";
 
 /// A request or tensor parameter.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,32 +89,24 @@ pub type Outputs<'a> =
 /// The tensor contract of one model kind: what it takes and returns, and how a checked request becomes a call of
 /// the service function.
 pub trait TensorContract: Send + Sync {
-    /// The `endpoint` label of its requests (the operation, as `/v1` names it).
-    fn endpoint(&self) -> &'static str;
     fn inputs(&self) -> Vec<TensorSpec>;
     fn outputs(&self) -> Vec<TensorSpec>;
-    /// Decodes `inputs` into the kind's typed input (every problem a client error naming the tensor), calls the
-    /// service and returns every output of the model.
+    /// Decodes `inputs` into the kind's typed input (every problem a client error naming the tensor), runs it
+    /// through `call` and returns every output of the model.
     fn run<'a>(
         &'a self,
-        service: &'a Service,
+        call: &'a ModelCall,
         inputs: Vec<InputTensor>,
         parameters: &'a Parameters,
-        deadline: Option<Instant>,
     ) -> Outputs<'a>;
 }
 
 /// The tensor contract of `model`'s kind.
 pub fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
-    match &model.handle {
-        ModelHandle::Ranking(ranking) => Box::new(deepfm::DeepFm::new(model, ranking)),
-        ModelHandle::Recall(recall) => Box::new(lightgcn::LightGcn::new(model, recall)),
+    match &model.model {
+        Model::Ranking(ranking) => Box::new(deepfm::DeepFm::new(model, ranking)),
+        Model::Recall(recall) => Box::new(lightgcn::LightGcn::new(model, recall)),
     }
-}
-
-/// The `endpoint` label of an inference request for `model`.
-pub fn endpoint_of(model: Option<&ServedModel>) -> &'static str {
-    model.map_or(UNKNOWN_ENDPOINT, |m| contract_of(m).endpoint())
 }
 
 /// The metadata of a served model.
@@ -130,21 +121,10 @@ pub fn metadata(model: &ServedModel) -> ModelMetadata {
     }
 }
 
-/// Whether `model` (and, when given, that version) is ready: served, and the server not draining.
-pub fn model_ready(
-    service: &Service,
-    model: &str,
-    version: Option<u64>,
-) -> Result<bool, ServiceError> {
-    service.model(model, version)?;
-    Ok(service.readiness() == Readiness::Ready)
-}
-
-/// The request's deadline: the earliest of the transport's (`x-recserve-deadline-ms`, `grpc-timeout`) and the
-/// `timeout` parameter (microseconds from `arrival`, as Triton defines it; 0 means none).
-pub fn deadline(
+/// The deadline a request's `timeout` parameter sets: microseconds from `arrival`, as Triton defines it; 0 means
+/// none. The service combines it with the transport's ([`ModelCall::set_body_deadline`]).
+pub fn timeout_parameter(
     parameters: &Parameters,
-    transport: Option<Instant>,
     arrival: Instant,
 ) -> Result<Option<Instant>, ServiceError> {
     let micros = match parameters.get("timeout") {
@@ -158,33 +138,15 @@ pub fn deadline(
             ));
         }
     };
-    let from_parameter = micros
+    Ok(micros
         .filter(|&us| us > 0)
-        .and_then(|us| arrival.checked_add(Duration::from_micros(us)));
-    Ok(match (transport, from_parameter) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    })
+        .and_then(|us| arrival.checked_add(Duration::from_micros(us))))
 }
 
-/// Refuses, before the request is decoded, what a ranking model's queue would refuse whatever it holds: checked
-/// against the transport's deadline, which the `timeout` parameter can only bring closer. Without a transport
-/// deadline the parameter could set any, so nothing is checked here (admission still is, after decoding).
-pub fn precheck(model: &ServedModel, transport: Option<Instant>) -> Result<(), ServiceError> {
-    match (model.ranking(), transport) {
-        (Ok(ranking), Some(deadline)) => ranking.precheck(Some(deadline)),
-        _ => Ok(()),
-    }
-}
-
-/// Runs an inference request on `model`: checks the requested outputs, decodes the inputs against the kind's
-/// contract, calls the service function and returns the requested outputs in the requested order.
-pub async fn infer(
-    service: &Service,
-    model: &ServedModel,
-    request: InferRequest,
-    deadline: Option<Instant>,
-) -> Result<InferResponse, ServiceError> {
+/// Runs an inference request admitted as `call`: checks the requested outputs, decodes the inputs against the
+/// kind's contract, runs them and returns the requested outputs in the requested order.
+pub async fn infer(call: &ModelCall, request: InferRequest) -> Result<InferResponse, ServiceError> {
+    let model = &*call.model;
     let contract = contract_of(model);
     let declared = contract.outputs();
     for (i, name) in request.outputs.iter().enumerate() {
@@ -204,7 +166,7 @@ pub async fn infer(
         }
     }
     let mut outputs = contract
-        .run(service, request.inputs, &request.parameters, deadline)
+        .run(call, request.inputs, &request.parameters)
         .await?;
     if !request.outputs.is_empty() {
         let mut picked = Vec::with_capacity(request.outputs.len());
@@ -223,40 +185,28 @@ pub async fn infer(
     })
 }
 
-/// Parses a model version as both transports carry it (a string); empty means "the served one".
-pub fn parse_version(version: &str) -> Result<Option<u64>, ServiceError> {
-    if version.is_empty() {
-        return Ok(None);
-    }
-    version.parse::<u64>().map(Some).map_err(|_| {
-        ServiceError::invalid("version", format!("{version:?} is not a version number"))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_earliest_deadline_wins_and_zero_timeout_is_none() {
+    fn the_timeout_parameter_counts_microseconds_from_arrival_and_zero_is_none() {
         let now = Instant::now();
-        let header = Some(now + Duration::from_millis(50));
         let timeout = |us: Parameter| Parameters::from([("timeout".to_owned(), us)]);
-        assert_eq!(deadline(&Parameters::new(), None, now).expect("ok"), None);
         assert_eq!(
-            deadline(&Parameters::new(), header, now).expect("ok"),
-            header
+            timeout_parameter(&Parameters::new(), now).expect("ok"),
+            None
         );
         assert_eq!(
-            deadline(&timeout(Parameter::Int64(20_000)), header, now).expect("ok"),
+            timeout_parameter(&timeout(Parameter::Int64(20_000)), now).expect("ok"),
             Some(now + Duration::from_millis(20))
         );
         assert_eq!(
-            deadline(&timeout(Parameter::Uint64(90_000)), header, now).expect("ok"),
-            header
+            timeout_parameter(&timeout(Parameter::Uint64(90_000)), now).expect("ok"),
+            Some(now + Duration::from_millis(90))
         );
         assert_eq!(
-            deadline(&timeout(Parameter::Int64(0)), None, now).expect("ok"),
+            timeout_parameter(&timeout(Parameter::Int64(0)), now).expect("ok"),
             None
         );
         for bad in [
@@ -264,22 +214,12 @@ mod tests {
             Parameter::Double(1.5),
             Parameter::Bool(true),
         ] {
-            let err = deadline(&timeout(bad), None, now).expect_err("refused");
+            let err = timeout_parameter(&timeout(bad), now).expect_err("refused");
             assert!(
                 err.to_string()
                     .starts_with("parameters.timeout: must be a whole number of microseconds"),
                 "{err}"
             );
         }
-    }
-
-    #[test]
-    fn versions_parse_or_name_the_problem() {
-        assert_eq!(parse_version("").expect("ok"), None);
-        assert_eq!(parse_version("3").expect("ok"), Some(3));
-        assert_eq!(
-            parse_version("v3").expect_err("refused").to_string(),
-            "version: \"v3\" is not a version number"
-        );
     }
 }

@@ -14,10 +14,10 @@ use prometheus::IntCounter;
 
 use super::store::{CudaStore, DeviceBuffer};
 use crate::embedding::DeviceOutput;
-use crate::embedding::synthetic::{TestTable, write_tables};
 use crate::embedding::{CpuStore, EmbeddingStore, GatherError, GatherLane, reference};
 use crate::gpu::{GpuInfo, probe};
 use crate::repository::{OovPolicy, Storage, TableSpec};
+use crate::testing::tables::{TestTable, write_tables};
 
 fn gpus() -> Vec<GpuInfo> {
     probe().unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))

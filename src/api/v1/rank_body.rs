@@ -2,7 +2,7 @@
 //! candidate, no key strings, no hashing on the way. Field names are matched against the contract as they are
 //! read (the name expected next first, since clients send every candidate's fields in one order), each id lands
 //! in its column of the candidate's row, and every problem names its place in the request
-//! (`candidates[3].fields.C21`). [`super::rank_reference`] is the plain decoding (serde derive into maps, then
+//! (`candidates[3].fields.C21`). [`crate::testing::rank_reference`] is the plain decoding (serde derive into maps, then
 //! checks) that this one is tested and benchmarked against.
 
 use std::borrow::Cow;
@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::error::Category;
 
+use crate::api::envelope::require_object;
 use crate::error::ServiceError;
 use crate::ranking::{RankContract, RankInput};
 use crate::repository::Side;
@@ -28,7 +29,7 @@ pub struct RankBody {
 
 /// Decodes a `/v1` rank body against the model's contract.
 pub fn decode_rank(contract: &RankContract, body: &[u8]) -> Result<RankBody, ServiceError> {
-    super::v1::require_object(body)?;
+    require_object(body)?;
     let mut decoder = Decoder::new(contract);
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed = Top(&mut decoder)
@@ -118,16 +119,7 @@ impl<'c> Decoder<'c> {
             .check_rows(rows)
             .map_err(|problem| ServiceError::invalid("candidates", problem))?;
         let dense = self.dense.take().unwrap_or_default();
-        if dense.len() != contract.dense_features {
-            return Err(ServiceError::invalid(
-                "user.dense",
-                format!(
-                    "holds {} values, but the model takes {} dense features",
-                    dense.len(),
-                    contract.dense_features
-                ),
-            ));
-        }
+        contract.check_dense_len(dense.len())?;
         if !self.user_fields_read
             && let Some(&f) = contract.user_fields.first()
         {
@@ -502,7 +494,7 @@ impl<'de> Visitor<'de> for Fields<'_, '_> {
                 {
                     Some(position) => position,
                     None => {
-                        let problem = misplaced_field(contract, name, side);
+                        let problem = contract.misplaced_field(name, side);
                         return Err(
                             d.fail(ServiceError::invalid(Self::path(candidate, name), problem))
                         );
@@ -537,18 +529,6 @@ impl<'de> Visitor<'de> for Fields<'_, '_> {
     }
 }
 
-/// What is wrong with a key of a `fields` object that is not one of the fields that object takes.
-pub(crate) fn misplaced_field(contract: &RankContract, name: &str, side: Side) -> &'static str {
-    match contract.field_index(name) {
-        Some(f) if Some(f) == contract.item_id_field => {
-            "is the model's item_id_field: send it as the candidate's `id`, not in `fields`"
-        }
-        Some(_) if side == Side::User => "is an item-side field: send it in candidates[i].fields",
-        Some(_) => "is a user-side field: send it in user.fields",
-        None => "is not a field of this model",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -558,9 +538,9 @@ mod tests {
     use rand::{RngExt, SeedableRng};
 
     use super::*;
-    use crate::api::rank_reference;
-    use crate::api::test_contract::contract;
     use crate::repository::ModelSpec;
+    use crate::testing::rank_reference;
+    use crate::testing::test_contract::contract;
 
     fn decode(body: &str) -> Result<RankInput, ServiceError> {
         decode_rank(&contract(), body.as_bytes()).map(|b| b.input)

@@ -7,10 +7,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, tensor::TensorView};
 
-use super::{TableBytes, open_tables};
-
-use crate::repository::TableEntry;
-use crate::repository::{OovPolicy, Storage, TableSpec};
+use crate::embedding::{TableBytes, open_tables};
+use crate::repository::{OovPolicy, Storage, TableEntry, TableSpec};
 
 /// A table of deterministic pseudo-random values.
 #[derive(Debug, Clone)]

@@ -1,28 +1,21 @@
-//! KServe v2 over gRPC: `inference.GRPCInferenceService` (generated from `proto/grpc_predict_v2.proto`), the
-//! standard `grpc.health.v1` service (SERVING once the models are ready, NOT_SERVING while loading or draining),
-//! and server reflection. Requests decode into the same [`InferRequest`] as the HTTP routes and run through
-//! [`kserve::infer`]; [`code_of`] is the one mapping from service errors to gRPC status codes.
+//! KServe v2 over gRPC: `inference.GRPCInferenceService` (generated from `proto/grpc_predict_v2.proto`), beside
+//! the standard health service ([`super::health`]) and server reflection. Requests decode into the same
+//! [`InferRequest`] as the HTTP routes and run through the service's envelope and [`super::infer`]; [`code_of`] is
+//! the one mapping from service errors to gRPC status codes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use futures_util::{FutureExt, Stream, StreamExt};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
-use tonic_health::ServingStatus;
-use tonic_health::pb::health_server::{Health, HealthServer};
-use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
-use tonic_health::server::{HealthReporter, HealthService};
 
-use super::Protocol;
-use super::kserve::{
-    self, Datatype, EXTENSIONS, InferRequest, InferResponse, InputTensor, OutputData, Parameter,
+use super::{
+    Datatype, EXTENSIONS, InferRequest, InferResponse, InputTensor, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, Typed,
 };
 use crate::error::ServiceError;
-use crate::metrics::UNKNOWN_MODEL;
-use crate::service::{Readiness, ServedModel, Service};
+use crate::service::{ModelRequest, Operation, Protocol, Readiness, Service};
 
 /// The code generated from `proto/grpc_predict_v2.proto`.
 pub mod proto {
@@ -41,9 +34,6 @@ use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceSe
 use proto::model_infer_response::InferOutputTensor;
 use proto::model_metadata_response::TensorMetadata;
 use proto::{InferParameter, InferTensorContents, infer_parameter::ParameterChoice};
-
-/// The full name of the inference service, as health checks name it.
-pub const INFERENCE_SERVICE: &str = "inference.GRPCInferenceService";
 
 /// The gRPC status code for each service error. Exhaustive: a new variant must be mapped here.
 pub fn code_of(error: &ServiceError) -> Code {
@@ -71,80 +61,10 @@ pub fn status(error: &ServiceError) -> Status {
     Status::new(code_of(error), error.to_string())
 }
 
-/// The health status that readiness maps to.
-pub fn serving_status(readiness: Readiness) -> ServingStatus {
-    match readiness {
-        Readiness::Ready => ServingStatus::Serving,
-        Readiness::Loading | Readiness::ShuttingDown => ServingStatus::NotServing,
-    }
-}
-
-async fn report(reporter: &HealthReporter, readiness: Readiness) {
-    let status = serving_status(readiness);
-    // "" is the whole server, as the health checking protocol defines it.
-    reporter.set_service_status("", status).await;
-    reporter.set_service_status(INFERENCE_SERVICE, status).await;
-}
-
-/// How long a health `Watch` stream stays open once the server drains, so that its NOT_SERVING update reaches the
-/// watcher before the stream ends.
-const WATCH_GRACE: Duration = Duration::from_millis(100);
-
-/// `grpc.health.v1.Health`: tonic's implementation, except that `Watch` streams end when the server starts
-/// draining (after NOT_SERVING is sent). Otherwise an open `Watch` keeps its connection busy and holds graceful
-/// shutdown until `--shutdown-timeout-s`.
-struct DrainingHealth {
-    inner: HealthService,
-    service: Arc<Service>,
-}
-
-type HealthStream =
-    std::pin::Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send + 'static>>;
-
-#[tonic::async_trait]
-impl Health for DrainingHealth {
-    async fn check(
-        &self,
-        request: Request<HealthCheckRequest>,
-    ) -> Result<Response<HealthCheckResponse>, Status> {
-        self.inner.check(request).await
-    }
-
-    type WatchStream = HealthStream;
-
-    async fn watch(
-        &self,
-        request: Request<HealthCheckRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        let updates = self.inner.watch(request).await?.into_inner();
-        let mut readiness = self.service.watch_readiness();
-        let draining = async move {
-            // An error means the service is gone: end the stream then too.
-            let _ = readiness.wait_for(|r| *r == Readiness::ShuttingDown).await;
-            tokio::time::sleep(WATCH_GRACE).await;
-        };
-        let stream: HealthStream = Box::pin(updates.take_until(draining.boxed()));
-        Ok(Response::new(stream))
-    }
-}
-
 /// The gRPC routes: inference, health and reflection. Health starts NOT_SERVING and follows the service's
 /// readiness from then on (a task that ends when the service is dropped).
 pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
-    let reporter = HealthReporter::new();
-    let health = HealthServer::new(DrainingHealth {
-        inner: HealthService::from_health_reporter(reporter.clone()),
-        service: Arc::clone(&service),
-    });
-    let mut readiness = service.watch_readiness();
-    let initial = *readiness.borrow_and_update();
-    report(&reporter, initial).await;
-    tokio::spawn(async move {
-        while readiness.changed().await.is_ok() {
-            let now = *readiness.borrow_and_update();
-            report(&reporter, now).await;
-        }
-    });
+    let health = super::health::server(Arc::clone(&service)).await;
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -368,23 +288,6 @@ pub struct Inference {
     service: Arc<Service>,
 }
 
-impl Inference {
-    async fn infer(
-        &self,
-        served: &ServedModel,
-        metadata: &MetadataMap,
-        request: proto::ModelInferRequest,
-        arrival: Instant,
-    ) -> Result<proto::ModelInferResponse, ServiceError> {
-        let transport_deadline = grpc_timeout(metadata)?.and_then(|t| arrival.checked_add(t));
-        kserve::precheck(served, transport_deadline)?;
-        let (request, raw) = decode(request)?;
-        let deadline = kserve::deadline(&request.parameters, transport_deadline, arrival)?;
-        let response = kserve::infer(&self.service, served, request, deadline).await?;
-        Ok(encode(response, raw))
-    }
-}
-
 #[tonic::async_trait]
 impl GrpcInferenceService for Inference {
     async fn server_live(
@@ -408,10 +311,12 @@ impl GrpcInferenceService for Inference {
         request: Request<proto::ModelReadyRequest>,
     ) -> Result<Response<proto::ModelReadyResponse>, Status> {
         let request = request.into_inner();
-        let ready = kserve::parse_version(&request.version)
-            .and_then(|version| kserve::model_ready(&self.service, &request.name, version))
+        self.service
+            .model(&request.name, Some(&request.version))
             .map_err(|e| status(&e))?;
-        Ok(Response::new(proto::ModelReadyResponse { ready }))
+        Ok(Response::new(proto::ModelReadyResponse {
+            ready: self.service.readiness() == Readiness::Ready,
+        }))
     }
 
     async fn server_metadata(
@@ -430,11 +335,12 @@ impl GrpcInferenceService for Inference {
         request: Request<proto::ModelMetadataRequest>,
     ) -> Result<Response<proto::ModelMetadataResponse>, Status> {
         let request = request.into_inner();
-        let served = kserve::parse_version(&request.version)
-            .and_then(|version| self.service.model(&request.name, version))
+        let served = self
+            .service
+            .model(&request.name, Some(&request.version))
             .map_err(|e| status(&e))?;
-        let m = kserve::metadata(&served);
-        let tensors = |specs: Vec<kserve::TensorSpec>| {
+        let m = super::metadata(&served);
+        let tensors = |specs: Vec<super::TensorSpec>| {
             specs
                 .into_iter()
                 .map(|t| TensorMetadata {
@@ -458,29 +364,28 @@ impl GrpcInferenceService for Inference {
         request: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
         let arrival = Instant::now();
-        let (metadata, _, request) = request.into_parts();
-        let served = kserve::parse_version(&request.model_version)
-            .and_then(|version| self.service.model(&request.model_name, version));
-        let (label, endpoint) = match &served {
-            Ok(m) => (m.name.as_str(), kserve::endpoint_of(Some(m))),
-            Err(_) => (UNKNOWN_MODEL, kserve::endpoint_of(None)),
+        let (metadata, _, mut request) = request.into_parts();
+        let model = std::mem::take(&mut request.model_name);
+        let version = std::mem::take(&mut request.model_version);
+        let envelope = ModelRequest {
+            protocol: Protocol::Grpc,
+            operation: Operation::Infer,
+            model: &model,
+            version: Some(&version),
+            arrival,
+            deadline: grpc_timeout(&metadata).map(|t| t.and_then(|t| arrival.checked_add(t))),
+            deadline_in_body: true,
         };
-        let result = match &served {
-            Ok(served) => self.infer(served, &metadata, request, arrival).await,
-            Err(e) => Err(e.clone()),
-        };
-        let code = match &result {
-            Ok(_) => 200,
-            Err(e) => crate::api::http::status_of(e).as_u16(),
-        };
-        self.service.metrics.observe_request(
-            label,
-            endpoint,
-            Protocol::Grpc.as_str(),
-            code,
-            arrival.elapsed().as_secs_f64(),
-        );
-        result.map(Response::new).map_err(|e| status(&e))
+        self.service
+            .model_call(envelope, |mut call| async move {
+                let (request, raw) = decode(request)?;
+                call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
+                let response = super::infer(&call, request).await?;
+                Ok(encode(response, raw))
+            })
+            .await
+            .map(Response::new)
+            .map_err(|e| status(&e))
     }
 }
 
@@ -531,19 +436,6 @@ mod tests {
                 "internal detail leaked: {s:?}"
             );
         }
-    }
-
-    #[test]
-    fn health_follows_readiness() {
-        assert_eq!(
-            serving_status(Readiness::Loading),
-            ServingStatus::NotServing
-        );
-        assert_eq!(serving_status(Readiness::Ready), ServingStatus::Serving);
-        assert_eq!(
-            serving_status(Readiness::ShuttingDown),
-            ServingStatus::NotServing
-        );
     }
 
     fn timeout(value: &str) -> Result<Option<Duration>, ServiceError> {
@@ -652,7 +544,7 @@ mod tests {
             model_name: "m".into(),
             model_version: "2".into(),
             id: "req-1".into(),
-            outputs: vec![kserve::OutputTensor {
+            outputs: vec![super::super::OutputTensor {
                 name: "probability".into(),
                 shape: vec![2, 1],
                 data: OutputData::Fp32(vec![0.25, 0.75]),

@@ -1,0 +1,183 @@
+//! `POST /v1/models/{model}/recall` (and `/versions/{version}/recall`): the body ([`RecallRequest`]) decodes into
+//! a [`RecallInput`] (the model checks ids, `k` and lengths), which runs through the service's envelope.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::{Deserialize, Serialize};
+
+use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
+use crate::error::ServiceError;
+use crate::recall::{RecallInput, RecallQuery, Scored};
+use crate::service::{Operation, Protocol, Service};
+
+/// The routes, for [`super::routes`].
+pub fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/v1/models/{model}/recall", post(recall))
+        .route("/v1/models/{model}/versions/{version}/recall", post(recall))
+}
+
+async fn recall(
+    State(service): State<Arc<Service>>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let max_body_bytes = service.limits.max_body_bytes;
+    let request = path.request(Protocol::V1, Operation::Recall, &headers, false);
+    service
+        .model_call(request, |call| async move {
+            let body = body_bytes(body, max_body_bytes)?;
+            let input = recall_input(parse_json(&body)?)?;
+            let mut answers = call.recall(vec![input]).await?;
+            let items = answers.pop().unwrap_or_default();
+            Ok(axum::Json(recall_response(
+                &call.model.name,
+                call.model.version,
+                &items,
+            ))
+            .into_response())
+        })
+        .await
+        .unwrap_or_else(|e| error_response(&e))
+}
+
+/// `POST /v1/models/{model}/recall`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<i64>>,
+    pub k: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct RecallResponse {
+    pub model: String,
+    pub version: u64,
+    pub items: Vec<RecalledItem>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct RecalledItem {
+    pub id: i64,
+    pub score: f32,
+}
+
+/// Exactly one of `user_id` and `history`.
+pub(super) fn recall_query(
+    user_id: Option<i64>,
+    history: Option<Vec<i64>>,
+) -> Result<RecallQuery, ServiceError> {
+    match (user_id, history) {
+        (Some(id), None) => Ok(RecallQuery::UserId(id)),
+        (None, Some(history)) => Ok(RecallQuery::History(history)),
+        (Some(_), Some(_)) => Err(ServiceError::invalid(
+            "history",
+            "cannot be sent together with user_id: send one of them",
+        )),
+        (None, None) => Err(ServiceError::invalid(
+            "user_id",
+            "is missing: send user_id (a row of the user table) or history (item ids the user interacted with)",
+        )),
+    }
+}
+
+/// Decodes a recall request; the model checks the ids, `k` and the lengths.
+pub fn recall_input(request: RecallRequest) -> Result<RecallInput, ServiceError> {
+    Ok(RecallInput {
+        query: recall_query(request.user_id, request.history)?,
+        k: request.k,
+        exclude: request.exclude,
+    })
+}
+
+pub fn recall_response(model: &str, version: u64, items: &[Scored]) -> RecallResponse {
+    RecallResponse {
+        model: model.to_owned(),
+        version,
+        items: items
+            .iter()
+            .map(|s| RecalledItem {
+                id: i64::from(s.id),
+                score: s.score,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::envelope::parse_json;
+
+    fn decode(body: &str) -> Result<RecallInput, ServiceError> {
+        recall_input(parse_json(body.as_bytes())?)
+    }
+
+    #[test]
+    fn decodes_recall_requests() {
+        assert_eq!(
+            decode(r#"{"user_id": 3, "k": 5, "exclude": [1, 2]}"#).expect("valid"),
+            RecallInput {
+                query: RecallQuery::UserId(3),
+                k: 5,
+                exclude: vec![1, 2]
+            }
+        );
+        assert_eq!(
+            decode(r#"{"history": [4, 4, 7], "k": 1}"#).expect("valid"),
+            RecallInput {
+                query: RecallQuery::History(vec![4, 4, 7]),
+                k: 1,
+                exclude: vec![]
+            }
+        );
+        let cases = [
+            (r#"{"k": 5}"#, "user_id: is missing: send user_id"),
+            (
+                r#"{"user_id": 1, "history": [1], "k": 5}"#,
+                "history: cannot be sent together with user_id",
+            ),
+            (r#"{"user_id": 1}"#, "missing field `k`"),
+            (
+                r#"{"user_id": 1, "k": -1}"#,
+                "k: invalid value: integer `-1`",
+            ),
+            (
+                r#"{"user_id": 1.5, "k": 1}"#,
+                "user_id: invalid type: floating point",
+            ),
+            (
+                r#"{"history": [1, "x"], "k": 1}"#,
+                "history[1]: invalid type: string",
+            ),
+            (
+                r#"{"user_id": 1, "k": 1, "exclude": [null]}"#,
+                "exclude[0]: invalid type: null",
+            ),
+            (
+                r#"{"user_id": 1, "k": 1, "top_k": 3}"#,
+                "unknown field `top_k`",
+            ),
+        ];
+        for (body, expected) in cases {
+            let got = decode(body).expect_err(body).to_string();
+            assert!(
+                got.contains(expected),
+                "{body}: expected {expected:?} in {got:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! `POST /v1/recommend/{pipeline}` (recall then rank in one call) and `GET /v1/pipelines`. The body decodes
+//! against the pipeline's ranking model (its user side) and recall model (`user_id` or `history`) and runs through
+//! the service's envelope with both models of one snapshot.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use super::UserSide;
+use super::recall::recall_query;
+use crate::api::envelope::{body_bytes, deadline_header, error_response, parse_json};
+use crate::error::ServiceError;
+use crate::pipeline::{RecommendInput, Recommendation};
+use crate::ranking::RankContract;
+use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, Service};
+
+/// The routes, for [`super::routes`].
+pub fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/v1/recommend/{pipeline}", post(recommend))
+        .route("/v1/pipelines", get(list_pipelines))
+}
+
+async fn recommend(
+    State(service): State<Arc<Service>>,
+    Path(pipeline): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let max_body_bytes = service.limits.max_body_bytes;
+    let request = PipelineRequest {
+        protocol: Protocol::V1,
+        pipeline: &pipeline,
+        arrival,
+        deadline: deadline_header(&headers, arrival),
+    };
+    service
+        .pipeline_call(request, |call| async move {
+            let body = body_bytes(body, max_body_bytes)?;
+            let (input, timings) = recommend_input(&call.pipeline, parse_json(&body)?)?;
+            let answer = call.recommend(input).await?;
+            Ok(axum::Json(recommend_response(&call.pipeline, &answer, timings)).into_response())
+        })
+        .await
+        .unwrap_or_else(|e| error_response(&e))
+}
+
+async fn list_pipelines(State(service): State<Arc<Service>>) -> Response {
+    let pipelines = service.pipelines().iter().map(pipeline_info).collect();
+    axum::Json(PipelineList { pipelines }).into_response()
+}
+
+/// `POST /v1/recommend/{pipeline}`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecommendRequest {
+    /// The ranking model's user side (its `side = "user"` fields and dense features).
+    #[serde(default)]
+    pub user: UserSide,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<i64>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<usize>,
+    /// Report how long each stage took.
+    #[serde(default)]
+    pub timings: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct RecommendResponse {
+    pub pipeline: String,
+    pub recall_model: ModelRef,
+    pub ranking_model: ModelRef,
+    pub items: Vec<RecommendedItem>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelRef {
+    pub name: String,
+    pub version: u64,
+}
+
+impl ModelRef {
+    fn of(model: &ServedModel) -> ModelRef {
+        ModelRef {
+            name: model.name.clone(),
+            version: model.version,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct RecommendedItem {
+    pub id: i64,
+    pub score: f32,
+    pub recall_score: f32,
+}
+
+/// Milliseconds per stage (microsecond resolution); each stage includes its queueing.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct Timings {
+    pub recall_ms: f64,
+    pub features_ms: f64,
+    pub rank_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The ranking model's user side of a recommend request: every `side = "user"` field (ids checked against their
+/// tables' OOV policy) and the dense features, written into one rank row.
+fn user_side(
+    contract: &RankContract,
+    user: &UserSide,
+) -> Result<(Vec<i64>, Vec<f32>), ServiceError> {
+    contract.check_dense_values(&user.dense)?;
+    let mut row = vec![0i64; contract.fields()];
+    contract.fill_fields(
+        "user.fields",
+        &user.fields,
+        &contract.user_fields,
+        |name| {
+            if contract.field_index(name).is_some() {
+                "is an item-side field: recommend takes it from the ranking model's item feature table"
+            } else {
+                "is not a field of the ranking model"
+            }
+        },
+        &mut row,
+    )?;
+    Ok((row, user.dense.clone()))
+}
+
+/// Decodes a recommend request against the pipeline's ranking model; returns the input and whether the client
+/// asked for timings. The recall model checks the recall side when the pipeline runs.
+pub fn recommend_input(
+    pipeline: &ResolvedPipeline,
+    request: RecommendRequest,
+) -> Result<(RecommendInput, bool), ServiceError> {
+    let contract = &pipeline.ranking.ranking()?.contract;
+    let (user, dense) = user_side(contract, &request.user)?;
+    let query = recall_query(request.user_id, request.history)?;
+    Ok((
+        RecommendInput {
+            user,
+            dense,
+            query,
+            exclude: request.exclude,
+            k: request.k,
+        },
+        request.timings,
+    ))
+}
+
+pub fn recommend_response(
+    pipeline: &ResolvedPipeline,
+    answer: &Recommendation,
+    timings: bool,
+) -> RecommendResponse {
+    // Whole microseconds, in milliseconds.
+    let ms = |d: std::time::Duration| d.as_micros() as f64 / 1e3;
+    RecommendResponse {
+        pipeline: pipeline.pipeline.name.clone(),
+        recall_model: ModelRef::of(&pipeline.recall),
+        ranking_model: ModelRef::of(&pipeline.ranking),
+        items: answer
+            .items
+            .iter()
+            .map(|item| RecommendedItem {
+                id: i64::from(item.id),
+                score: item.score,
+                recall_score: item.recall_score,
+            })
+            .collect(),
+        timings: timings.then(|| Timings {
+            recall_ms: ms(answer.timings.recall),
+            features_ms: ms(answer.timings.features),
+            rank_ms: ms(answer.timings.rank),
+            total_ms: ms(answer.timings.total),
+        }),
+    }
+}
+
+/// `GET /v1/pipelines`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PipelineList {
+    pub pipelines: Vec<PipelineInfo>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PipelineInfo {
+    pub name: String,
+    pub recall_model: ModelRef,
+    pub ranking_model: ModelRef,
+    pub candidates: usize,
+    pub k: usize,
+}
+
+pub fn pipeline_info(pipeline: &ResolvedPipeline) -> PipelineInfo {
+    PipelineInfo {
+        name: pipeline.pipeline.name.clone(),
+        recall_model: ModelRef::of(&pipeline.recall),
+        ranking_model: ModelRef::of(&pipeline.ranking),
+        candidates: pipeline.pipeline.config.candidates,
+        k: pipeline.pipeline.config.k,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::api::envelope::parse_json;
+    use crate::repository::ModelSpec;
+
+    const RANKING: &str = r#"
+format_version = 1
+kind = "deepfm"
+[ranking]
+dense_features = ["d0"]
+item_id_field = "item"
+[dense_graph]
+file = "g.onnx"
+precision = "fp32"
+[[tables]]
+name = "u"
+file = "t.safetensors"
+rows = 10
+dim = 3
+storage = "fp32"
+oov = "reject"
+[[tables]]
+name = "item"
+file = "t.safetensors"
+rows = 100
+dim = 3
+storage = "fp32"
+[[fields]]
+name = "u"
+side = "user"
+[[fields]]
+name = "item"
+side = "item"
+"#;
+
+    #[test]
+    fn checks_the_ranking_user_side() {
+        let contract = RankContract::new(Arc::new(ModelSpec::parse(RANKING).expect("spec")), 10);
+        let side = |json: &str| -> Result<(Vec<i64>, Vec<f32>), ServiceError> {
+            let user: UserSide = parse_json(json.as_bytes())?;
+            user_side(&contract, &user)
+        };
+        assert_eq!(
+            side(r#"{"fields": {"u": 4}, "dense": [1.5]}"#).expect("valid"),
+            (vec![4, 0], vec![1.5])
+        );
+        let cases = [
+            (
+                r#"{"fields": {}, "dense": [1]}"#,
+                "user.fields.u: is missing",
+            ),
+            (
+                r#"{"fields": {"u": 10}, "dense": [1]}"#,
+                "user.fields.u: id 10 is outside the vocabulary",
+            ),
+            (
+                r#"{"fields": {"u": 1, "item": 3}, "dense": [1]}"#,
+                "user.fields.item: is an item-side field: recommend takes it",
+            ),
+            (
+                r#"{"fields": {"u": 1, "zz": 3}, "dense": [1]}"#,
+                "user.fields.zz: is not a field of the ranking model",
+            ),
+            (
+                r#"{"fields": {"u": 1}, "dense": []}"#,
+                "user.dense: holds 0 values, but the model takes 1",
+            ),
+            (
+                r#"{"fields": {"u": 1}, "dense": [1e39]}"#,
+                "user.dense[0]: must be a finite number",
+            ),
+        ];
+        for (json, expected) in cases {
+            let got = side(json).expect_err(json).to_string();
+            assert!(
+                got.contains(expected),
+                "{json}: expected {expected:?} in {got:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The request contract of a ranking model, derived from its `model.toml`: what a request must carry
+//! ([`RankContract`]) and the validated rows every transport decodes into ([`RankInput`]). Every check and its
+//! message lives here once, so `/v1` rank, recommend and KServe v2 refuse the same input with the same words.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::ServiceError;
+use crate::repository::{ModelSpec, OovPolicy, Side};
+
+/// Validated rows to score: `ids` is `[rows, fields]` in graph order, `dense` is `[rows, dense_features]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankInput {
+    pub rows: usize,
+    pub ids: Vec<i64>,
+    pub dense: Vec<f32>,
+}
+
+/// What a ranking request must carry, derived from `model.toml`. Transports decode against it.
+#[derive(Debug, Clone)]
+pub struct RankContract {
+    pub spec: Arc<ModelSpec>,
+    /// Indices into `spec.fields`, in graph order.
+    pub user_fields: Vec<usize>,
+    /// Item-side fields a candidate sends in `fields` (all item fields but `item_id_field`).
+    pub item_fields: Vec<usize>,
+    pub item_id_field: Option<usize>,
+    pub dense_features: usize,
+    field_by_name: HashMap<String, usize>,
+    pub max_candidates: usize,
+}
+
+impl RankContract {
+    pub fn new(spec: Arc<ModelSpec>, max_candidates: usize) -> RankContract {
+        let ranking = spec.ranking.as_ref();
+        let item_id_field = ranking.and_then(|r| r.item_id_field);
+        let by_side = |side: Side| {
+            spec.fields
+                .iter()
+                .enumerate()
+                .filter(|(i, f)| f.side == side && Some(*i) != item_id_field)
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>()
+        };
+        RankContract {
+            user_fields: by_side(Side::User),
+            item_fields: by_side(Side::Item),
+            item_id_field,
+            dense_features: ranking.map_or(0, |r| r.dense_features.len()),
+            field_by_name: spec
+                .fields
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.name.clone(), i))
+                .collect(),
+            max_candidates,
+            spec,
+        }
+    }
+
+    pub fn fields(&self) -> usize {
+        self.spec.fields.len()
+    }
+
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.field_by_name.get(name).copied()
+    }
+
+    pub fn field_name(&self, field: usize) -> &str {
+        &self.spec.fields[field].name
+    }
+
+    /// Checks `id` for `field` against its table's OOV policy: ids a `reject` table would refuse fail here,
+    /// before the request is queued, so one bad request never fails a batch.
+    pub fn check_id(&self, field: usize, id: i64) -> Result<(), String> {
+        let table = &self.spec.tables[self.spec.fields[field].table].spec;
+        if table.oov == OovPolicy::Reject && !table.contains(id) {
+            return Err(format!(
+                "id {id} is outside the vocabulary of table {:?} (ids 0..{}), which rejects unknown ids",
+                table.name, table.rows
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a dense value.
+    pub fn check_dense(value: f32) -> Result<(), String> {
+        if value.is_finite() {
+            Ok(())
+        } else {
+            Err(format!("must be a finite number, got {value}"))
+        }
+    }
+
+    /// Checks the number of rows of a request.
+    pub fn check_rows(&self, rows: usize) -> Result<(), String> {
+        if rows == 0 {
+            Err("must hold at least one candidate".to_owned())
+        } else if rows > self.max_candidates {
+            Err(format!(
+                "holds {rows} candidates, more than the limit of {} (--max-candidates)",
+                self.max_candidates
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Checks the number of dense values the request gave (at `user.dense`).
+    pub fn check_dense_len(&self, len: usize) -> Result<(), ServiceError> {
+        if len == self.dense_features {
+            Ok(())
+        } else {
+            Err(ServiceError::invalid(
+                "user.dense",
+                format!(
+                    "holds {len} values, but the model takes {} dense features",
+                    self.dense_features
+                ),
+            ))
+        }
+    }
+
+    /// Checks a request's dense values (at `user.dense`): their number, and that each is finite.
+    pub fn check_dense_values(&self, values: &[f32]) -> Result<(), ServiceError> {
+        self.check_dense_len(values.len())?;
+        for (i, &v) in values.iter().enumerate() {
+            Self::check_dense(v)
+                .map_err(|problem| ServiceError::invalid(format!("user.dense[{i}]"), problem))?;
+        }
+        Ok(())
+    }
+
+    /// What is wrong with a key of a `fields` object on `side` that is not one of the fields it takes.
+    pub fn misplaced_field(&self, name: &str, side: Side) -> &'static str {
+        match self.field_index(name) {
+            Some(f) if Some(f) == self.item_id_field => {
+                "is the model's item_id_field: send it as the candidate's `id`, not in `fields`"
+            }
+            Some(_) if side == Side::User => {
+                "is an item-side field: send it in candidates[i].fields"
+            }
+            Some(_) => "is a user-side field: send it in user.fields",
+            None => "is not a field of this model",
+        }
+    }
+
+    /// Checks a `fields` object (at `path`) that must hold exactly the fields `expected`, each id against its
+    /// table, and writes each id into its position of `row`. A key that is not expected is refused with the
+    /// problem `misplaced` names for it (the first in name order, so the message does not depend on hashing).
+    pub fn fill_fields(
+        &self,
+        path: &str,
+        given: &HashMap<String, i64>,
+        expected: &[usize],
+        misplaced: impl Fn(&str) -> &'static str,
+        row: &mut [i64],
+    ) -> Result<(), ServiceError> {
+        for &f in expected {
+            let name = self.field_name(f);
+            let id = *given
+                .get(name)
+                .ok_or_else(|| ServiceError::invalid(format!("{path}.{name}"), "is missing"))?;
+            self.check_id(f, id)
+                .map_err(|problem| ServiceError::invalid(format!("{path}.{name}"), problem))?;
+            row[f] = id;
+        }
+        if given.len() != expected.len() {
+            let mut unknown: Vec<&String> = given
+                .keys()
+                .filter(|k| !expected.iter().any(|&f| self.field_name(f) == k.as_str()))
+                .collect();
+            unknown.sort_unstable();
+            if let Some(name) = unknown.first() {
+                return Err(ServiceError::invalid(
+                    format!("{path}.{name}"),
+                    misplaced(name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Orders candidate positions best first by `scores`: higher score first, equal scores in position order, and NaN
+/// (a broken model) last rather than first.
+pub fn best_first(scores: &[f32]) -> impl Fn(&usize, &usize) -> Ordering + '_ {
+    let key = |i: usize| {
+        if scores[i].is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            scores[i]
+        }
+    };
+    move |&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_first_puts_nan_last_and_keeps_ties_in_order() {
+        let scores = [0.2, 0.9, f32::NAN, 0.9, 0.5];
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        order.sort_by(best_first(&scores));
+        assert_eq!(order, [1, 3, 4, 0, 2]);
+    }
+}

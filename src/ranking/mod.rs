@@ -1,0 +1,251 @@
+//! DeepFM ranking: loading a ranking model (tables, dense graph sessions, batcher and executor threads), the
+//! request contract every transport decodes into ([`RankContract`] → [`RankInput`]), its item feature table
+//! ([`ItemFeatures`], for recommend pipelines), and scoring.
+
+mod contract;
+mod item_features;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use contract::{RankContract, RankInput, best_first};
+pub use item_features::ItemFeatures;
+
+use crate::batching::{
+    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Work, catch_panic, split_rows,
+};
+use crate::embedding::{self, EmbeddingStore, open_tables};
+use crate::error::{LoadError, ServiceError};
+use crate::executor::{DenseGraph, GraphShape, Worker};
+use crate::registry::LoadContext;
+use crate::repository::{ModelSpec, ModelVersion};
+
+/// The rows of one request (or chunk of one) to score: `ids` is `[rows, fields]`, `dense` `[rows, dense]`.
+#[derive(Debug)]
+pub struct RankWork {
+    ids: Vec<i64>,
+    dense: Vec<f32>,
+}
+
+impl Work for RankWork {
+    /// One score per row.
+    type Output = Vec<f32>;
+}
+
+/// An executor thread of a ranking model: concatenates a batch's rows, pads them to the batch's bucket, scores
+/// them and answers each job with its own rows' scores.
+#[derive(Debug)]
+struct RankExecutor {
+    worker: Worker,
+    shape: GraphShape,
+    ids: Vec<i64>,
+    dense: Vec<f32>,
+}
+
+impl BatchExecutor for RankExecutor {
+    type Work = RankWork;
+
+    fn execute(&mut self, batch: Batch<Job<RankWork>>) {
+        let GraphShape { fields, dense, .. } = self.shape;
+        self.ids.clear();
+        self.dense.clear();
+        for entry in &batch.entries {
+            self.ids.extend_from_slice(&entry.job.work.ids);
+            self.dense.extend_from_slice(&entry.job.work.dense);
+        }
+        // Padding rows read row 0 of every table (always in the vocabulary); their scores are discarded.
+        self.ids.resize(batch.bucket * fields, 0);
+        self.dense.resize(batch.bucket * dense, 0.0);
+        let (worker, ids, dense_values) = (&mut self.worker, &self.ids, &self.dense);
+        let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values));
+        match result {
+            Ok(scores) => {
+                let mut at = 0;
+                for entry in batch.entries {
+                    let mine = scores[at..at + entry.rows].to_vec();
+                    at += entry.rows;
+                    entry.job.answer(Ok(mine));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, rows = batch.rows, "batch failed");
+                for entry in batch.entries {
+                    entry.job.answer(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A loaded DeepFM model: its embedding store, its item feature table, and the batcher in front of its executor
+/// threads.
+#[derive(Debug)]
+pub struct RankingModel {
+    pub contract: RankContract,
+    store: Arc<dyn EmbeddingStore>,
+    /// `[item_features]`, for recommend pipelines.
+    item_features: Option<Arc<ItemFeatures>>,
+    batcher: Batcher<RankWork>,
+    batching: BatchConfig,
+    default_deadline: Duration,
+}
+
+impl RankingModel {
+    /// Opens the tables and the dense graph (one session per executor), checks them against `spec`, runs every
+    /// batch bucket on every session (which also seeds the execution-time estimate), and starts the batcher.
+    pub fn load(
+        ctx: &LoadContext,
+        mv: &ModelVersion,
+        spec: Arc<ModelSpec>,
+    ) -> Result<RankingModel, LoadError> {
+        let graph_spec = spec.dense_graph.as_ref().ok_or_else(|| {
+            LoadError::new(
+                &mv.dir.join("model.toml"),
+                "a deepfm model needs [dense_graph]",
+            )
+        })?;
+        let bytes = open_tables(&mv.dir, &spec.tables)?;
+        let counters = spec
+            .tables
+            .iter()
+            .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
+            .collect();
+        let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
+        let store = crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)
+            .map_err(|e| {
+                LoadError::new(
+                    &mv.dir,
+                    format!("cannot place the embedding tables (--device): {e}"),
+                )
+            })?;
+        for shard in store.device_memory() {
+            ctx.metrics.set_gpu_memory_bytes(
+                &mv.name,
+                &shard.table,
+                shard.shard,
+                &shard.device,
+                shard.bytes,
+            );
+        }
+        for t in store.tables() {
+            ctx.metrics.set_table_bytes(
+                &mv.name,
+                &t.name,
+                t.storage.as_str(),
+                store.device(),
+                t.bytes(),
+            );
+        }
+
+        let item_features = ItemFeatures::open(&mv.dir, &spec)?.map(Arc::new);
+        let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates);
+        let shape = GraphShape {
+            fields: contract.fields(),
+            dim: spec.field_dim(),
+            dense: contract.dense_features,
+        };
+        let (batching, default_deadline) = ctx.batching.resolve(&spec.batching);
+        let estimator = Estimator::new(&batching.buckets);
+        let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
+        let metrics = ctx.metrics.model(&mv.name, store.device());
+        let graph_path = mv.dir.join(&graph_spec.file);
+        let mut executors = Vec::with_capacity(ctx.executors);
+        for executor in 0..ctx.executors {
+            let lane = embedding::lane(&store, executor).map_err(|e| {
+                LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
+            })?;
+            let options = ctx.session.on_device(lane.cuda_device());
+            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
+            let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+            worker
+                .warm_up(&batching.buckets, Some(&estimator))
+                .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;
+            executors.push(RankExecutor {
+                worker,
+                shape,
+                ids: Vec::new(),
+                dense: Vec::new(),
+            });
+        }
+        let batcher = Batcher::start(
+            &mv.name,
+            batching.clone(),
+            estimator,
+            executors,
+            ctx.metrics.batching(&mv.name),
+        )
+        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the batcher threads: {e}")))?;
+        Ok(RankingModel {
+            contract,
+            store,
+            item_features,
+            batcher,
+            batching,
+            default_deadline,
+        })
+    }
+
+    pub fn device(&self) -> &str {
+        self.store.device()
+    }
+
+    pub fn shard_counts(&self) -> Vec<usize> {
+        self.store
+            .shard_layouts()
+            .iter()
+            .map(|l| l.shards)
+            .collect()
+    }
+
+    /// The batching this model runs with.
+    pub fn batching(&self) -> &BatchConfig {
+        &self.batching
+    }
+
+    /// `[item_features]` of its `model.toml`, read and checked at load.
+    pub fn item_features(&self) -> Option<&Arc<ItemFeatures>> {
+        self.item_features.as_ref()
+    }
+
+    /// The deadline of requests that come without one.
+    pub fn default_deadline(&self) -> Duration {
+        self.default_deadline
+    }
+
+    /// Refuses a request before it is decoded when admission would refuse it whatever its size (the queue is
+    /// full, or the work ahead alone would miss `deadline`).
+    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+        self.batcher.precheck(deadline)
+    }
+
+    /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher
+    /// and reassembles the scores in order.
+    pub async fn score(
+        &self,
+        input: RankInput,
+        deadline: Instant,
+    ) -> Result<Vec<f32>, ServiceError> {
+        let (fields, dense) = (self.contract.fields(), self.contract.dense_features);
+        let ranges = split_rows(input.rows, self.batching.max_batch_rows);
+        if ranges.len() == 1 {
+            let work = RankWork {
+                ids: input.ids,
+                dense: input.dense,
+            };
+            let mut scores = self.batcher.run(vec![(work, input.rows)], deadline).await?;
+            return Ok(scores.pop().unwrap_or_default());
+        }
+        let chunks = ranges
+            .into_iter()
+            .map(|r| {
+                let work = RankWork {
+                    ids: input.ids[r.start * fields..r.end * fields].to_vec(),
+                    dense: input.dense[r.start * dense..r.end * dense].to_vec(),
+                };
+                (work, r.len())
+            })
+            .collect();
+        let parts = self.batcher.run(chunks, deadline).await?;
+        Ok(parts.concat())
+    }
+}

@@ -1,0 +1,183 @@
+//! The transport-agnostic service: the models it serves (through the [`Registry`]), its pipelines, whether it is
+//! ready, and the one envelope every request goes through whatever its protocol ([`Service::model_call`],
+//! [`Service::pipeline_call`] in [`call`]). Transports only decode and encode.
+
+mod call;
+mod model;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::watch;
+
+pub use call::{
+    ModelCall, ModelRequest, Operation, PipelineCall, PipelineRequest, Protocol, parse_version,
+};
+pub use model::{Model, Models, ResolvedPipeline, ServedModel};
+
+use crate::config::Config;
+use crate::error::{LoadError, ServiceError};
+use crate::executor::{Runtime, RuntimeError};
+use crate::gpu::{self, GpuError};
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::registry::{LoadContext, Registry};
+
+/// Why the server could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("cannot load model: {0}")]
+    Load(#[from] LoadError),
+    #[error("--device: {0}")]
+    Device(#[from] GpuError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A `[pipelines.NAME]` of the config file that the loaded models cannot serve.
+    #[error("pipeline {name:?} (--config [pipelines.{name}]): {problem}")]
+    Pipeline { name: String, problem: String },
+}
+
+/// Loading, ready, or draining.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Loading,
+    Ready,
+    ShuttingDown,
+}
+
+/// Bounds on requests that every transport enforces before the service sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+}
+
+/// The state every transport shares.
+#[derive(Debug)]
+pub struct Service {
+    registry: Registry<Model>,
+    /// Set just before the first snapshot is installed, so a ready service has its pipelines.
+    pipelines: OnceLock<BTreeMap<String, Arc<Pipeline>>>,
+    shutting_down: AtomicBool,
+    /// Follows [`Service::readiness`], for transports that push it (gRPC health) instead of being asked.
+    readiness_changes: watch::Sender<Readiness>,
+    pub metrics: Metrics,
+    pub limits: Limits,
+}
+
+impl Service {
+    pub fn new(metrics: Metrics, limits: Limits) -> Service {
+        Service {
+            registry: Registry::default(),
+            pipelines: OnceLock::new(),
+            shutting_down: AtomicBool::new(false),
+            readiness_changes: watch::Sender::new(Readiness::Loading),
+            metrics,
+            limits,
+        }
+    }
+
+    /// Loads ONNX Runtime and every model of the repository, checks the pipelines against them, then marks the
+    /// service ready. Blocking: run it on a thread of its own.
+    pub fn load(&self, config: &Config) -> Result<(), StartError> {
+        let runtime = Runtime::load(&config.ort_library)?;
+        let placement = gpu::select(config.device)?;
+        let ctx = LoadContext::new(config, runtime, self.metrics.clone(), placement);
+        let models = self.registry.load(&ctx, &config.repository, &config.pin)?;
+        let pipelines = model::build_pipelines(&config.pipelines, &models, &self.metrics)
+            .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
+        // Loading happens once per service; a second call would be a bug, and the first pipelines stay.
+        let _ = self.pipelines.set(pipelines);
+        self.registry.install(models);
+        self.publish_readiness();
+        Ok(())
+    }
+
+    /// Recomputes the readiness under the watch's lock, so concurrent transitions (loaded, shutting down) cannot
+    /// publish out of order.
+    fn publish_readiness(&self) {
+        self.readiness_changes.send_if_modified(|published| {
+            let now = self.readiness();
+            let changed = *published != now;
+            *published = now;
+            changed
+        });
+    }
+
+    /// A receiver that sees every change of [`Service::readiness`].
+    pub fn watch_readiness(&self) -> watch::Receiver<Readiness> {
+        self.readiness_changes.subscribe()
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        if self.shutting_down.load(Ordering::Acquire) {
+            Readiness::ShuttingDown
+        } else if self.registry.snapshot().is_some() {
+            Readiness::Ready
+        } else {
+            Readiness::Loading
+        }
+    }
+
+    /// From now on `/health/ready` fails, so load balancers stop sending; requests still in flight finish.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.publish_readiness();
+    }
+
+    /// The models serving now.
+    pub fn snapshot(&self) -> Result<Arc<Models>, ServiceError> {
+        self.registry
+            .snapshot()
+            .ok_or(ServiceError::Unavailable("models are still loading"))
+    }
+
+    /// The served models, by name (none while loading).
+    pub fn models(&self) -> Vec<Arc<ServedModel>> {
+        self.registry
+            .snapshot()
+            .map(|s| s.models().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Looks a model up by name and, when given, version (as the request spells it).
+    pub fn model(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<ServedModel>, ServiceError> {
+        let models = self.snapshot()?;
+        let version = parse_version(version)?;
+        models.get(name, version).cloned()
+    }
+
+    /// The configured pipelines with the models serving now, by name (none while loading).
+    pub fn pipelines(&self) -> Vec<ResolvedPipeline> {
+        let Some(models) = self.registry.snapshot() else {
+            return Vec::new();
+        };
+        self.pipelines
+            .get()
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|p| ResolvedPipeline::new(p, &models).ok())
+            .collect()
+    }
+
+    /// Looks a pipeline up by name.
+    fn pipeline(&self, name: &str) -> Result<Arc<Pipeline>, ServiceError> {
+        let pipelines = self
+            .pipelines
+            .get()
+            .ok_or(ServiceError::Unavailable("models are still loading"))?;
+        pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServiceError::PipelineNotFound {
+                pipeline: name.to_owned(),
+                served: pipelines.keys().cloned().collect::<Vec<_>>().join(", "),
+            })
+    }
+}

@@ -1,0 +1,193 @@
+//! The model kinds the server serves, as the registry holds them: [`Model`] loads each kind through its own loader
+//! and says whether a model ranks or recalls; [`build_pipelines`] checks the config's pipelines against the
+//! loaded models, and [`ResolvedPipeline`] is a pipeline with the two models of one snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Operation;
+use crate::config::PipelineConfig;
+use crate::error::{LoadError, ServiceError};
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::ranking::RankingModel;
+use crate::recall::RecallModel;
+use crate::registry::{self, LoadContext, Served, Snapshot};
+use crate::repository::{ModelKind, ModelSpec, ModelVersion};
+
+/// A loaded model of one of the supported kinds.
+#[derive(Debug)]
+pub enum Model {
+    Ranking(RankingModel),
+    Recall(RecallModel),
+}
+
+/// One served version of a model.
+pub type ServedModel = Served<Model>;
+
+/// The models serving at one moment.
+pub type Models = Snapshot<Model>;
+
+impl registry::Model for Model {
+    fn load(
+        ctx: &LoadContext,
+        mv: &ModelVersion,
+        spec: Arc<ModelSpec>,
+    ) -> Result<Model, LoadError> {
+        Ok(match spec.kind {
+            ModelKind::Deepfm => Model::Ranking(RankingModel::load(ctx, mv, spec)?),
+            ModelKind::Lightgcn => Model::Recall(RecallModel::load(ctx, mv, spec)?),
+        })
+    }
+
+    fn device(&self) -> &str {
+        match self {
+            Model::Ranking(m) => m.device(),
+            Model::Recall(m) => m.device(),
+        }
+    }
+}
+
+impl Model {
+    /// Shards of each table of `model.toml`, in its order.
+    pub fn shard_counts(&self) -> Vec<usize> {
+        match self {
+            Model::Ranking(m) => m.shard_counts(),
+            Model::Recall(m) => m.shard_counts(),
+        }
+    }
+
+    /// What the model does: the `endpoint` label of its KServe requests.
+    pub fn operation(&self) -> Operation {
+        match self {
+            Model::Ranking(_) => Operation::Rank,
+            Model::Recall(_) => Operation::Recall,
+        }
+    }
+
+    /// The deadline of its requests that come without one.
+    pub fn default_deadline(&self) -> Duration {
+        match self {
+            Model::Ranking(m) => m.default_deadline(),
+            Model::Recall(m) => m.default_deadline(),
+        }
+    }
+
+    /// Refuses a request that its queue would refuse whatever the request holds.
+    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+        match self {
+            Model::Ranking(m) => m.precheck(deadline),
+            Model::Recall(m) => m.precheck(deadline),
+        }
+    }
+}
+
+impl ServedModel {
+    fn wrong_kind(&self, operation: Operation) -> ServiceError {
+        ServiceError::WrongKind {
+            model: self.name.clone(),
+            kind: self.spec.kind.as_str(),
+            operation: operation.endpoint(),
+        }
+    }
+
+    pub fn ranking(&self) -> Result<&RankingModel, ServiceError> {
+        match &self.model {
+            Model::Ranking(m) => Ok(m),
+            Model::Recall(_) => Err(self.wrong_kind(Operation::Rank)),
+        }
+    }
+
+    pub fn recall(&self) -> Result<&RecallModel, ServiceError> {
+        match &self.model {
+            Model::Recall(m) => Ok(m),
+            Model::Ranking(_) => Err(self.wrong_kind(Operation::Recall)),
+        }
+    }
+
+    /// Refuses `operation` unless the model does it (`/v1` rank on a recall model, and the reverse).
+    pub fn check_operation(&self, operation: Operation) -> Result<(), ServiceError> {
+        match operation {
+            Operation::Rank => self.ranking().map(drop),
+            Operation::Recall => self.recall().map(drop),
+            Operation::Infer | Operation::Recommend => Ok(()),
+        }
+    }
+}
+
+/// A pipeline with the two models it runs on, from one snapshot.
+#[derive(Clone, Debug)]
+pub struct ResolvedPipeline {
+    pub pipeline: Arc<Pipeline>,
+    pub recall: Arc<ServedModel>,
+    pub ranking: Arc<ServedModel>,
+}
+
+impl ResolvedPipeline {
+    /// `pipeline` with its models from `models`.
+    pub fn new(
+        pipeline: &Arc<Pipeline>,
+        models: &Models,
+    ) -> Result<ResolvedPipeline, ServiceError> {
+        let model = |name: &str| {
+            models
+                .get(name, None)
+                .cloned()
+                .map_err(|e| ServiceError::Internal(format!("pipeline {:?}: {e}", pipeline.name)))
+        };
+        Ok(ResolvedPipeline {
+            pipeline: Arc::clone(pipeline),
+            recall: model(&pipeline.config.recall_model)?,
+            ranking: model(&pipeline.config.ranking_model)?,
+        })
+    }
+}
+
+/// The config's `[pipelines.NAME]`, each checked against `models`: a lightgcn recall model and a deepfm ranking
+/// model of the repository that fit together ([`Pipeline::new`]). The error names the pipeline's problem.
+pub fn build_pipelines(
+    configs: &BTreeMap<String, PipelineConfig>,
+    models: &Models,
+    metrics: &Metrics,
+) -> Result<BTreeMap<String, Arc<Pipeline>>, (String, String)> {
+    let mut pipelines = BTreeMap::new();
+    for (name, config) in configs {
+        let fail = |problem: String| (name.clone(), problem);
+        let model = |key: &str, wanted: &str, kind: ModelKind| {
+            let m = models.get(wanted, None).map_err(|_| {
+                format!(
+                    "{key} = {wanted:?} is not a model of the repository (models: {})",
+                    models.names()
+                )
+            })?;
+            if m.spec.kind != kind {
+                return Err(format!(
+                    "{key} = {wanted:?} is a {} model, not {}",
+                    m.spec.kind.as_str(),
+                    kind.as_str()
+                ));
+            }
+            Ok(m)
+        };
+        let recall =
+            model("recall_model", &config.recall_model, ModelKind::Lightgcn).map_err(fail)?;
+        let ranking =
+            model("ranking_model", &config.ranking_model, ModelKind::Deepfm).map_err(fail)?;
+        let (recall, ranking) = match (recall.recall(), ranking.ranking()) {
+            (Ok(recall), Ok(ranking)) => (recall, ranking),
+            (Err(e), _) | (_, Err(e)) => return Err(fail(e.to_string())),
+        };
+        let pipeline = Pipeline::new(name, config, recall, ranking, metrics).map_err(fail)?;
+        tracing::info!(
+            pipeline = %name,
+            recall = %config.recall_model,
+            ranking = %config.ranking_model,
+            candidates = config.candidates,
+            k = config.k,
+            "pipeline ready"
+        );
+        pipelines.insert(name.clone(), Arc::new(pipeline));
+    }
+    Ok(pipelines)
+}

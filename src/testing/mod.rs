@@ -1,0 +1,60 @@
+//! Test support, not part of the server: oracles that the server's own code is tested and benchmarked against,
+//! and fixtures that tests and benchmarks build. Compiled for this crate's tests and, through the `testing`
+//! feature (which the crate's dev-dependency on itself turns on), for its integration tests and benchmarks.
+
+pub mod rank_reference;
+pub mod tables;
+
+/// The small DeepFM contract the transports' decoding tests share.
+pub mod test_contract {
+    use std::sync::Arc;
+
+    use crate::ranking::RankContract;
+    use crate::repository::ModelSpec;
+
+    /// Fields in model.toml order: u (user, reject, 10 rows), item (item, default), cat (item, reject, 5 rows).
+    pub const SPEC: &str = r#"
+format_version = 1
+kind = "deepfm"
+[ranking]
+dense_features = ["d0", "d1"]
+item_id_field = "item"
+[dense_graph]
+file = "g.onnx"
+precision = "fp32"
+output = "ctr"
+[[tables]]
+name = "u"
+file = "t.safetensors"
+rows = 10
+dim = 3
+storage = "fp32"
+oov = "reject"
+[[tables]]
+name = "item"
+file = "t.safetensors"
+rows = 100
+dim = 3
+storage = "fp32"
+[[tables]]
+name = "cat"
+file = "t.safetensors"
+rows = 5
+dim = 3
+storage = "fp32"
+oov = "reject"
+[[fields]]
+name = "u"
+side = "user"
+[[fields]]
+name = "item"
+side = "item"
+[[fields]]
+name = "cat"
+side = "item"
+"#;
+
+    pub fn contract() -> RankContract {
+        RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
+    }
+}
