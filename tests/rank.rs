@@ -116,7 +116,10 @@ async fn scores_equal_the_reference_for_every_fixture_case() {
 async fn a_pinned_version_is_served_and_other_versions_are_404() {
     let all = cases();
     let server = TestServer::start(config(&fixture_repo(), |a| {
-        a.pins = vec!["deepfm-fp32=1".into()]
+        a.pin = vec![recserve::config::Pin {
+            model: "deepfm-fp32".into(),
+            version: 1,
+        }]
     }))
     .await;
     let v1_cases: Vec<&Value> = all["cases"]

@@ -238,7 +238,7 @@ fn ceiling_options(model: &str, batch_rows: Vec<usize>) -> CeilingOptions {
 fn the_in_process_ceiling_runs_the_servers_compute_path_at_its_buckets() {
     let config = serve_config(|a| {
         a.shards = Some(2);
-        a.batch_buckets = vec![50, 128, 256];
+        a.batch_buckets = Some(vec![50, 128, 256]);
     });
     let report =
         ceiling::run(&config, &ceiling_options("deepfm-int8", vec![100, 250])).expect("ceiling");

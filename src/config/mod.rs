@@ -1,16 +1,26 @@
 //! Server configuration: command-line flags, each with a `RECSERVE_*` environment variable, over an optional TOML
-//! file, over defaults. [`ServeArgs::resolve`] merges the layers and validates the result with messages that name
-//! the flag.
+//! file, over defaults. The settings are spelled once ([`ServeArgs`], in [`settings`], which clap and serde both
+//! read); [`ServeArgs::resolve`] merges the layers into a [`Config`] and validates it with messages that name the
+//! flag.
+
+mod settings;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use settings::{
+    DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR, EXECUTOR_NICENESS,
+    EXECUTORS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
+    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, QUEUE_CAPACITY, SHARDS,
+    SHUTDOWN_TIMEOUT_S,
+};
+pub use settings::{Pin, ServeArgs, Setting, env_var};
+
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
-use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -40,173 +50,6 @@ pub enum Switch {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// Flags of `serve`. Every flag is optional here so that a config file can supply it; defaults are applied by
-/// [`ServeArgs::resolve`] and shown in each flag's help.
-#[derive(Clone, Debug, Default, Args)]
-pub struct ServeArgs {
-    /// TOML file with any of the settings below (keys are the flag names with '_' for '-'); flags and
-    /// environment variables override it.
-    #[arg(long, env = "RECSERVE_CONFIG")]
-    pub config: Option<PathBuf>,
-
-    /// Model repository: <repository>/<model>/<version>/model.toml. Required.
-    #[arg(long, env = "RECSERVE_REPOSITORY")]
-    pub repository: Option<PathBuf>,
-
-    /// Address of the HTTP API and /metrics [default: 0.0.0.0:8000].
-    #[arg(long, env = "RECSERVE_HTTP_ADDR")]
-    pub http_addr: Option<SocketAddr>,
-
-    /// Address of the KServe v2 gRPC API (inference.GRPCInferenceService, grpc.health.v1, reflection) [default:
-    /// 0.0.0.0:8001].
-    #[arg(long, env = "RECSERVE_GRPC_ADDR")]
-    pub grpc_addr: Option<SocketAddr>,
-
-    /// ONNX Runtime shared library (libonnxruntime.so, version 1.17 or newer) [default: $ORT_DYLIB_PATH, else
-    /// libonnxruntime.so on the system library path].
-    #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
-    pub ort_library: Option<PathBuf>,
-
-    /// Threads ONNX Runtime uses inside one operator, per executor [default: 1].
-    #[arg(long, env = "RECSERVE_INTRA_OP_THREADS")]
-    pub intra_op_threads: Option<usize>,
-
-    /// Executor threads per model, each with its own ONNX Runtime session [default: 1].
-    #[arg(long, env = "RECSERVE_EXECUTORS")]
-    pub executors: Option<usize>,
-
-    /// Shards per embedding table (contiguous row ranges) [default: 1].
-    #[arg(long, env = "RECSERVE_SHARDS")]
-    pub shards: Option<usize>,
-
-    /// Most candidates one ranking request may carry [default: 1000].
-    #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
-    pub max_candidates: Option<usize>,
-
-    /// Most item ids in a recall request's `history` [default: 10000].
-    #[arg(long, env = "RECSERVE_MAX_HISTORY")]
-    pub max_history: Option<usize>,
-
-    /// Most item ids in a recall or recommend request's `exclude` [default: 10000].
-    #[arg(long, env = "RECSERVE_MAX_EXCLUDE")]
-    pub max_exclude: Option<usize>,
-
-    /// Largest request body accepted, in bytes [default: 4194304].
-    #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
-    pub max_body_bytes: Option<usize>,
-
-    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429 [default: 256].
-    #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
-    pub queue_capacity: Option<usize>,
-
-    /// Nice value (0-19) of the executor threads, above the HTTP/gRPC threads' 0: under overload, decoding,
-    /// admission and 429s keep the CPU they need and inference takes the rest [default: 5].
-    #[arg(long, env = "RECSERVE_EXECUTOR_NICENESS")]
-    pub executor_niceness: Option<u8>,
-
-    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
-    /// [default: on].
-    #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
-    pub batching: Option<Switch>,
-
-    /// A batch closes when it holds this many rows; larger requests are split [default: the model's
-    /// [batching] max_batch_rows, else 1024].
-    #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]
-    pub max_batch_rows: Option<usize>,
-
-    /// A batch closes when its oldest request has waited this many microseconds [default: the model's
-    /// [batching] max_queue_delay_us, else 500].
-    #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
-    pub max_queue_delay_us: Option<u64>,
-
-    /// Batch sizes executed, ascending; a batch is padded up to the next one and each is warmed up before ready
-    /// [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
-    #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
-    pub batch_buckets: Vec<usize>,
-
-    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
-    /// [default: the model's [batching] default_deadline_ms, else 1000].
-    #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
-    pub default_deadline_ms: Option<u64>,
-
-    /// Serve this version of a model instead of its highest, as MODEL=VERSION; repeat or comma-separate.
-    #[arg(
-        long = "pin",
-        env = "RECSERVE_PIN",
-        value_delimiter = ',',
-        value_name = "MODEL=VERSION"
-    )]
-    pub pins: Vec<String>,
-
-    /// Seconds to wait for in-flight requests after SIGTERM/SIGINT before exiting anyway [default: 30].
-    #[arg(long, env = "RECSERVE_SHUTDOWN_TIMEOUT_S")]
-    pub shutdown_timeout_s: Option<u64>,
-
-    /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
-    #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]
-    pub log_format: Option<LogFormat>,
-
-    /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
-    /// visible GPU, or refuse to start) or cuda:N (GPU N only) [default: auto].
-    #[arg(long, env = "RECSERVE_DEVICE", value_name = "auto|cpu|cuda[:N]")]
-    pub device: Option<DeviceRequest>,
-
-    /// ONNX Runtime execution provider for executors that gather on a GPU: auto (CUDA when the ONNX Runtime
-    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable) [default: auto].
-    #[arg(long, value_enum, env = "RECSERVE_EXECUTION_PROVIDER")]
-    pub execution_provider: Option<ProviderRequest>,
-
-    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt) [default: false].
-    #[arg(long, env = "RECSERVE_TENSORRT_FP16", num_args = 0..=1, default_missing_value = "true")]
-    pub tensorrt_fp16: Option<bool>,
-
-    /// TensorRT may use int8 kernels, with the scales of the graph's QDQ nodes (only with --execution-provider
-    /// tensorrt) [default: false].
-    #[arg(long, env = "RECSERVE_TENSORRT_INT8", num_args = 0..=1, default_missing_value = "true")]
-    pub tensorrt_int8: Option<bool>,
-
-    /// Directory where TensorRT keeps built engines and timing caches, so restarts skip the build (only with
-    /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
-    #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
-    pub tensorrt_engine_cache: Option<PathBuf>,
-}
-
-/// The config file: the same settings as the flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    repository: Option<PathBuf>,
-    http_addr: Option<SocketAddr>,
-    grpc_addr: Option<SocketAddr>,
-    ort_library: Option<PathBuf>,
-    intra_op_threads: Option<usize>,
-    executors: Option<usize>,
-    shards: Option<usize>,
-    max_candidates: Option<usize>,
-    max_history: Option<usize>,
-    max_exclude: Option<usize>,
-    max_body_bytes: Option<usize>,
-    queue_capacity: Option<usize>,
-    executor_niceness: Option<u8>,
-    batching: Option<Switch>,
-    max_batch_rows: Option<usize>,
-    max_queue_delay_us: Option<u64>,
-    batch_buckets: Option<Vec<usize>>,
-    default_deadline_ms: Option<u64>,
-    #[serde(default)]
-    pin: HashMap<String, u64>,
-    shutdown_timeout_s: Option<u64>,
-    log_format: Option<LogFormat>,
-    device: Option<DeviceRequest>,
-    execution_provider: Option<ProviderRequest>,
-    tensorrt_fp16: Option<bool>,
-    tensorrt_int8: Option<bool>,
-    tensorrt_engine_cache: Option<PathBuf>,
-    /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
-    #[serde(default)]
-    pipelines: BTreeMap<String, PipelineConfig>,
 }
 
 /// One `[pipelines.NAME]` table of the config file: `POST /v1/recommend/NAME` recalls `candidates` items with
@@ -269,22 +112,6 @@ pub struct Config {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-fn in_range(flag: &str, value: usize, min: usize, max: usize) -> Result<usize, ConfigError> {
-    if (min..=max).contains(&value) {
-        Ok(value)
-    } else {
-        let env = format!(
-            "RECSERVE_{}",
-            flag.trim_start_matches("--")
-                .replace('-', "_")
-                .to_uppercase()
-        );
-        Err(ConfigError(format!(
-            "{flag} ({env}) must be between {min} and {max}, got {value}"
-        )))
-    }
-}
-
 /// Checks each `[pipelines.NAME]` on its own; whether its models exist and fit is checked when they are loaded.
 fn check_pipelines(pipelines: &BTreeMap<String, PipelineConfig>) -> Result<(), ConfigError> {
     for (name, p) in pipelines {
@@ -319,28 +146,34 @@ fn check_pipelines(pipelines: &BTreeMap<String, PipelineConfig>) -> Result<(), C
     Ok(())
 }
 
-fn parse_pin(pin: &str) -> Result<(String, u64), ConfigError> {
-    let bad = || {
-        ConfigError(format!(
-            "--pin (RECSERVE_PIN) takes MODEL=VERSION with a version ≥ 1, got {pin:?}"
-        ))
-    };
-    let (model, version) = pin.split_once('=').ok_or_else(bad)?;
-    let version: u64 = version.trim().parse().map_err(|_| bad())?;
-    if model.trim().is_empty() || version == 0 {
-        return Err(bad());
-    }
-    Ok((model.trim().to_owned(), version))
-}
-
 impl ServeArgs {
-    /// Reads the config file if one is given, then applies flags/environment over it and defaults under it.
+    /// Reads the config file if one is given, lays these settings (flags and environment) over it and the
+    /// defaults under it, and checks the result.
     pub fn resolve(&self) -> Result<Config, ConfigError> {
-        let file = match &self.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+        self.over_file()?.settle()
+    }
+
+    /// These settings over the config file's: a setting given here wins, and tables (`[pin]`) merge key by key.
+    fn over_file(&self) -> Result<ServeArgs, ConfigError> {
+        let Some(path) = &self.config else {
+            return Ok(self.clone());
         };
-        let repository = self.repository.clone().or(file.repository).ok_or_else(|| {
+        let in_file =
+            |e: &dyn std::fmt::Display| ConfigError(format!("--config {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| in_file(&format_args!("cannot read: {e}")))?;
+        // Parsed once as settings, so that a problem of the file alone is reported with its line.
+        toml::from_str::<ServeArgs>(&text).map_err(|e| in_file(&e))?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| in_file(&e))?;
+        let flags = toml::Table::try_from(self)
+            .map_err(|e| ConfigError(format!("cannot merge the flags with --config: {e}")))?;
+        merge(&mut table, flags);
+        table.try_into().map_err(|e| in_file(&e))
+    }
+
+    /// The configuration these settings make, with defaults for what they do not set, every value checked.
+    fn settle(self) -> Result<Config, ConfigError> {
+        let repository = self.repository.ok_or_else(|| {
             ConfigError(
                 "--repository (RECSERVE_REPOSITORY) is required: the model repository directory"
                     .to_owned(),
@@ -348,192 +181,98 @@ impl ServeArgs {
         })?;
         let ort_library = self
             .ort_library
-            .clone()
-            .or(file.ort_library)
             .or_else(|| {
                 std::env::var_os("ORT_DYLIB_PATH")
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             })
             .unwrap_or_else(|| PathBuf::from("libonnxruntime.so"));
-        let mut pin = file.pin;
-        for p in &self.pins {
-            let (model, version) = parse_pin(p)?;
-            pin.insert(model, version);
-        }
-        for (model, version) in &pin {
-            if *version == 0 {
+        let mut pin = HashMap::new();
+        for Pin { model, version } in self.pin {
+            if version == 0 {
                 return Err(ConfigError(format!(
                     "pin for model {model:?}: versions start at 1"
                 )));
             }
+            pin.insert(model, version);
         }
-        check_pipelines(&file.pipelines)?;
+        check_pipelines(&self.pipelines)?;
         let http_addr = self
             .http_addr
-            .or(file.http_addr)
-            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8000)));
+            .unwrap_or_else(|| SocketAddr::from(DEFAULT_HTTP_ADDR));
         let grpc_addr = self
             .grpc_addr
-            .or(file.grpc_addr)
-            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8001)));
+            .unwrap_or_else(|| SocketAddr::from(DEFAULT_GRPC_ADDR));
         if grpc_addr == http_addr && grpc_addr.port() != 0 {
             return Err(ConfigError(format!(
                 "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr (RECSERVE_HTTP_ADDR), both are {grpc_addr}"
             )));
         }
-        let device = self.device.or(file.device).unwrap_or_default();
-        let execution_provider = self
-            .execution_provider
-            .or(file.execution_provider)
-            .unwrap_or_default();
-        let tensorrt_fp16 = self.tensorrt_fp16.or(file.tensorrt_fp16).unwrap_or(false);
-        let tensorrt_int8 = self.tensorrt_int8.or(file.tensorrt_int8).unwrap_or(false);
-        let tensorrt_engine_cache = self
-            .tensorrt_engine_cache
-            .clone()
-            .or(file.tensorrt_engine_cache);
-        check_device(
-            device,
-            execution_provider,
-            &TensorRtOptions {
-                fp16: tensorrt_fp16,
-                int8: tensorrt_int8,
-                engine_cache: tensorrt_engine_cache.clone(),
-            },
-        )?;
+        let device = self.device.unwrap_or_default();
+        let execution_provider = self.execution_provider.unwrap_or_default();
+        let tensorrt = TensorRtOptions {
+            fp16: self.tensorrt_fp16.unwrap_or(false),
+            int8: self.tensorrt_int8.unwrap_or(false),
+            engine_cache: self.tensorrt_engine_cache,
+        };
+        check_device(device, execution_provider, &tensorrt)?;
+        if let Some(buckets) = &self.batch_buckets {
+            crate::repository::check_buckets(buckets).map_err(|problem| {
+                ConfigError(format!(
+                    "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
+                ))
+            })?;
+        }
         Ok(Config {
             repository,
             http_addr,
             grpc_addr,
             ort_library,
-            intra_op_threads: in_range(
-                "--intra-op-threads",
-                self.intra_op_threads.or(file.intra_op_threads).unwrap_or(1),
-                1,
-                256,
-            )?,
-            executors: in_range(
-                "--executors",
-                self.executors.or(file.executors).unwrap_or(1),
-                1,
-                64,
-            )?,
-            shards: in_range(
-                "--shards",
-                self.shards.or(file.shards).unwrap_or(1),
-                1,
-                1024,
-            )?,
-            max_candidates: in_range(
-                "--max-candidates",
-                self.max_candidates.or(file.max_candidates).unwrap_or(1000),
-                1,
-                100_000,
-            )?,
-            max_history: in_range(
-                "--max-history",
-                self.max_history.or(file.max_history).unwrap_or(10_000),
-                1,
-                1_000_000,
-            )?,
-            max_exclude: in_range(
-                "--max-exclude",
-                self.max_exclude.or(file.max_exclude).unwrap_or(10_000),
-                1,
-                1_000_000,
-            )?,
-            max_body_bytes: in_range(
-                "--max-body-bytes",
-                self.max_body_bytes
-                    .or(file.max_body_bytes)
-                    .unwrap_or(4 << 20),
-                1024,
-                1 << 30,
-            )?,
-            queue_capacity: in_range(
-                "--queue-capacity",
-                self.queue_capacity.or(file.queue_capacity).unwrap_or(256),
-                1,
-                1 << 20,
-            )?,
-            executor_niceness: in_range(
-                "--executor-niceness",
-                usize::from(
-                    self.executor_niceness
-                        .or(file.executor_niceness)
-                        .unwrap_or(5),
-                ),
-                0,
-                19,
-            )? as u8,
-            batching: self.batching.or(file.batching).unwrap_or(Switch::On),
+            intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
+            executors: EXECUTORS.resolve(self.executors)?,
+            shards: SHARDS.resolve(self.shards)?,
+            max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
+            max_history: MAX_HISTORY.resolve(self.max_history)?,
+            max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
+            max_body_bytes: MAX_BODY_BYTES.resolve(self.max_body_bytes)?,
+            queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
+            executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
+            batching: self.batching.unwrap_or(Switch::On),
             max_batch_rows: self
                 .max_batch_rows
-                .or(file.max_batch_rows)
-                .map(|v| in_range("--max-batch-rows", v, 1, MAX_BATCH_ROWS))
+                .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
                 .transpose()?,
             max_queue_delay_us: self
                 .max_queue_delay_us
-                .or(file.max_queue_delay_us)
-                .map(|v| {
-                    in_range(
-                        "--max-queue-delay-us",
-                        v as usize,
-                        0,
-                        MAX_QUEUE_DELAY_US as usize,
-                    )
-                    .map(|v| v as u64)
-                })
+                .map(|v| MAX_QUEUE_DELAY_US_SETTING.check(v))
                 .transpose()?,
-            batch_buckets: {
-                let buckets = if self.batch_buckets.is_empty() {
-                    file.batch_buckets
-                } else {
-                    Some(self.batch_buckets.clone())
-                };
-                if let Some(b) = &buckets {
-                    crate::repository::check_buckets(b).map_err(|problem| {
-                        ConfigError(format!(
-                            "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
-                        ))
-                    })?;
-                }
-                buckets
-            },
+            batch_buckets: self.batch_buckets,
             default_deadline_ms: self
                 .default_deadline_ms
-                .or(file.default_deadline_ms)
-                .map(|v| {
-                    in_range(
-                        "--default-deadline-ms",
-                        v as usize,
-                        1,
-                        MAX_DEFAULT_DEADLINE_MS as usize,
-                    )
-                    .map(|v| v as u64)
-                })
+                .map(|v| DEFAULT_DEADLINE_MS_SETTING.check(v))
                 .transpose()?,
             pin,
-            shutdown_timeout_s: in_range(
-                "--shutdown-timeout-s",
-                self.shutdown_timeout_s
-                    .or(file.shutdown_timeout_s)
-                    .unwrap_or(30) as usize,
-                1,
-                3600,
-            )? as u64,
-            log_format: self
-                .log_format
-                .or(file.log_format)
-                .unwrap_or(LogFormat::Text),
+            shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
+            log_format: self.log_format.unwrap_or(LogFormat::Text),
             device,
             execution_provider,
-            tensorrt_fp16,
-            tensorrt_int8,
-            tensorrt_engine_cache,
-            pipelines: file.pipelines,
+            tensorrt_fp16: tensorrt.fp16,
+            tensorrt_int8: tensorrt.int8,
+            tensorrt_engine_cache: tensorrt.engine_cache,
+            pipelines: self.pipelines,
         })
+    }
+}
+
+/// Lays `over` onto `under`: values of `over` replace those of `under`, except that two tables merge key by key.
+fn merge(under: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (under.get_mut(&key), value) {
+            (Some(toml::Value::Table(below)), toml::Value::Table(above)) => merge(below, above),
+            (_, value) => {
+                under.insert(key, value);
+            }
+        }
     }
 }
 
@@ -597,12 +336,6 @@ fn check_device(
         )));
     }
     Ok(())
-}
-
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError(format!("--config {}: cannot read: {e}", path.display())))?;
-    toml::from_str(&text).map_err(|e| ConfigError(format!("--config {}: {e}", path.display())))
 }
 
 impl Config {

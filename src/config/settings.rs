@@ -1,0 +1,323 @@
+//! The settings of `serve`, spelled once: [`ServeArgs`] is read by clap (flags, each with a `RECSERVE_*`
+//! environment variable) and by serde (the `--config` TOML file, whose keys are the flag names with `_` for `-`).
+//! Each numeric setting's default and range is a named [`Setting`] beside it; [`super::ServeArgs::resolve`]
+//! layers flags over the file over the defaults and checks the result.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{ConfigError, LogFormat, PipelineConfig, Switch};
+use crate::gpu::{DeviceRequest, ProviderRequest};
+use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
+
+/// A numeric setting: the flag that names it in messages, its default, and the range it must lie in.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting<T> {
+    pub flag: &'static str,
+    pub default: T,
+    pub min: T,
+    pub max: T,
+}
+
+impl<T: PartialOrd + Display + Copy> Setting<T> {
+    /// The value given, else the default, checked against the range.
+    pub fn resolve(&self, given: Option<T>) -> Result<T, ConfigError> {
+        self.check(given.unwrap_or(self.default))
+    }
+
+    /// `value`, if it lies in the range; else an error that names the flag and its environment variable.
+    pub fn check(&self, value: T) -> Result<T, ConfigError> {
+        if self.min <= value && value <= self.max {
+            Ok(value)
+        } else {
+            Err(ConfigError(format!(
+                "{} ({}) must be between {} and {}, got {value}",
+                self.flag,
+                env_var(self.flag),
+                self.min,
+                self.max
+            )))
+        }
+    }
+}
+
+/// The environment variable of a flag: `--max-batch-rows` → `RECSERVE_MAX_BATCH_ROWS`.
+pub fn env_var(flag: &str) -> String {
+    format!(
+        "RECSERVE_{}",
+        flag.trim_start_matches("--")
+            .replace('-', "_")
+            .to_uppercase()
+    )
+}
+
+pub const INTRA_OP_THREADS: Setting<usize> = Setting {
+    flag: "--intra-op-threads",
+    default: 1,
+    min: 1,
+    max: 256,
+};
+pub const EXECUTORS: Setting<usize> = Setting {
+    flag: "--executors",
+    default: 1,
+    min: 1,
+    max: 64,
+};
+pub const SHARDS: Setting<usize> = Setting {
+    flag: "--shards",
+    default: 1,
+    min: 1,
+    max: 1024,
+};
+pub const MAX_CANDIDATES: Setting<usize> = Setting {
+    flag: "--max-candidates",
+    default: 1000,
+    min: 1,
+    max: 100_000,
+};
+pub const MAX_HISTORY: Setting<usize> = Setting {
+    flag: "--max-history",
+    default: 10_000,
+    min: 1,
+    max: 1_000_000,
+};
+pub const MAX_EXCLUDE: Setting<usize> = Setting {
+    flag: "--max-exclude",
+    default: 10_000,
+    min: 1,
+    max: 1_000_000,
+};
+pub const MAX_BODY_BYTES: Setting<usize> = Setting {
+    flag: "--max-body-bytes",
+    default: 4 << 20,
+    min: 1024,
+    max: 1 << 30,
+};
+pub const QUEUE_CAPACITY: Setting<usize> = Setting {
+    flag: "--queue-capacity",
+    default: 256,
+    min: 1,
+    max: 1 << 20,
+};
+pub const EXECUTOR_NICENESS: Setting<u8> = Setting {
+    flag: "--executor-niceness",
+    default: 5,
+    min: 0,
+    max: 19,
+};
+/// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_BATCH_ROWS`).
+pub const MAX_BATCH_ROWS_SETTING: Setting<usize> = Setting {
+    flag: "--max-batch-rows",
+    default: crate::batching::DEFAULT_MAX_BATCH_ROWS,
+    min: 1,
+    max: MAX_BATCH_ROWS,
+};
+/// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_QUEUE_DELAY_US`).
+pub const MAX_QUEUE_DELAY_US_SETTING: Setting<u64> = Setting {
+    flag: "--max-queue-delay-us",
+    default: crate::batching::DEFAULT_MAX_QUEUE_DELAY_US,
+    min: 0,
+    max: MAX_QUEUE_DELAY_US,
+};
+/// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_DEADLINE_MS`).
+pub const DEFAULT_DEADLINE_MS_SETTING: Setting<u64> = Setting {
+    flag: "--default-deadline-ms",
+    default: crate::batching::DEFAULT_DEADLINE_MS,
+    min: 1,
+    max: MAX_DEFAULT_DEADLINE_MS,
+};
+pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
+    flag: "--shutdown-timeout-s",
+    default: 30,
+    min: 1,
+    max: 3600,
+};
+pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8000);
+pub const DEFAULT_GRPC_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8001);
+
+/// Flags of `serve`, and keys of its config file. Every setting is optional here so that the file can supply what
+/// the flags do not; [`super::ServeArgs::resolve`] applies the defaults (shown in each flag's help).
+#[derive(Clone, Debug, Default, Args, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (keys are the flag names with '_' for '-'); flags and
+    /// environment variables override it.
+    #[arg(long, env = "RECSERVE_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Model repository: <repository>/<model>/<version>/model.toml. Required.
+    #[arg(long, env = "RECSERVE_REPOSITORY")]
+    pub repository: Option<PathBuf>,
+
+    /// Address of the HTTP API and /metrics [default: 0.0.0.0:8000].
+    #[arg(long, env = "RECSERVE_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+
+    /// Address of the KServe v2 gRPC API (inference.GRPCInferenceService, grpc.health.v1, reflection) [default:
+    /// 0.0.0.0:8001].
+    #[arg(long, env = "RECSERVE_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+
+    /// ONNX Runtime shared library (libonnxruntime.so, version 1.17 or newer) [default: $ORT_DYLIB_PATH, else
+    /// libonnxruntime.so on the system library path].
+    #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
+
+    /// Threads ONNX Runtime uses inside one operator, per executor [default: 1].
+    #[arg(long, env = "RECSERVE_INTRA_OP_THREADS")]
+    pub intra_op_threads: Option<usize>,
+
+    /// Executor threads per model, each with its own ONNX Runtime session [default: 1].
+    #[arg(long, env = "RECSERVE_EXECUTORS")]
+    pub executors: Option<usize>,
+
+    /// Shards per embedding table (contiguous row ranges) [default: 1].
+    #[arg(long, env = "RECSERVE_SHARDS")]
+    pub shards: Option<usize>,
+
+    /// Most candidates one ranking request may carry [default: 1000].
+    #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
+    pub max_candidates: Option<usize>,
+
+    /// Most item ids in a recall request's `history` [default: 10000].
+    #[arg(long, env = "RECSERVE_MAX_HISTORY")]
+    pub max_history: Option<usize>,
+
+    /// Most item ids in a recall or recommend request's `exclude` [default: 10000].
+    #[arg(long, env = "RECSERVE_MAX_EXCLUDE")]
+    pub max_exclude: Option<usize>,
+
+    /// Largest request body accepted, in bytes [default: 4194304].
+    #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+
+    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429 [default: 256].
+    #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
+    pub queue_capacity: Option<usize>,
+
+    /// Nice value (0-19) of the executor threads, above the HTTP/gRPC threads' 0: under overload, decoding,
+    /// admission and 429s keep the CPU they need and inference takes the rest [default: 5].
+    #[arg(long, env = "RECSERVE_EXECUTOR_NICENESS")]
+    pub executor_niceness: Option<u8>,
+
+    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
+    /// [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
+    pub batching: Option<Switch>,
+
+    /// A batch closes when it holds this many rows; larger requests are split [default: the model's
+    /// [batching] max_batch_rows, else 1024].
+    #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]
+    pub max_batch_rows: Option<usize>,
+
+    /// A batch closes when its oldest request has waited this many microseconds [default: the model's
+    /// [batching] max_queue_delay_us, else 500].
+    #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
+    pub max_queue_delay_us: Option<u64>,
+
+    /// Batch sizes executed, ascending; a batch is padded up to the next one and each is warmed up before ready
+    /// [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
+    #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
+    pub batch_buckets: Option<Vec<usize>>,
+
+    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
+    /// [default: the model's [batching] default_deadline_ms, else 1000].
+    #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
+    pub default_deadline_ms: Option<u64>,
+
+    /// Serve this version of a model instead of its highest, as MODEL=VERSION; repeat or comma-separate. In the
+    /// file: a `[pin]` table of versions by model.
+    #[arg(
+        long = "pin",
+        env = "RECSERVE_PIN",
+        value_delimiter = ',',
+        value_name = "MODEL=VERSION",
+        value_parser = parse_pin
+    )]
+    #[serde(default, with = "pin_table", skip_serializing_if = "Vec::is_empty")]
+    pub pin: Vec<Pin>,
+
+    /// Seconds to wait for in-flight requests after SIGTERM/SIGINT before exiting anyway [default: 30].
+    #[arg(long, env = "RECSERVE_SHUTDOWN_TIMEOUT_S")]
+    pub shutdown_timeout_s: Option<u64>,
+
+    /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
+    #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+
+    /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
+    /// visible GPU, or refuse to start) or cuda:N (GPU N only) [default: auto].
+    #[arg(long, env = "RECSERVE_DEVICE", value_name = "auto|cpu|cuda[:N]")]
+    pub device: Option<DeviceRequest>,
+
+    /// ONNX Runtime execution provider for executors that gather on a GPU: auto (CUDA when the ONNX Runtime
+    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable) [default: auto].
+    #[arg(long, value_enum, env = "RECSERVE_EXECUTION_PROVIDER")]
+    pub execution_provider: Option<ProviderRequest>,
+
+    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_FP16", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_fp16: Option<bool>,
+
+    /// TensorRT may use int8 kernels, with the scales of the graph's QDQ nodes (only with --execution-provider
+    /// tensorrt) [default: false].
+    #[arg(long, env = "RECSERVE_TENSORRT_INT8", num_args = 0..=1, default_missing_value = "true")]
+    pub tensorrt_int8: Option<bool>,
+
+    /// Directory where TensorRT keeps built engines and timing caches, so restarts skip the build (only with
+    /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
+    #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
+    pub tensorrt_engine_cache: Option<PathBuf>,
+
+    /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pipelines: BTreeMap<String, PipelineConfig>,
+}
+
+/// A version to serve instead of a model's highest (`--pin MODEL=VERSION`, `[pin] MODEL = VERSION`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pin {
+    pub model: String,
+    pub version: u64,
+}
+
+/// Parses `MODEL=VERSION`.
+fn parse_pin(pin: &str) -> Result<Pin, String> {
+    let bad =
+        || format!("--pin (RECSERVE_PIN) takes MODEL=VERSION with a version ≥ 1, got {pin:?}");
+    let (model, version) = pin.split_once('=').ok_or_else(bad)?;
+    let version: u64 = version.trim().parse().map_err(|_| bad())?;
+    if model.trim().is_empty() || version == 0 {
+        return Err(bad());
+    }
+    Ok(Pin {
+        model: model.trim().to_owned(),
+        version,
+    })
+}
+
+/// `[pin]` in the file and the pins of the flags, as one table (a later pin of a model wins).
+pub(super) mod pin_table {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(pins: &[Pin], serializer: S) -> Result<S::Ok, S::Error> {
+        let table: BTreeMap<&str, u64> =
+            pins.iter().map(|p| (p.model.as_str(), p.version)).collect();
+        table.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Pin>, D::Error> {
+        let table = BTreeMap::<String, u64>::deserialize(deserializer)?;
+        Ok(table
+            .into_iter()
+            .map(|(model, version)| Pin { model, version })
+            .collect())
+    }
+}
