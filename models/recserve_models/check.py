@@ -1,4 +1,5 @@
-"""The `check` command: validate a model repository with the server's rules, and compare precisions on data.
+"""Validating a model repository with the server's rules, and comparing precisions on data (what the `check`
+command runs).
 
 **Validation** applies what the server's loader applies before it serves a model, in the same order:
 
@@ -16,7 +17,7 @@
 
 Unlike the server, which loads only the served version of each model, `check` validates every version (any of
 them can be pinned). The parity of these rules with the server's is tested on a shared set of broken
-repositories (`check_cases.py`, `tests/check_parity.rs`).
+repositories (`testing/check_cases.py`, `tests/check_parity.rs`).
 
 **Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
 loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
@@ -31,10 +32,7 @@ reference's user table is also paired with every other member's item table ("int
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -488,67 +486,3 @@ def _history_users(history: np.ndarray, data: lightgcn.Interactions) -> np.ndarr
         if len(items):
             out[u] = lightgcn.embed_history(history, items)
     return out
-
-
-# --- the command ---------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `check` command's options."""
-    parser.add_argument("repository", type=Path, help="model repository: <repository>/<model>/<version>/model.toml")
-    parser.add_argument(
-        "--max-candidates", type=int, default=MAX_CANDIDATES, help="the server's --max-candidates (its warm-up batch)"
-    )
-    parser.add_argument(
-        "--deepfm-data",
-        type=Path,
-        help="held-out rows for DeepFM models: Criteo TSV (mapped through each version's vocabulary.json) or .npz",
-    )
-    parser.add_argument("--lightgcn-data", type=Path, help="directory with train.txt and test.txt for LightGCN models")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
-
-
-def run_check(args: argparse.Namespace) -> dict[str, Any]:
-    """Validates (and compares); returns the results. Raises `CheckError` for a repository-level error."""
-    validation = validate(args.repository, args.max_candidates)
-    result: dict[str, Any] = {"repository": str(args.repository), "models": {}}
-    for model in validation.models:
-        result["models"][model.name] = {
-            "served_version": model.served,
-            "versions": {
-                str(v): "ok" if isinstance(x, Version) else x for v, x in validation.versions[model.name].items()
-            },
-        }
-        for v, x in validation.versions[model.name].items():
-            mark = "ok" if isinstance(x, Version) else f"ERROR {x}"
-            served = " (served)" if v == model.served else ""
-            kind = f" {'lightgcn' if isinstance(x.model, LightGCNToml) else 'deepfm'}" if isinstance(x, Version) else ""
-            print(f"{model.name}/{v}{served}{kind}: {mark}")
-    if validation.errors:
-        return result
-    if args.deepfm_data:
-        result["deepfm"] = compare_deepfm(validation, args.deepfm_data)
-        for row in result["deepfm"]:
-            diff = f", max |Δp| {row['max_abs_diff']:.2e}" if "max_abs_diff" in row else ""
-            print(f"  {row['variant']}: AUC {row['auc']:.5f}, log loss {row['log_loss']:.5f}{diff}")
-    if args.lightgcn_data:
-        result["lightgcn"] = compare_lightgcn(validation, args.lightgcn_data)
-        for row in result["lightgcn"]:
-            print(f"  {row['variant']}: Recall@20 {row['recall@20']:.4f}, NDCG@20 {row['ndcg@20']:.4f}")
-    return result
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `check` command: exit status 1 when any version would be refused by the server."""
-    try:
-        result = run_check(args)
-    except (CheckError, criteo.CriteoError, lightgcn.InteractionsError) as e:
-        print(f"check: {e}", file=sys.stderr)
-        raise SystemExit(1) from e
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    errors = [v for m in result["models"].values() for v in m["versions"].values() if v != "ok"]
-    if errors:
-        print(f"check: {len(errors)} model version(s) would be refused by the server", file=sys.stderr)
-        raise SystemExit(1)
-    print(f"check: every model version in {args.repository} loads")

@@ -1,27 +1,28 @@
-"""The `export` and `quantize` commands: training runs into repository versions, and versions into INT8 ones.
+"""Writing repository versions: from a training run (`export_deepfm`, `export_lightgcn`, what the `export`
+command runs) and from another version with re-encoded tables or an INT8 graph (`quantize_version`, what the
+`quantize` command runs). The encodings themselves (fp16, fused int8, the INT8 QDQ graph) are `quantize.py`'s.
 
-`export --run RUN --out DIR` writes one version directory from a `train-deepfm` or `train-lightgcn` run:
+From a `train-deepfm` or `train-lightgcn` run, one version directory:
 
 - DeepFM: one table per Criteo field (`C1`..`C26`, named like the field, all in `tables.safetensors`, rows from
   the run's vocabulary, `oov = "default"` with `default_row = 0`, the trained rare-value row), the fp32 dense graph
   of `onnx_export.build_graph` (`dense.onnx`), dense features `I1`..`I13`, and the run's `vocabulary.json` (not
-  read by the server: clients map raw values to ids with it). Fields `--item-fields` are item-side, the rest
-  user-side; `--item-id-field` names the field fed by a candidate's `id`.
+  read by the server: clients map raw values to ids with it). `item_fields` are item-side, the rest user-side;
+  `item_id_field` names the field fed by a candidate's `id`.
 - LightGCN: tables `user`, `item` (the final, layer-mean embeddings) and `history` (the `h_i` of
   docs/model-repository.md) in `tables.safetensors`, with `[recall]` naming them; `oov = "reject"`, because an
   unknown user or item id has no meaningful default row.
 
-`--storage` chooses the tables' storage (fp32, fp16, int8). `quantize --model SRC --out DST` re-encodes a
-version's tables (`--tables`) and replaces an fp32 dense graph by its INT8 QDQ version (`--graph int8`), calibrated
-on `--calibration` rows (a run's `calibration.npz`: `ids` [S, F] and `dense` [S, N], or a Criteo file mapped
-through the version's `vocabulary.json`) gathered from the *new* tables, so that calibration sees the rows the
-server will feed. Both commands validate what they wrote with `check`'s rules before returning.
+`storage` chooses the tables' storage (fp32, fp16, int8). `quantize_version(SRC, DST)` re-encodes a version's
+tables (`tables_storage`) and replaces an fp32 dense graph by its INT8 QDQ version (`graph_precision="int8"`),
+calibrated on `calibration` rows (a run's `calibration.npz`: `ids` [S, F] and `dense` [S, N], or a Criteo file
+mapped through the version's `vocabulary.json`) gathered from the *new* tables, so that calibration sees the rows
+the server will feed. `quantize_version` validates what it wrote with `check`'s rules before returning (the
+`export` command validates the exported version).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import numpy as np
 import onnx
 
 from . import criteo, model_toml
-from .check import VOCABULARY, CheckError, check_version
+from .check import VOCABULARY, check_version
 from .lightgcn import LightGCNRun
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
 from .onnx_export import build_graph
@@ -192,100 +193,3 @@ def quantize_version(
     if (source / VOCABULARY).is_file():
         shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
     check_version(out)
-
-
-def _fields(text: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-# --- the `export` command ---------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `export` command's options."""
-    parser.add_argument("--run", type=Path, required=True, help="a train-deepfm or train-lightgcn run directory")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="version directory to create (<repo>/<model>/<version>)"
-    )
-    parser.add_argument("--storage", choices=("fp32", "fp16", "int8"), default="fp32", help="table storage (fp32)")
-    parser.add_argument(
-        "--item-fields",
-        type=_fields,
-        default=DEFAULT_ITEM_FIELDS,
-        help="DeepFM: comma-separated item-side fields (default C20..C26); the others are user-side",
-    )
-    parser.add_argument("--item-id-field", help="DeepFM: the item-side field a candidate's id feeds (default none)")
-    parser.add_argument("--description", default="", help="free text for model.toml")
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `export` command."""
-    if args.out.exists():
-        raise SystemExit(f"export: {args.out} already exists")
-    kind = _run_kind(args.run)
-    try:
-        if kind == "deepfm":
-            export_deepfm(
-                DeepFMRun.load(args.run),
-                args.out,
-                args.storage,
-                item_fields=args.item_fields,
-                item_id_field=args.item_id_field,
-                description=args.description,
-            )
-        else:
-            export_lightgcn(LightGCNRun.load(args.run), args.out, args.storage, args.description)
-        check_version(args.out)
-    except CheckError as e:
-        raise SystemExit(f"export: the written version would be refused: {e}") from e
-    print(f"wrote {args.out} ({kind}, {args.storage} tables)")
-
-
-def _run_kind(directory: Path) -> str:
-    path = directory / "training.json"
-    try:
-        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"export: {path}: not a training run: {e}") from e
-    if kind not in ("deepfm", "lightgcn"):
-        raise SystemExit(f"export: {path}: unknown kind {kind!r}")
-    return kind
-
-
-# --- the `quantize` command -------------------------------------------------------------------------------------
-
-
-class Quantize:
-    """The `quantize` command (its own entry in the command table)."""
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", type=Path, required=True, help="source version directory")
-        parser.add_argument("--out", type=Path, required=True, help="version directory to create")
-        parser.add_argument("--tables", choices=("fp32", "fp16", "int8"), help="new table storage (default: unchanged)")
-        parser.add_argument("--graph", choices=("fp32", "int8"), help="DeepFM: int8 replaces an fp32 graph by INT8 QDQ")
-        parser.add_argument(
-            "--calibration", type=Path, help="calibration rows: a run's calibration.npz, or a Criteo file"
-        )
-        parser.add_argument("--calibration-rows", type=int, default=4096, help="rows used for calibration (4096)")
-        parser.add_argument("--description", help="new description (default: the source's)")
-
-    @staticmethod
-    def run(args: argparse.Namespace) -> None:
-        if args.out.exists():
-            raise SystemExit(f"quantize: {args.out} already exists")
-        if args.tables is None and args.graph is None:
-            raise SystemExit("quantize: nothing to do: give --tables and/or --graph")
-        try:
-            quantize_version(
-                args.model,
-                args.out,
-                tables_storage=args.tables,
-                graph_precision=args.graph,
-                calibration=args.calibration,
-                calibration_rows=args.calibration_rows,
-                description=args.description,
-            )
-        except (CheckError, model_toml.ModelTomlError, criteo.CriteoError) as e:
-            raise SystemExit(f"quantize: {e}") from e
-        print(f"wrote {args.out}")

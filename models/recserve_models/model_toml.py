@@ -3,7 +3,7 @@
 The reader applies the document's rules, the same as the server's `src/repository/spec.rs`, for both kinds
 (`deepfm` and `lightgcn`): every key known and of the right type, required keys present, defaults filled in,
 names non-empty and unique, references resolved. Errors name the file and the key. The parity of these rules with
-the server's is tested on a shared set of broken repositories (`check_cases`, `tests/check_parity.rs`).
+the server's is tested on a shared set of broken repositories (`testing/check_cases.py`, `tests/check_parity.rs`).
 The writer omits keys that hold their default, except a table's `oov` (and `default_row` under
 `oov = "default"`), which are always written because they are the policy a reader of the file wants to see.
 """

@@ -1,4 +1,4 @@
-"""The `report` command: docs/model-quality.md from the demo's `quality.json`.
+"""docs/model-quality.md from the demo's `quality.json` (what the `report` command renders).
 
 `quality.json` (written by `demo` next to the demo repository) holds everything the page shows: the data, the
 training configuration, epochs and measured wall time of both models, and `check`'s comparison of precisions.
@@ -8,9 +8,6 @@ equal to `render(quality.json)`.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 # The LightGCN paper's Gowalla figures (He et al., SIGIR 2020, Table 3, 3 layers), shown for context only.
@@ -182,19 +179,3 @@ def render(q: dict[str, Any]) -> str:
     )
     add("")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `report` command's options."""
-    parser.add_argument("--quality", type=Path, required=True, help="quality.json written by `demo`")
-    parser.add_argument("--out", type=Path, required=True, help="markdown file to write (docs/model-quality.md)")
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `report` command."""
-    try:
-        quality = json.loads(args.quality.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"report: cannot read {args.quality}: {e}") from e
-    args.out.write_text(render(quality), encoding="utf-8")
-    print(f"wrote {args.out}")

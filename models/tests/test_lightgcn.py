@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recserve_models import lightgcn
-from recserve_models.__main__ import main
+from recserve_models.commands import main
 from recserve_models.lightgcn import Graph, Interactions, TrainConfig
 
 

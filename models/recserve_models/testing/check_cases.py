@@ -22,12 +22,12 @@ import onnx
 from onnx import TensorProto, helper
 from safetensors.numpy import save
 
-from . import deepfm
-from .check import CheckError, validate
-from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
-from .onnx_export import IR_VERSION, OPSET, build_graph
-from .onnx_export import save as save_onnx
-from .repository import MODEL_TOML, write_deepfm_version, write_lightgcn_version
+from .. import deepfm
+from ..check import CheckError, validate
+from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
+from ..onnx_export import IR_VERSION, OPSET, build_graph
+from ..onnx_export import save as save_onnx
+from ..repository import MODEL_TOML, write_deepfm_version, write_lightgcn_version
 
 MODEL = "m"
 TABLES = "tables.safetensors"

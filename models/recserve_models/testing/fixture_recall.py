@@ -43,11 +43,11 @@ import numpy as np
 import onnxruntime as ort
 from safetensors.numpy import save
 
-from . import deepfm
-from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
-from .onnx_export import DENSE, EMBEDDINGS, build_graph
-from .rank_request import rank_inputs
-from .repository import MODEL_TOML, Table, encode_table, load_tables, write_deepfm_version
+from .. import deepfm
+from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
+from ..onnx_export import DENSE, EMBEDDINGS, build_graph
+from ..rank_request import rank_inputs
+from ..repository import MODEL_TOML, Table, encode_table, load_tables, write_deepfm_version
 
 CASES_FILE = "recall-cases.json"
 CONFIG_FILE = "recserve.toml"
