@@ -52,6 +52,7 @@ from ..quantize import quantize_dense_graph
 from ..rank_request import I64_MAX, I64_MIN, RequestError, rank_inputs
 from ..repository import MODEL_TOML, Table, encode_table, gather, load_tables, write_deepfm_version
 from . import check_cases, fixture_recall
+from ._weights import random_params
 
 SEED = 20261130
 DENSE_FEATURES = tuple(f"I{i}" for i in range(1, 14))
@@ -380,14 +381,7 @@ def build(out: Path, seed: int = SEED) -> None:
     for version, weights_stream, cases_stream in zip(VERSIONS, streams[::2], streams[1::2], strict=True):
         rng = np.random.default_rng(weights_stream)
         model = model_toml_of(version)
-        params = deepfm.init_params(
-            rng,
-            {t.name: t.rows for t in model.tables},
-            [f.table for f in model.fields],
-            factors=FACTORS,
-            num_dense=len(DENSE_FEATURES),
-            hidden=HIDDEN,
-        )
+        params = random_params(rng, model, factors=FACTORS, hidden=HIDDEN)
         graph = build_graph(params)
         if version.precision == "int8":
             stored = {t.name: Table(t, encode_table(t, params.tables[t.name])) for t in model.tables}
