@@ -25,9 +25,14 @@ is the group's reference: every other member is compared with it (largest and me
 difference), and for a member that differs in both tables and graph the two mixed variants are evaluated too
 (its graph on the reference's tables: "INT8 dense"; the reference's graph on its tables: "INT8 tables").
 LightGCN models are evaluated by Recall@20 / NDCG@20 on the test split with training items excluded, with the
-users of the user table and, when there is a history table, with every test user embedded from its training
+users of the user table and, when there is a history table, with the test users embedded from their training
 history as the server would embed an unknown user; models with the same table shapes are grouped, and the
 reference's user table is also paired with every other member's item table ("int8 item table").
+
+Which test users a LightGCN figure counts (the rule `scripts/recall-check.py` applies too): a user-table figure
+averages over every test user (a user with at least one test item); a history figure over the test users that
+also have at least one training item, since an empty history cannot be embedded (the server refuses it). Each row
+says how many users it counted (`test_users`) and how many test users it left out (`skipped_users`).
 """
 
 from __future__ import annotations
@@ -462,7 +467,8 @@ def compare_lightgcn(validation: Validation, data_dir: Path, k: int = 20) -> lis
                 )
             )
         for label, users_from, user_storage, item_storage, u, i in variants:
-            m = lightgcn.evaluate(u, i, data, k)
+            among = data.has_history() if users_from == "history" else None
+            m = lightgcn.evaluate(u, i, data, k, among=among)
             rows.append(
                 {
                     "variant": label,
@@ -473,13 +479,17 @@ def compare_lightgcn(validation: Validation, data_dir: Path, k: int = 20) -> lis
                     f"recall@{k}": m.recall,
                     f"ndcg@{k}": m.ndcg,
                     "test_users": m.users,
+                    "skipped_users": int(data.test_users().sum()) - m.users,
                 }
             )
     return rows
 
 
 def _history_users(history: np.ndarray, data: lightgcn.Interactions) -> np.ndarray:
-    """Every user embedded from its training items, as the server embeds an unknown user's history."""
+    """Every user embedded from its training items, as the server embeds an unknown user's history (a user without
+    training items has no history to embed: its row stays zero, and `compare_lightgcn` does not count it)."""
+    if not (data.has_history() & data.test_users()).any():
+        raise CheckError("no test user has a training item: users cannot be embedded from their history")
     out = np.zeros((data.users, history.shape[1]), dtype=np.float32)
     for u in range(data.users):
         items = data.train_indices[data.train_indptr[u] : data.train_indptr[u + 1]]

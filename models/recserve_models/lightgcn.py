@@ -15,7 +15,9 @@ to the final embeddings (`Â` is symmetric), so a step costs `2K` sparse product
 
 Evaluation (`evaluate`) ranks every item for every test user, with that user's training items excluded, and
 averages Recall@K = |top-K ∩ test| / |test| and NDCG@K = DCG@K / IDCG@K (binary relevance, IDCG over
-min(|test|, K) hits) over the users with at least one test item, as the paper's code does.
+min(|test|, K) hits) over the users with at least one test item, as the paper's code does (`among` narrows them:
+`check` evaluates users embedded from their history over the test users with at least one training item, since an
+empty history cannot be embedded).
 
 For users not in the table the server embeds a history `H` of item ids as `e_u = (1 / sqrt(|H|)) · Σ_{i ∈ H} h_i`
 with `h_i = (Σ_{k=0}^{K-1} e_i^(k)) / ((K + 1)·sqrt(d_i))` (`h_i = 0` when `d_i = 0`): see `history_vectors`
@@ -71,6 +73,14 @@ class Interactions:
 
     def item_degrees(self) -> np.ndarray:
         return np.bincount(self.train_indices, minlength=self.items)
+
+    def has_history(self) -> np.ndarray:
+        """Boolean [users]: the users with at least one training item, whose history can be embedded."""
+        return np.diff(self.train_indptr) > 0
+
+    def test_users(self) -> np.ndarray:
+        """Boolean [users]: the users with at least one test item."""
+        return np.diff(self.test_indptr) > 0
 
 
 def _read_lists(path: Path) -> dict[int, np.ndarray]:
@@ -227,16 +237,28 @@ def embed_history(history: np.ndarray, items: np.ndarray) -> np.ndarray:
 class Metrics:
     recall: float
     ndcg: float
-    users: int  # users with at least one test item
+    users: int  # the test users counted: at least one test item (and selected by `among`)
     k: int
 
 
-def evaluate(users: np.ndarray, items: np.ndarray, data: Interactions, k: int = 20, *, chunk: int = 1024) -> Metrics:
-    """Recall@k and NDCG@k over the test users, training items excluded from each ranking."""
+def evaluate(
+    users: np.ndarray,
+    items: np.ndarray,
+    data: Interactions,
+    k: int = 20,
+    *,
+    chunk: int = 1024,
+    among: np.ndarray | None = None,
+) -> Metrics:
+    """Recall@k and NDCG@k over the test users (the users with at least one test item), or over those of them that
+    the boolean mask `among` [users] selects; training items are excluded from each ranking."""
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
     ideal = np.cumsum(discounts)
     test_counts = np.diff(data.test_indptr)
-    test_users = np.flatnonzero(test_counts > 0)
+    selected = test_counts > 0
+    if among is not None:
+        selected &= among
+    test_users = np.flatnonzero(selected)
     recall_sum = ndcg_sum = 0.0
     items_t = np.ascontiguousarray(items.T)
     for start in range(0, len(test_users), chunk):
@@ -253,6 +275,8 @@ def evaluate(users: np.ndarray, items: np.ndarray, data: Interactions, k: int = 
             recall_sum += hit.sum() / len(truth)
             ndcg_sum += float((hit * discounts).sum()) / ideal[min(len(truth), k) - 1]
     n = len(test_users)
+    if n == 0:
+        raise ValueError("no test user to evaluate: every selected user has an empty test list")
     return Metrics(recall=recall_sum / n, ndcg=ndcg_sum / n, users=int(n), k=k)
 
 

@@ -146,10 +146,15 @@ def render(q: dict[str, Any]) -> str:
             elapsed = _duration(h["seconds"])
             add(f"| {h['epoch']} | {h['loss']:.4f} | {h['recall@20']:.4f} | {h['ndcg@20']:.4f} | {elapsed} |")
         add("")
+    by_table = [r["test_users"] for r in q["check"]["lightgcn"] if r["users_from"] == "user table"]
+    by_history = [r["test_users"] for r in q["check"]["lightgcn"] if r["users_from"] == "history"]
+    left_out = max(by_table, default=0) - min(by_history, default=max(by_table, default=0))
     add(
-        "**Precisions** on the test split, every test user, training items excluded (`check --lightgcn-data`). "
-        '"History" rows embed every test user from its training items with the history table, as the server does '
-        "for a user it does not know: `e_u = (1/sqrt|H|) · Σ_{i∈H} h_i`."
+        f"**Precisions** on the test split, training items excluded (`check --lightgcn-data`), over every test user "
+        f"({max(by_table, default=0):,}). "
+        '"History" rows embed each test user with at least one training item from those items with the history '
+        "table, as the server does for a user it does not know: `e_u = (1/sqrt|H|) · Σ_{i∈H} h_i`; a test user "
+        f"without training items has no history to embed and is left out of them ({left_out:,} here)."
     )
     add("")
     add("| variant | users from | user / history table | item table | Recall@20 | NDCG@20 |")

@@ -14,6 +14,8 @@ from .. import criteo, lightgcn
 from ..check import MAX_CANDIDATES, CheckError, Version, compare_deepfm, compare_lightgcn, validate
 from ..model_toml import LightGCNToml
 
+JSON_FORMAT_VERSION = 1  # of the `--json` document (models/README.md, "What check --json writes")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `check` command's options."""
@@ -27,13 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="held-out rows for DeepFM models: Criteo TSV (mapped through each version's vocabulary.json) or .npz",
     )
     parser.add_argument("--lightgcn-data", type=Path, help="directory with train.txt and test.txt for LightGCN models")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--json", type=Path, help="also write the results as JSON to this file (scripts/recall-check.py reads it)"
+    )
 
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     """Validates (and compares); returns the results. Raises `CheckError` for a repository-level error."""
     validation = validate(args.repository, args.max_candidates)
-    result: dict[str, Any] = {"repository": str(args.repository), "models": {}}
+    result: dict[str, Any] = {"format_version": JSON_FORMAT_VERSION, "repository": str(args.repository), "models": {}}
     for model in validation.models:
         result["models"][model.name] = {
             "served_version": model.served,
@@ -56,7 +60,11 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     if args.lightgcn_data:
         result["lightgcn"] = compare_lightgcn(validation, args.lightgcn_data)
         for row in result["lightgcn"]:
-            print(f"  {row['variant']}: Recall@20 {row['recall@20']:.4f}, NDCG@20 {row['ndcg@20']:.4f}")
+            skipped = f", {row['skipped_users']} without training items left out" if row["skipped_users"] else ""
+            print(
+                f"  {row['variant']}: Recall@20 {row['recall@20']:.4f}, NDCG@20 {row['ndcg@20']:.4f} "
+                f"({row['test_users']} test users{skipped})"
+            )
     return result
 
 
