@@ -101,7 +101,10 @@ def _read_lists(path: Path) -> dict[int, np.ndarray]:
             raise InteractionsError(f"{path}:{number}: ids must be non-negative")
         user = int(ids[0])
         if user in lists:
-            raise InteractionsError(f"{path}:{number}: user {user} has a second line")
+            raise InteractionsError(
+                f"{path}:{number}: user {user} has a second line (expected one line per user, 'user item item ...', "
+                "the Gowalla split format: group a file of 'user item' pairs by user first)"
+            )
         items = np.unique(ids[1:])
         if len(items) != len(ids) - 1:
             raise InteractionsError(f"{path}:{number}: user {user} lists an item twice")

@@ -27,6 +27,12 @@ class ModelTomlError(ValueError):
     """A model.toml that breaks the format; the message names the file and the key."""
 
 
+def id_range(rows: int) -> str:
+    """The ids of a table of `rows` rows as every message says them: `ids 0 to 1879`, never `0..1880`, which reads
+    as if 1880 were one of them."""
+    return f"ids 0 to {rows - 1}"
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One `[[tables]]` entry."""
@@ -273,7 +279,7 @@ def read(path: Path) -> ModelToml:
         if spec.oov == "reject" and "default_row" in raw:
             t.fail("default_row", 'is only meaningful with oov = "default"')
         if not 0 <= spec.default_row < spec.rows:
-            t.fail("default_row", f"is {spec.default_row}, outside [0, rows = {spec.rows})")
+            t.fail("default_row", f"is {spec.default_row}, outside the table's {id_range(spec.rows)}")
         tables.append(spec)
 
     fields = []

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
 from . import model_toml
-from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec
+from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec, id_range
 from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
 
@@ -122,9 +122,8 @@ class OutOfVocabulary(ValueError):
     """An id outside `[0, rows)` of a table whose policy is `oov = "reject"`."""
 
     def __init__(self, spec: TableSpec, id_: int) -> None:
-        super().__init__(
-            f"id {id_} is outside the vocabulary of table {spec.name!r} (rows {spec.rows}), which rejects unknown ids"
-        )
+        where = f"table {spec.name!r} ({id_range(spec.rows)})"
+        super().__init__(f"id {id_} is outside the vocabulary of {where}, which rejects unknown ids")
         self.table = spec.name
         self.id = id_
 

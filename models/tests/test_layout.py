@@ -50,3 +50,14 @@ def test_the_readme_lists_every_module() -> None:
             if path.name.startswith("_"):
                 continue
             assert f"| `{path.name}` |" in text, f"models/README.md does not list {part}{path.name}"
+
+
+def test_no_message_prints_an_id_range_as_0_dot_dot_rows() -> None:
+    """`ids 0..1880` reads as if 1880 were valid: messages say `ids 0 to 1879` (`repository.id_range`)."""
+    root = PACKAGE.parents[1]
+    sources = [*PACKAGE.rglob("*.py"), *(root / "scripts").glob("*.py"), *(root / "loadtest" / "peers").glob("*.py")]
+    for path in sources:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            assert "0..{" not in line, (
+                f"{path.relative_to(root)}:{number}: an inclusive-looking id range: {line.strip()}"
+            )

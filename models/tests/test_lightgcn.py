@@ -143,7 +143,12 @@ def test_training_is_reproducible() -> None:
     ("train", "test", "message"),
     [
         ("0 1 2\n1 x\n", "0 3\n", r"train\.txt:2: expected 'user item item \.\.\.' as integers"),
-        ("0 1 2\n0 3\n", "0 4\n", r"train\.txt:2: user 0 has a second line"),
+        (
+            "0 1 2\n0 3\n",
+            "0 4\n",
+            r"train\.txt:2: user 0 has a second line \(expected one line per user, 'user item item \.\.\.', the "
+            r"Gowalla split format: group a file of 'user item' pairs by user first\)",
+        ),
         ("0 1 1\n", "0 4\n", "user 0 lists an item twice"),
         ("0 1 -2\n", "0 4\n", "ids must be non-negative"),
         ("0 1 2\n", "0 2\n", "user 0 has item 2 in both train and test"),
