@@ -40,6 +40,7 @@ from safetensors.numpy import load_file, save_file
 from .optim import Adam
 
 RUN_TENSORS = "lightgcn.safetensors"
+FEW_STEPS = 1000  # fewer Adam steps in a run than this draws a warning (models/README.md)
 RUN_JSON = "training.json"
 
 
@@ -295,6 +296,11 @@ class TrainConfig:
     seed: int = 20261130
 
 
+def steps_per_epoch(data: Interactions, config: TrainConfig) -> int:
+    """Adam steps in one epoch: one per batch of training interactions (the last batch may be short)."""
+    return -(-data.train_pairs // config.batch)
+
+
 @dataclass
 class TrainResult:
     users0: np.ndarray
@@ -423,6 +429,13 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
 
     data = read_interactions(data_dir / "train.txt", data_dir / "test.txt")
     progress(f"{data.users} users, {data.items} items, {data.train_pairs} training interactions")
+    steps = steps_per_epoch(data, config)
+    progress(f"batch {config.batch}: {steps} steps per epoch, {steps * config.epochs} in all")
+    if steps * config.epochs < FEW_STEPS:
+        progress(
+            f"warning: {steps * config.epochs} Adam steps in all ({steps} per epoch), LightGCN usually needs "
+            "thousands: lower --batch or raise --epochs (models/README.md, 'Choosing the LightGCN settings')"
+        )
     result = train(data, config, progress=progress, evaluate_every=evaluate_every)
     graph = Graph.of(data)
     users, items = final_embeddings(graph, result.users0, result.items0, config.layers)

@@ -160,3 +160,18 @@ def test_broken_interaction_files_are_refused(tmp_path: Path, train: str, test: 
     (tmp_path / "test.txt").write_text(test)
     with pytest.raises(lightgcn.InteractionsError, match=message):
         lightgcn.read_interactions(tmp_path / "train.txt", tmp_path / "test.txt")
+
+
+def test_training_says_how_many_steps_it_takes_and_warns_when_they_are_few(tmp_path: Path, capsys) -> None:
+    """Issue 23, item 3: the demo's batch of 16,384 gave a LastFM-sized split 3 steps per epoch, silently."""
+    data = lightgcn.synthetic_interactions(np.random.default_rng(2), 60, 80, 10)
+    lightgcn.write_interactions(tmp_path / "data", data)
+    main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "few"), "--dim", "4"])
+    steps = -(-data.train_pairs // TrainConfig().batch)
+    err = capsys.readouterr().err
+    assert f"batch {TrainConfig().batch}: {steps} steps per epoch, {steps * TrainConfig().epochs} in all" in err
+    assert "warning: 20 Adam steps in all (1 per epoch), LightGCN usually needs thousands" in err
+    epochs = -(-lightgcn.FEW_STEPS // lightgcn.steps_per_epoch(data, TrainConfig(batch=16)))
+    many = ["--dim", "4", "--layers", "1", "--batch", "16", "--epochs", str(epochs)]
+    main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "many"), *many])
+    assert "warning" not in capsys.readouterr().err
