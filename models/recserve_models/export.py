@@ -24,6 +24,7 @@ the server will feed. `quantize_version` validates what it wrote with `check`'s 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +51,39 @@ from .train_deepfm import DeepFMRun
 TABLES_FILE = "tables.safetensors"
 GRAPH_FILE = "dense.onnx"
 DEFAULT_ITEM_FIELDS = tuple(f"C{i}" for i in range(20, 27))
+STORAGES = ("fp32", "fp16", "int8")
+# One storage for every table ("int8": for LightGCN the user, item and history tables alike), or a storage per
+# named table ({"item": "int8"}), the others keeping a default.
+Storages = str | Mapping[str, str]
+
+
+class StorageError(ValueError):
+    """A per-table storage choice that names a table the model does not have, or a storage that does not exist."""
+
+
+def storages_of(tables: Sequence[str], choice: Storages, otherwise: Callable[[str], str]) -> dict[str, str]:
+    """The storage of each of `tables` under `choice`; `otherwise(name)` for a table a per-table choice leaves out."""
+    if isinstance(choice, str):
+        choice = dict.fromkeys(tables, choice)
+    unknown = [name for name in choice if name not in tables]
+    if unknown:
+        raise StorageError(f"{unknown[0]!r} is not a table of the model (its tables: {', '.join(tables)})")
+    wrong = [s for s in choice.values() if s not in STORAGES]
+    if wrong:
+        raise StorageError(f"{wrong[0]!r} is not a storage ({', '.join(STORAGES)})")
+    return {name: choice.get(name) or otherwise(name) for name in tables}
+
+
+def describe_storages(storages: Mapping[str, str]) -> str:
+    """`int8 tables` when every table has one storage, else `tables user fp32, item int8, ...`."""
+    if len(set(storages.values())) == 1:
+        return f"{next(iter(storages.values()))} tables"
+    return "tables " + ", ".join(f"{name} {storage}" for name, storage in storages.items())
 
 
 def deepfm_toml(
     run: DeepFMRun,
-    storage: str,
+    storage: Storages,
     precision: str,
     *,
     item_fields: tuple[str, ...] = DEFAULT_ITEM_FIELDS,
@@ -65,8 +94,9 @@ def deepfm_toml(
     unknown = [f for f in (*item_fields, *([item_id_field] if item_id_field else [])) if f not in params.field_tables]
     if unknown:
         raise SystemExit(f"export: {unknown[0]!r} is not a field of the model ({', '.join(params.field_tables)})")
+    storages = storages_of(list(params.field_tables), storage, lambda _: "fp32")
     tables = tuple(
-        TableSpec(name, TABLES_FILE, len(params.tables[name]), params.dim, storage, "default", 0)
+        TableSpec(name, TABLES_FILE, len(params.tables[name]), params.dim, storages[name], "default", 0)
         for name in params.field_tables
     )
     fields = tuple(FieldSpec(name, "item" if name in item_fields else "user") for name in params.field_tables)
@@ -79,27 +109,28 @@ def deepfm_toml(
     )
 
 
-def export_deepfm(run: DeepFMRun, out: Path, storage: str, **options: object) -> None:
+def export_deepfm(run: DeepFMRun, out: Path, storage: Storages, **options: object) -> None:
     model = deepfm_toml(run, storage, "fp32", **options)  # type: ignore[arg-type]
     write_deepfm_version(out, model, run.params.tables, build_graph(run.params))
     shutil.copyfile(run.directory / VOCABULARY, out / VOCABULARY)
 
 
-def lightgcn_toml(run: LightGCNRun, storage: str, description: str = "") -> LightGCNToml:
+def lightgcn_toml(run: LightGCNRun, storage: Storages, description: str = "") -> LightGCNToml:
     users, items = run.users.shape[0], run.items.shape[0]
     dim = run.items.shape[1]
+    storages = storages_of(["user", "item", "history"], storage, lambda _: "fp32")
     return LightGCNToml(
         tables=(
-            TableSpec("user", TABLES_FILE, users, dim, storage, "reject"),
-            TableSpec("item", TABLES_FILE, items, dim, storage, "reject"),
-            TableSpec("history", TABLES_FILE, items, dim, storage, "reject"),
+            TableSpec("user", TABLES_FILE, users, dim, storages["user"], "reject"),
+            TableSpec("item", TABLES_FILE, items, dim, storages["item"], "reject"),
+            TableSpec("history", TABLES_FILE, items, dim, storages["history"], "reject"),
         ),
         recall=RecallSpec("user", "item", "history"),
         description=description,
     )
 
 
-def export_lightgcn(run: LightGCNRun, out: Path, storage: str, description: str = "") -> None:
+def export_lightgcn(run: LightGCNRun, out: Path, storage: Storages, description: str = "") -> None:
     write_lightgcn_version(
         out,
         lightgcn_toml(run, storage, description),
@@ -133,25 +164,24 @@ def quantize_version(
     source: Path,
     out: Path,
     *,
-    tables_storage: str | None,
+    tables_storage: Storages | None,
     graph_precision: str | None,
     calibration: Path | None = None,
     calibration_rows: int = 4096,
     description: str | None = None,
 ) -> None:
-    """Writes `out` from the version `source` with re-encoded tables and/or an INT8 graph."""
+    """Writes `out` from the version `source` with re-encoded tables and/or an INT8 graph. `tables_storage` is one
+    storage for every table, or a storage per named table (the others keep theirs); raises `StorageError`."""
     model = model_toml.read(source / MODEL_TOML)
     stored = load_tables(source, model)
-    if tables_storage is not None and tables_storage != model.tables[0].storage:
-        lossy = [t.name for t in model.tables if t.storage == "int8"]
-        if lossy:
-            raise SystemExit(
-                f"quantize: table {lossy[0]!r} of {source} is already int8; re-encoding it would lose twice"
-            )
+    current = {t.name: t.storage for t in model.tables}
+    storages = storages_of(list(current), current if tables_storage is None else tables_storage, current.__getitem__)
+    lossy = [name for name, storage in storages.items() if current[name] == "int8" and storage != "int8"]
+    if lossy:
+        raise SystemExit(f"quantize: table {lossy[0]!r} of {source} is already int8; re-encoding it would lose twice")
     floats = {name: values(table) for name, table in stored.items()}
     new_tables = tuple(
-        TableSpec(t.name, t.file, t.rows, t.dim, tables_storage or t.storage, t.oov, t.default_row)
-        for t in model.tables
+        TableSpec(t.name, t.file, t.rows, t.dim, storages[t.name], t.oov, t.default_row) for t in model.tables
     )
     if isinstance(model, LightGCNToml):
         if graph_precision not in (None, "fp32"):

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 
 from ..check import CheckError, check_version
-from ..export import DEFAULT_ITEM_FIELDS, export_deepfm, export_lightgcn
+from ..export import DEFAULT_ITEM_FIELDS, StorageError, describe_storages, export_deepfm, export_lightgcn
 from ..lightgcn import LightGCNRun
+from ..model_toml import read
+from ..repository import MODEL_TOML
 from ..train_deepfm import DeepFMRun
+from ._options import storage_choice
 
 
 def _fields(text: str) -> tuple[str, ...]:
@@ -23,7 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, required=True, help="version directory to create (<repo>/<model>/<version>)"
     )
-    parser.add_argument("--storage", choices=("fp32", "fp16", "int8"), default="fp32", help="table storage (fp32)")
+    parser.add_argument(
+        "--storage",
+        type=storage_choice,
+        default="fp32",
+        help="table storage: fp32, fp16 or int8 for every table (LightGCN: the user, item and history tables), or "
+        "TABLE=STORAGE,... for the tables named, the others fp32, e.g. item=int8 (default fp32)",
+    )
     parser.add_argument(
         "--item-fields",
         type=_fields,
@@ -52,9 +61,12 @@ def run(args: argparse.Namespace) -> None:
         else:
             export_lightgcn(LightGCNRun.load(args.run), args.out, args.storage, args.description)
         check_version(args.out)
+    except StorageError as e:
+        raise SystemExit(f"export: --storage: {e}") from e
     except CheckError as e:
         raise SystemExit(f"export: the written version would be refused: {e}") from e
-    print(f"wrote {args.out} ({kind}, {args.storage} tables)")
+    storages = {t.name: t.storage for t in read(args.out / MODEL_TOML).tables}
+    print(f"wrote {args.out} ({kind}, {describe_storages(storages)})")
 
 
 def _run_kind(directory: Path) -> str:

@@ -8,14 +8,20 @@ from pathlib import Path
 
 from .. import criteo, model_toml
 from ..check import CheckError
-from ..export import quantize_version
+from ..export import StorageError, quantize_version
+from ._options import storage_choice
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `quantize` command's options."""
     parser.add_argument("--model", type=Path, required=True, help="source version directory")
     parser.add_argument("--out", type=Path, required=True, help="version directory to create")
-    parser.add_argument("--tables", choices=("fp32", "fp16", "int8"), help="new table storage (default: unchanged)")
+    parser.add_argument(
+        "--tables",
+        type=storage_choice,
+        help="new table storage: fp32, fp16 or int8 for every table (LightGCN: the user, item and history tables), "
+        "or TABLE=STORAGE,... for the tables named, the others unchanged, e.g. item=int8 (default: unchanged)",
+    )
     parser.add_argument("--graph", choices=("fp32", "int8"), help="DeepFM: int8 replaces an fp32 graph by INT8 QDQ")
     parser.add_argument("--calibration", type=Path, help="calibration rows: a run's calibration.npz, or a Criteo file")
     parser.add_argument("--calibration-rows", type=int, default=4096, help="rows used for calibration (4096)")
@@ -38,6 +44,8 @@ def run(args: argparse.Namespace) -> None:
             calibration_rows=args.calibration_rows,
             description=args.description,
         )
+    except StorageError as e:
+        raise SystemExit(f"quantize: --tables: {e}") from e
     except (CheckError, model_toml.ModelTomlError, criteo.CriteoError) as e:
         raise SystemExit(f"quantize: {e}") from e
     print(f"wrote {args.out}")
