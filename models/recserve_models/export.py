@@ -42,6 +42,7 @@ from .repository import (
     encode_table,
     gather,
     load_tables,
+    read_popularity,
     values,
     write_deepfm_version,
     write_lightgcn_version,
@@ -131,10 +132,12 @@ def lightgcn_toml(run: LightGCNRun, storage: Storages, description: str = "") ->
 
 
 def export_lightgcn(run: LightGCNRun, out: Path, storage: Storages, description: str = "") -> None:
+    """The version of a LightGCN run; with the run's item popularity (runs record it) as `item_popularity`."""
     write_lightgcn_version(
         out,
         lightgcn_toml(run, storage, description),
         {"user": run.users, "item": run.items, "history": run.history_vectors},
+        run.item_popularity,
     )
 
 
@@ -187,7 +190,7 @@ def quantize_version(
         if graph_precision not in (None, "fp32"):
             raise SystemExit("quantize: a lightgcn model has no dense graph to quantize")
         new = LightGCNToml(new_tables, model.recall, model.description if description is None else description)
-        write_lightgcn_version(out, new, floats)
+        write_lightgcn_version(out, new, floats, read_popularity(source, model))
         check_version(out)
         return
     graph = onnx.load(str(source / model.dense_graph.file))

@@ -411,6 +411,9 @@ class LightGCNRun:
     items: np.ndarray  # final item embeddings
     history_vectors: np.ndarray  # h_i
     info: dict
+    # Training interactions per item (the degree d_i), int64 [items]: the popularity order `export` writes. None
+    # for runs written before it was recorded.
+    item_popularity: np.ndarray | None = None
 
     @staticmethod
     def load(directory: Path) -> LightGCNRun:
@@ -418,7 +421,7 @@ class LightGCNRun:
         info = json.loads((directory / RUN_JSON).read_text(encoding="utf-8"))
         if info.get("kind") != "lightgcn":
             raise ValueError(f"{directory / RUN_JSON}: not a lightgcn training run")
-        return LightGCNRun(tensors["user"], tensors["item"], tensors["history"], info)
+        return LightGCNRun(tensors["user"], tensors["item"], tensors["history"], info, tensors.get("item.popularity"))
 
 
 def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every: int = 0) -> LightGCNRun:
@@ -443,10 +446,9 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
     metrics = evaluate(users, items, data)
     progress(f"test Recall@20 {metrics.recall:.4f}, NDCG@20 {metrics.ndcg:.4f} ({metrics.users} users)")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {"user.layer0": result.users0, "item.layer0": result.items0, "user": users, "item": items, "history": history},
-        str(out / RUN_TENSORS),
-    )
+    popularity = data.item_degrees().astype(np.int64)
+    tensors = {"user.layer0": result.users0, "item.layer0": result.items0, "user": users, "item": items}
+    save_file(tensors | {"history": history, "item.popularity": popularity}, str(out / RUN_TENSORS))
     info = {
         "kind": "lightgcn",
         "data": {
@@ -463,4 +465,4 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
         "test": asdict(metrics),
     }
     (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return LightGCNRun(users, items, history, info)
+    return LightGCNRun(users, items, history, info, popularity)

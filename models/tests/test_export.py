@@ -1,5 +1,6 @@
 """`export --storage` and `quantize --tables`: one storage for every table, or a storage per table (issue 23,
-item 4: the item table is the one scanned per query)."""
+item 4: the item table is the one scanned per query), and the LightGCN popularity tensor carried into every
+version written from a run."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from recserve_models import check, lightgcn, model_toml
 from recserve_models.commands import main
-from recserve_models.repository import MODEL_TOML
+from recserve_models.repository import MODEL_TOML, POPULARITY, read_popularity
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +75,17 @@ def test_a_wrong_per_table_choice_is_refused_naming_the_flag(
     with pytest.raises(SystemExit) as refused:
         main([command, *where, "--out", str(tmp_path / "out" / "1"), flag, value])
     assert message in str(refused.value) + capsys.readouterr().err
+
+
+def test_the_popularity_tensor_is_exported_and_kept_by_quantize(run_dir: Path, tmp_path: Path) -> None:
+    run = lightgcn.LightGCNRun.load(run_dir)
+    main(["export", "--run", str(run_dir), "--out", str(tmp_path / "p" / "1")])
+    main(["quantize", "--model", str(tmp_path / "p" / "1"), "--out", str(tmp_path / "p8" / "1"), "--tables", "int8"])
+    for version in (tmp_path / "p" / "1", tmp_path / "p8" / "1"):
+        tensors = load_file(version / "tables.safetensors")
+        assert tensors[POPULARITY].dtype == np.int64 and tensors[POPULARITY].shape == (run.items.shape[0],)
+        np.testing.assert_array_equal(tensors[POPULARITY], run.item_popularity)
+        model = model_toml.read_lightgcn(version / MODEL_TOML)
+        np.testing.assert_array_equal(read_popularity(version, model), run.item_popularity)
+        assert POPULARITY not in (version / MODEL_TOML).read_text()  # the server refuses unknown keys
+    assert check.validate(tmp_path).errors == []

@@ -175,3 +175,15 @@ def test_training_says_how_many_steps_it_takes_and_warns_when_they_are_few(tmp_p
     many = ["--dim", "4", "--layers", "1", "--batch", "16", "--epochs", str(epochs)]
     main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "many"), *many])
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_run_records_the_item_popularity_that_export_writes(tmp_path: Path) -> None:
+    """Training interactions per item, for a server fallback when a history carries no signal (issue 23, item 6)."""
+    data = lightgcn.synthetic_interactions(np.random.default_rng(4), 40, 70, 8)
+    lightgcn.write_interactions(tmp_path / "data", data)
+    run = lightgcn.run_training(tmp_path / "data", tmp_path / "run", TrainConfig(dim=4, epochs=1, batch=64))
+    degrees = np.bincount(data.train_indices, minlength=data.items)
+    assert (degrees == 0).any(), "the data should have items without training interactions"
+    for loaded in (run, lightgcn.LightGCNRun.load(tmp_path / "run")):
+        assert loaded.item_popularity is not None and loaded.item_popularity.dtype == np.int64
+        np.testing.assert_array_equal(loaded.item_popularity, degrees)
