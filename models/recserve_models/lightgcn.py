@@ -433,7 +433,7 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
     data = read_interactions(data_dir / "train.txt", data_dir / "test.txt")
     progress(f"{data.users} users, {data.items} items, {data.train_pairs} training interactions")
     steps = steps_per_epoch(data, config)
-    progress(f"batch {config.batch}: {steps} steps per epoch, {steps * config.epochs} in all")
+    progress(f"batch {config.batch}: {steps} step{'s' if steps != 1 else ''} per epoch, {steps * config.epochs} in all")
     if steps * config.epochs < FEW_STEPS:
         progress(
             f"warning: {steps * config.epochs} Adam steps in all ({steps} per epoch), LightGCN usually needs "

@@ -169,7 +169,8 @@ def test_training_says_how_many_steps_it_takes_and_warns_when_they_are_few(tmp_p
     main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "few"), "--dim", "4"])
     steps = -(-data.train_pairs // TrainConfig().batch)
     err = capsys.readouterr().err
-    assert f"batch {TrainConfig().batch}: {steps} steps per epoch, {steps * TrainConfig().epochs} in all" in err
+    assert steps == 1, "a batch larger than the data: one step per epoch"
+    assert f"batch {TrainConfig().batch}: 1 step per epoch, {TrainConfig().epochs} in all" in err
     assert "warning: 20 Adam steps in all (1 per epoch), LightGCN usually needs thousands" in err
     epochs = -(-lightgcn.FEW_STEPS // lightgcn.steps_per_epoch(data, TrainConfig(batch=16)))
     many = ["--dim", "4", "--layers", "1", "--batch", "16", "--epochs", str(epochs)]
