@@ -2,20 +2,34 @@
 """Recall@K and NDCG@K of a *running* recserve, measured through its recall endpoint, beside the toolchain's
 offline figures for the same repository.
 
-For every user with test items in a LightGCN split (`train.txt`, `test.txt`: `user item item ...`), it asks the
-server for the user's top K (`POST /v1/models/MODEL/recall` with `user_id`, `k`, and the user's training items in
-`exclude`), then averages Recall@K = |top K ∩ test| / |test| and NDCG@K (binary relevance, ideal DCG over
-min(|test|, K) hits) over those users, exactly as `recserve_models.lightgcn.evaluate` does offline. The offline
-figures come from the demo's `quality.json` (`check` rows of the same model). It starts nothing: point it at a
-server that serves the model, e.g.
+For every test user of a LightGCN split (`train.txt`, `test.txt`: one line per user, `user item item ...`), it asks
+the server for the user's top K (`POST /v1/models/MODEL/recall` with `user_id`, `k`, and the user's training items
+in `exclude`), then averages Recall@K = |top K ∩ test| / |test| and NDCG@K (binary relevance, ideal DCG over
+min(|test|, K) hits) over those users, exactly as `recserve_models.lightgcn.evaluate` does offline. It starts
+nothing: point it at a server that serves the model, e.g.
 
+    python -m recserve_models check models/demo --lightgcn-data ../shared/data/gowalla --json target/check.json
     target/release/recserve serve --repository models/demo --http-addr 127.0.0.1:8000 &
-    python3 scripts/recall-check.py --server http://127.0.0.1:8000 --data ../shared/data/gowalla
+    python3 scripts/recall-check.py --server http://127.0.0.1:8000 --data ../shared/data/gowalla \
+        --quality target/check.json
 
 `--history` also measures users embedded from their training history (`history` instead of `user_id`), beside the
 offline "users embedded from history" row. `--compare-history` reports how the two top-K lists of each user
-differ (overlap, identical lists, score differences). Exit status: 0 when every server figure agrees with its
-offline figure to 4 decimals (|difference| < 0.00005), 1 when one does not, 2 when the check cannot run.
+differ (overlap, identical lists, score differences).
+
+**Which users count** (the rule `check` applies too): the `user_id` figure averages over every test user (a user
+with at least one test item); the `history` figure over the test users that also have at least one training item,
+since an empty history cannot be embedded (the server refuses it). Both sides print how many users they counted.
+
+**The offline figures** (`--quality`) are the LightGCN rows that `python -m recserve_models check --json` writes
+(`{"lightgcn": [...]}`), or the demo's `quality.json`, which holds the same rows under `check`
+(`{"check": {"lightgcn": [...]}}`); models/README.md describes the rows. The row of `--model` named like the model
+is the `user_id` figure, the row named "MODEL, users embedded from history" the `history` figure.
+
+Exit status: 0 when every figure measured agrees with its offline figure to 4 decimals (|difference| < 0.00005);
+1 when one does not; 2 when the check cannot run, and also when it has nothing to compare a figure with (no offline
+file, no row for the model, a different number of users, `--limit`, K other than 20), unless `--no-compare` asks
+only to measure. A check that compares nothing never exits 0.
 
 Standard library only (no numpy), so it runs from any Python 3.11.
 """
@@ -29,13 +43,24 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+AGREE, DISAGREE, CANNOT_COMPARE = 0, 1, 2
+OFFLINE_K = 20  # `check` reports Recall@20 and NDCG@20
+TOLERANCE = 5e-5
+HISTORY_VARIANT = "{model}, users embedded from history"
+
+
+class CannotCompare(Exception):
+    """The measured figures have no offline figure to be compared with; the message says why."""
+
 
 def read_split(path: Path) -> dict[int, list[int]]:
-    """`user item item ...` per line -> {user: [items]}."""
+    """`user item item ...` per line -> {user: [items]}, refused as the toolchain refuses it."""
     out: dict[int, list[int]] = {}
     for number, line in enumerate(path.read_text(encoding="ascii").splitlines(), start=1):
         parts = line.split()
@@ -45,8 +70,115 @@ def read_split(path: Path) -> dict[int, list[int]]:
             ids = [int(p) for p in parts]
         except ValueError as e:
             raise SystemExit(f"{path}:{number}: expected integers: {e}") from e
+        if ids[0] in out:
+            raise SystemExit(
+                f"{path}:{number}: user {ids[0]} has a second line (expected one line per user, "
+                "'user item item ...': group a file of 'user item' pairs by user first)"
+            )
         out[ids[0]] = ids[1:]
     return out
+
+
+def counted_users(train: dict[int, list[int]], test: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    """The users each figure averages over: (test users, test users with at least one training item)."""
+    users = sorted(u for u, items in test.items() if items)
+    return users, [u for u in users if train.get(u)]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Recall@K and NDCG@K averaged over `users` users."""
+
+    recall: float
+    ndcg: float
+    users: int
+
+
+def offline_rows(document: object) -> list[dict]:
+    """The LightGCN rows of a `check --json` document or of the demo's quality.json (the same rows, under
+    `check`); raises `CannotCompare` for a document that holds neither."""
+    if isinstance(document, dict):
+        if isinstance(document.get("lightgcn"), list):
+            return document["lightgcn"]
+        inner = document.get("check")
+        if isinstance(inner, dict) and isinstance(inner.get("lightgcn"), list):
+            return inner["lightgcn"]
+    raise CannotCompare(
+        "holds no LightGCN figures: expected the output of `python -m recserve_models check --lightgcn-data DIR "
+        '--json FILE` ({"lightgcn": [...]}) or the demo\'s quality.json ({"check": {"lightgcn": [...]}})'
+    )
+
+
+def offline_figures(path: Path, model: str, keys: list[str]) -> dict[str, dict]:
+    """For each of `keys` (`user_id`, `history`), the offline row of `model` in `path`; raises `CannotCompare`."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CannotCompare(f"--quality {path}: cannot read the offline figures: {e}") from e
+    try:
+        rows = offline_rows(document)
+    except CannotCompare as e:
+        raise CannotCompare(f"--quality {path}: {e}") from e
+    variants = {"user_id": model, "history": HISTORY_VARIANT.format(model=model)}
+    found = {}
+    for key in keys:
+        row = next((r for r in rows if r.get("variant") == variants[key]), None)
+        if row is None:
+            known = ", ".join(repr(r.get("variant")) for r in rows) or "none"
+            raise CannotCompare(
+                f"--quality {path}: no offline figure for {key} of model {model!r} (a row named {variants[key]!r}); "
+                f"its rows: {known}"
+            )
+        found[key] = row
+    return found
+
+
+def compare(
+    measured: dict[str, Figure], offline: dict[str, dict] | None, print_line: Callable[[str], None] = print
+) -> int:
+    """Prints each measured figure beside its offline row and returns the exit status: `DISAGREE` when a figure
+    differs from its offline row, else `CANNOT_COMPARE` when a figure has no offline row, an offline row has no
+    measured figure, or the two sides counted different users, else `AGREE`. `offline=None` (`--no-compare`)
+    prints the measured figures alone and returns `AGREE`."""
+    print_line(
+        f"{'users from':<10} {'users':>6} {'offline':>7} {'Recall@K':>10} {'offline':>10} {'NDCG@K':>10} "
+        f"{'offline':>10}  agree to 4 decimals"
+    )
+    disagree = cannot = False
+    for key in dict.fromkeys([*measured, *(offline or {})]):
+        figure, ref = measured.get(key), (offline or {}).get(key)
+        if figure is None:
+            print_line(f"{key:<10} {'—':>6}  not compared: nothing measured (no test user to ask for)")
+            cannot = True
+            continue
+        mine = f"{figure.recall:>10.6f}", f"{figure.ndcg:>10.6f}"
+        if ref is None:
+            why = "measured only (--no-compare)" if offline is None else "not compared: no offline figure"
+            print_line(f"{key:<10} {figure.users:>6} {'—':>7} {mine[0]} {'—':>10} {mine[1]} {'—':>10}  {why}")
+            cannot |= offline is not None
+            continue
+        recall, ndcg, users = ref.get(f"recall@{OFFLINE_K}"), ref.get(f"ndcg@{OFFLINE_K}"), ref.get("test_users")
+        if not isinstance(recall, float) or not isinstance(ndcg, float) or not isinstance(users, int):
+            print_line(
+                f"{key:<10} {figure.users:>6}  not compared: the offline row {ref.get('variant')!r} lacks "
+                f"recall@{OFFLINE_K}, ndcg@{OFFLINE_K} or test_users"
+            )
+            cannot = True
+            continue
+        line = f"{key:<10} {figure.users:>6} {users:>7} {mine[0]} {recall:>10.6f} {mine[1]} {ndcg:>10.6f}  "
+        if users != figure.users:
+            print_line(
+                f"{line}not compared: {figure.users} users here, {users} offline (not the same split, or not the "
+                "same rule for which users count)"
+            )
+            cannot = True
+            continue
+        ok = abs(figure.recall - recall) < TOLERANCE and abs(figure.ndcg - ndcg) < TOLERANCE
+        disagree |= not ok
+        print_line(
+            f"{line}{'yes' if ok else 'NO'} (|Δ| {abs(figure.recall - recall):.1e}, {abs(figure.ndcg - ndcg):.1e})"
+        )
+    return DISAGREE if disagree else CANNOT_COMPARE if cannot else AGREE
 
 
 class Client:
@@ -90,42 +222,57 @@ def metrics(top: list[int], truth: list[int], k: int) -> tuple[float, float]:
     return sum(hits) / len(truth), dcg / ideal
 
 
-def offline(quality: Path, variant: str) -> dict | None:
-    """The `check` row of `quality.json` named `variant`, if any."""
-    if not quality.is_file():
-        return None
-    rows = json.loads(quality.read_text(encoding="utf-8")).get("check", {}).get("lightgcn", [])
-    return next((r for r in rows if r.get("variant") == variant), None)
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="http://127.0.0.1:8000", help="base URL of a running recserve")
     parser.add_argument("--model", default="lightgcn", help="the recall model's name in the repository")
     parser.add_argument("--data", type=Path, default=Path("../shared/data/gowalla"), help="train.txt and test.txt")
     parser.add_argument(
-        "--quality", type=Path, default=Path("models/demo/quality.json"), help="the toolchain's offline figures"
+        "--quality",
+        type=Path,
+        default=Path("models/demo/quality.json"),
+        help="the offline figures: `check --json` output, or the demo's quality.json (default)",
     )
-    parser.add_argument("--k", type=int, default=20, help="K of Recall@K and NDCG@K (default 20)")
+    parser.add_argument(
+        "--no-compare", action="store_true", help="only measure: no offline figures needed, exit status 0"
+    )
+    parser.add_argument("--k", type=int, default=OFFLINE_K, help=f"K of Recall@K and NDCG@K (default {OFFLINE_K})")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    parser.add_argument("--limit", type=int, default=0, help="only the first N test users (0: all)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N test users (0: all; with --no-compare)")
     parser.add_argument("--history", action="store_true", help="also measure users embedded from their history")
     parser.add_argument(
         "--compare-history",
         action="store_true",
         help="compare the user_id and history top K of each user (implies --history)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.history |= args.compare_history
+    keys = ["user_id", "history"] if args.history else ["user_id"]
+    offline: dict[str, dict] = {}
+    if not args.no_compare:
+        # Everything that makes a comparison impossible is found before the first request.
+        why = None
+        if args.limit:
+            why = f"--limit {args.limit} measures a subset of the test users; the offline figures are over all of them"
+        elif args.k != OFFLINE_K:
+            why = f"--k {args.k}: the offline figures are @{OFFLINE_K}"
+        try:
+            if why:
+                raise CannotCompare(why)
+            offline = offline_figures(args.quality, args.model, keys)
+        except CannotCompare as e:
+            print(f"recall-check: nothing to compare with: {e} (--no-compare only measures)", file=sys.stderr)
+            return CANNOT_COMPARE
     try:
         train = read_split(args.data / "train.txt")
         test = read_split(args.data / "test.txt")
     except OSError as e:
         print(f"recall-check: cannot read the split in {args.data}: {e}", file=sys.stderr)
-        return 2
-    users = sorted(u for u, items in test.items() if items)
+        return CANNOT_COMPARE
+    users, history_users = counted_users(train, test)
     if args.limit:
         users = users[: args.limit]
+        history_users = [u for u in history_users if u <= users[-1]] if users else []
     client = Client(args.server)
     path = f"/v1/models/{args.model}/recall"
 
@@ -133,8 +280,8 @@ def main() -> int:
         seen = train.get(user, [])
         by_id = client.post(path, {"user_id": user, "k": args.k, "exclude": seen})
         by_history = None
-        if args.history:
-            by_history = client.post(path, {"history": seen, "k": args.k, "exclude": seen}) if seen else None
+        if args.history and seen:
+            by_history = client.post(path, {"history": seen, "k": args.k, "exclude": seen})
         return user, by_id, by_history
 
     started = time.perf_counter()
@@ -166,33 +313,20 @@ def main() -> int:
             scores = {item["id"]: item["score"] for item in by_history["items"]}
             diffs += [item["score"] - scores[item["id"]] for item in by_id["items"] if item["id"] in scores]
 
-    requests = len(users) * (2 if args.history else 1)
+    requests = len(users) + (len(history_users) if args.history else 0)
     print(f"server {args.server}, model {args.model!r} version {version}, K = {args.k}")
     print(
         f"{len(users)} test users, training items excluded; {requests} recall requests in {seconds:.1f} s "
-        f"({requests / seconds:.0f}/s at concurrency {args.concurrency})"
+        f"({requests / max(seconds, 1e-9):.0f}/s at concurrency {args.concurrency})"
     )
-    disagree = False
-    rows = [("user_id", args.model)]
-    if args.history:
-        rows.append(("history", f"{args.model}, users embedded from history"))
-    print(f"{'users from':<12} {'Recall@K':>10} {'offline':>10} {'NDCG@K':>10} {'offline':>10}  agree to 4 decimals")
-    for key, variant in rows:
-        recall_sum, ndcg_sum, count = sums[key]
-        if not count:
-            continue
-        recall, ndcg = recall_sum / count, ndcg_sum / count
-        ref = offline(args.quality, variant)
-        if ref is None or args.limit or ref.get("test_users") != count or args.k != 20:
-            why = "no offline figure" if ref is None else "the offline figure is @20 over every test user"
-            print(f"{key:<12} {recall:>10.6f} {'—':>10} {ndcg:>10.6f} {'—':>10}  ({why}: {variant!r})")
-            continue
-        ok = abs(recall - ref["recall@20"]) < 5e-5 and abs(ndcg - ref["ndcg@20"]) < 5e-5
-        disagree |= not ok
-        print(
-            f"{key:<12} {recall:>10.6f} {ref['recall@20']:>10.6f} {ndcg:>10.6f} {ref['ndcg@20']:>10.6f}  "
-            f"{'yes' if ok else 'NO'} (|Δ| {abs(recall - ref['recall@20']):.1e}, {abs(ndcg - ref['ndcg@20']):.1e})"
-        )
+    if args.history and len(history_users) < len(users):
+        print(f"history: {len(users) - len(history_users)} test users without training items left out")
+    measured = {
+        key: Figure(sums[key][0] / sums[key][2], sums[key][1] / sums[key][2], sums[key][2])
+        for key in keys
+        if sums[key][2]
+    }
+    status = compare(measured, None if args.no_compare else offline)
     if args.compare_history and compared:
         mean = sum(diffs) / len(diffs) if diffs else float("nan")
         spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / len(diffs)) if diffs else float("nan")
@@ -205,7 +339,9 @@ def main() -> int:
             f"  score(user_id) − score(history) on items in both lists: mean {mean:.4f}, std {spread:.4f}, "
             f"over {len(diffs)} items"
         )
-    return 1 if disagree else 0
+    if status == CANNOT_COMPARE:
+        print("recall-check: a measured figure has nothing to be compared with (see above)", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ class RankModel:
                 if outside.any():
                     raise RequestError(
                         f"{field.name}: id {int(column[outside][0])} is outside the vocabulary of table "
-                        f"{table.name!r} (ids 0..{table.rows}), which rejects unknown ids"
+                        f"{table.name!r} (ids 0 to {table.rows - 1}), which rejects unknown ids"
                     )
         try:
             values = np.asarray(dense, dtype=np.float32)

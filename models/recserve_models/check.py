@@ -1,4 +1,5 @@
-"""The `check` command: validate a model repository with the server's rules, and compare precisions on data.
+"""Validating a model repository with the server's rules, and comparing precisions on data (what the `check`
+command runs).
 
 **Validation** applies what the server's loader applies before it serves a model, in the same order:
 
@@ -16,7 +17,7 @@
 
 Unlike the server, which loads only the served version of each model, `check` validates every version (any of
 them can be pinned). The parity of these rules with the server's is tested on a shared set of broken
-repositories (`check_cases.py`, `tests/check_parity.rs`).
+repositories (`testing/check_cases.py`, `tests/check_parity.rs`).
 
 **Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
 loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
@@ -24,17 +25,19 @@ is the group's reference: every other member is compared with it (largest and me
 difference), and for a member that differs in both tables and graph the two mixed variants are evaluated too
 (its graph on the reference's tables: "INT8 dense"; the reference's graph on its tables: "INT8 tables").
 LightGCN models are evaluated by Recall@20 / NDCG@20 on the test split with training items excluded, with the
-users of the user table and, when there is a history table, with every test user embedded from its training
+users of the user table and, when there is a history table, with the test users embedded from their training
 history as the server would embed an unknown user; models with the same table shapes are grouped, and the
 reference's user table is also paired with every other member's item table ("int8 item table").
+
+Which test users a LightGCN figure counts (the rule `scripts/recall-check.py` applies too): a user-table figure
+averages over every test user (a user with at least one test item); a history figure over the test users that
+also have at least one training item, since an empty history cannot be embedded (the server refuses it). Each row
+says how many users it counted (`test_users`) and how many test users it left out (`skipped_users`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,7 +467,8 @@ def compare_lightgcn(validation: Validation, data_dir: Path, k: int = 20) -> lis
                 )
             )
         for label, users_from, user_storage, item_storage, u, i in variants:
-            m = lightgcn.evaluate(u, i, data, k)
+            among = data.has_history() if users_from == "history" else None
+            m = lightgcn.evaluate(u, i, data, k, among=among)
             rows.append(
                 {
                     "variant": label,
@@ -475,80 +479,20 @@ def compare_lightgcn(validation: Validation, data_dir: Path, k: int = 20) -> lis
                     f"recall@{k}": m.recall,
                     f"ndcg@{k}": m.ndcg,
                     "test_users": m.users,
+                    "skipped_users": int(data.test_users().sum()) - m.users,
                 }
             )
     return rows
 
 
 def _history_users(history: np.ndarray, data: lightgcn.Interactions) -> np.ndarray:
-    """Every user embedded from its training items, as the server embeds an unknown user's history."""
+    """Every user embedded from its training items, as the server embeds an unknown user's history (a user without
+    training items has no history to embed: its row stays zero, and `compare_lightgcn` does not count it)."""
+    if not (data.has_history() & data.test_users()).any():
+        raise CheckError("no test user has a training item: users cannot be embedded from their history")
     out = np.zeros((data.users, history.shape[1]), dtype=np.float32)
     for u in range(data.users):
         items = data.train_indices[data.train_indptr[u] : data.train_indptr[u + 1]]
         if len(items):
             out[u] = lightgcn.embed_history(history, items)
     return out
-
-
-# --- the command ---------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `check` command's options."""
-    parser.add_argument("repository", type=Path, help="model repository: <repository>/<model>/<version>/model.toml")
-    parser.add_argument(
-        "--max-candidates", type=int, default=MAX_CANDIDATES, help="the server's --max-candidates (its warm-up batch)"
-    )
-    parser.add_argument(
-        "--deepfm-data",
-        type=Path,
-        help="held-out rows for DeepFM models: Criteo TSV (mapped through each version's vocabulary.json) or .npz",
-    )
-    parser.add_argument("--lightgcn-data", type=Path, help="directory with train.txt and test.txt for LightGCN models")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
-
-
-def run_check(args: argparse.Namespace) -> dict[str, Any]:
-    """Validates (and compares); returns the results. Raises `CheckError` for a repository-level error."""
-    validation = validate(args.repository, args.max_candidates)
-    result: dict[str, Any] = {"repository": str(args.repository), "models": {}}
-    for model in validation.models:
-        result["models"][model.name] = {
-            "served_version": model.served,
-            "versions": {
-                str(v): "ok" if isinstance(x, Version) else x for v, x in validation.versions[model.name].items()
-            },
-        }
-        for v, x in validation.versions[model.name].items():
-            mark = "ok" if isinstance(x, Version) else f"ERROR {x}"
-            served = " (served)" if v == model.served else ""
-            kind = f" {'lightgcn' if isinstance(x.model, LightGCNToml) else 'deepfm'}" if isinstance(x, Version) else ""
-            print(f"{model.name}/{v}{served}{kind}: {mark}")
-    if validation.errors:
-        return result
-    if args.deepfm_data:
-        result["deepfm"] = compare_deepfm(validation, args.deepfm_data)
-        for row in result["deepfm"]:
-            diff = f", max |Δp| {row['max_abs_diff']:.2e}" if "max_abs_diff" in row else ""
-            print(f"  {row['variant']}: AUC {row['auc']:.5f}, log loss {row['log_loss']:.5f}{diff}")
-    if args.lightgcn_data:
-        result["lightgcn"] = compare_lightgcn(validation, args.lightgcn_data)
-        for row in result["lightgcn"]:
-            print(f"  {row['variant']}: Recall@20 {row['recall@20']:.4f}, NDCG@20 {row['ndcg@20']:.4f}")
-    return result
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `check` command: exit status 1 when any version would be refused by the server."""
-    try:
-        result = run_check(args)
-    except (CheckError, criteo.CriteoError, lightgcn.InteractionsError) as e:
-        print(f"check: {e}", file=sys.stderr)
-        raise SystemExit(1) from e
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    errors = [v for m in result["models"].values() for v in m["versions"].values() if v != "ok"]
-    if errors:
-        print(f"check: {len(errors)} model version(s) would be refused by the server", file=sys.stderr)
-        raise SystemExit(1)
-    print(f"check: every model version in {args.repository} loads")

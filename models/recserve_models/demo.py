@@ -1,5 +1,5 @@
-"""The `demo` command (the committed demo repository and docs/model-quality.md, from scratch) and `demo-cases`
-(held-out rank requests with the toolchain's offline scores, for the server's end-to-end test).
+"""The demo: the committed demo repository and docs/model-quality.md, from scratch (what the `demo` command
+runs), and the held-out rank requests drawn from its data (`heldout_requests`).
 
 `python -m recserve_models demo --out models/demo` runs, in a work directory (`--work`, default
 `target/demo-work`):
@@ -22,7 +22,6 @@ CPU generations in the last bits of float sums, which then carry through trainin
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -40,8 +39,7 @@ from . import criteo, lightgcn, model_toml, report, train_deepfm
 from .check import VOCABULARY, Validation, compare_deepfm, compare_lightgcn, validate
 from .export import export_deepfm, export_lightgcn, quantize_version
 from .model_toml import DeepFMToml
-from .rank_request import rank_inputs
-from .repository import MODEL_TOML, load_tables
+from .repository import MODEL_TOML
 
 TRAIN_ROWS = 500_000
 TEST_ROWS = 100_000
@@ -220,7 +218,7 @@ def heldout_rows(quality: dict[str, Any], count: int) -> criteo.RawData:
         return criteo.read(path, max_rows=count)
 
 
-def _requests(
+def heldout_requests(
     model: DeepFMToml, ids: np.ndarray, dense: np.ndarray, sizes: tuple[int, ...]
 ) -> list[tuple[str, dict[str, Any]]]:
     """Rank requests over held-out rows: request `r` takes the user-side fields and dense features of one row and
@@ -249,76 +247,4 @@ def _example_request(out: Path) -> dict[str, Any]:
     model = model_toml.read_deepfm(out / "deepfm" / "1" / MODEL_TOML)
     vocabulary = criteo.Vocabulary.from_json((out / "deepfm" / "1" / VOCABULARY).read_text(encoding="utf-8"))
     raw = heldout_rows(quality, 3)
-    return _requests(model, vocabulary.ids(raw), raw.dense, (3,))[0][1]
-
-
-def demo_cases(repository: Path, sizes: tuple[int, ...]) -> dict[str, Any]:
-    """For each committed DeepFM model: held-out rank requests and the toolchain's offline scores on the same
-    repository (reference gather, then onnxruntime on the version's graph)."""
-    quality = json.loads((repository / "quality.json").read_text(encoding="utf-8"))
-    raw = heldout_rows(quality, sum(sizes) + 1)
-    cases = []
-    for name in ("deepfm-fp32", "deepfm"):
-        directory = repository / name / "1"
-        model = model_toml.read_deepfm(directory / MODEL_TOML)
-        tables = load_tables(directory, model)
-        vocabulary = criteo.Vocabulary.from_json((directory / VOCABULARY).read_text(encoding="utf-8"))
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(
-            str(directory / model.dense_graph.file), options, providers=["CPUExecutionProvider"]
-        )
-        for what, request in _requests(model, vocabulary.ids(raw), raw.dense, sizes):
-            emb, dense = rank_inputs(model, tables, request)
-            feeds = {model.dense_graph.embeddings_input: emb, model.dense_graph.dense_input: dense}
-            scores = session.run([model.dense_graph.output], feeds)[0].reshape(len(emb), -1)[:, 0]
-            cases.append(
-                {
-                    "model": name,
-                    "version": 1,
-                    "what": what,
-                    "request": request,
-                    "expected_scores": [float(s) for s in scores],
-                    "tolerance": 1e-5,
-                }
-            )
-    return {"format_version": 1, "repository": str(repository), "onnxruntime": ort.__version__, "cases": cases}
-
-
-# --- the commands ------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `demo` command's options."""
-    parser.add_argument("--out", type=Path, required=True, help="the demo repository to write (models/demo)")
-    parser.add_argument("--work", type=Path, default=Path("target/demo-work"), help="work directory (target/demo-work)")
-    parser.add_argument(
-        "--gowalla", type=Path, default=Path("../shared/data/gowalla"), help="Gowalla train.txt/test.txt directory"
-    )
-    parser.add_argument("--report", type=Path, help="also render docs/model-quality.md here")
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `demo` command."""
-    if not (args.gowalla / "train.txt").is_file():
-        raise SystemExit(f"demo: no Gowalla data in {args.gowalla} (train.txt, test.txt): pass --gowalla DIR")
-    build(args.out, args.work, args.gowalla, args.report)
-    print(f"wrote {args.out}")
-
-
-class DemoCases:
-    """The `demo-cases` command."""
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--repository", type=Path, default=Path("models/demo"), help="the demo repository")
-        parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-
-    @staticmethod
-    def run(args: argparse.Namespace) -> None:
-        if not (args.repository / "quality.json").is_file():
-            raise SystemExit(f"demo-cases: {args.repository} has no quality.json: is it the demo repository?")
-        document = demo_cases(args.repository, (1, 2, 10, 50, 100, 250))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document) + "\n", encoding="utf-8")
-        print(f"wrote {len(document['cases'])} held-out rank cases to {args.out}")
+    return heldout_requests(model, vocabulary.ids(raw), raw.dense, (3,))[0][1]

@@ -1,35 +1,37 @@
-"""The `export` and `quantize` commands: training runs into repository versions, and versions into INT8 ones.
+"""Writing repository versions: from a training run (`export_deepfm`, `export_lightgcn`, what the `export`
+command runs) and from another version with re-encoded tables or an INT8 graph (`quantize_version`, what the
+`quantize` command runs). The encodings themselves (fp16, fused int8, the INT8 QDQ graph) are `quantize.py`'s.
 
-`export --run RUN --out DIR` writes one version directory from a `train-deepfm` or `train-lightgcn` run:
+From a `train-deepfm` or `train-lightgcn` run, one version directory:
 
 - DeepFM: one table per Criteo field (`C1`..`C26`, named like the field, all in `tables.safetensors`, rows from
   the run's vocabulary, `oov = "default"` with `default_row = 0`, the trained rare-value row), the fp32 dense graph
   of `onnx_export.build_graph` (`dense.onnx`), dense features `I1`..`I13`, and the run's `vocabulary.json` (not
-  read by the server: clients map raw values to ids with it). Fields `--item-fields` are item-side, the rest
-  user-side; `--item-id-field` names the field fed by a candidate's `id`.
+  read by the server: clients map raw values to ids with it). `item_fields` are item-side, the rest user-side;
+  `item_id_field` names the field fed by a candidate's `id`.
 - LightGCN: tables `user`, `item` (the final, layer-mean embeddings) and `history` (the `h_i` of
   docs/model-repository.md) in `tables.safetensors`, with `[recall]` naming them; `oov = "reject"`, because an
   unknown user or item id has no meaningful default row.
 
-`--storage` chooses the tables' storage (fp32, fp16, int8). `quantize --model SRC --out DST` re-encodes a
-version's tables (`--tables`) and replaces an fp32 dense graph by its INT8 QDQ version (`--graph int8`), calibrated
-on `--calibration` rows (a run's `calibration.npz`: `ids` [S, F] and `dense` [S, N], or a Criteo file mapped
-through the version's `vocabulary.json`) gathered from the *new* tables, so that calibration sees the rows the
-server will feed. Both commands validate what they wrote with `check`'s rules before returning.
+`storage` chooses the tables' storage (fp32, fp16, int8). `quantize_version(SRC, DST)` re-encodes a version's
+tables (`tables_storage`) and replaces an fp32 dense graph by its INT8 QDQ version (`graph_precision="int8"`),
+calibrated on `calibration` rows (a run's `calibration.npz`: `ids` [S, F] and `dense` [S, N], or a Criteo file
+mapped through the version's `vocabulary.json`) gathered from the *new* tables, so that calibration sees the rows
+the server will feed. `quantize_version` validates what it wrote with `check`'s rules before returning (the
+`export` command validates the exported version).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from . import criteo, model_toml
-from .check import VOCABULARY, CheckError, check_version
+from .check import VOCABULARY, check_version
 from .lightgcn import LightGCNRun
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
 from .onnx_export import build_graph
@@ -40,6 +42,7 @@ from .repository import (
     encode_table,
     gather,
     load_tables,
+    read_popularity,
     values,
     write_deepfm_version,
     write_lightgcn_version,
@@ -49,11 +52,39 @@ from .train_deepfm import DeepFMRun
 TABLES_FILE = "tables.safetensors"
 GRAPH_FILE = "dense.onnx"
 DEFAULT_ITEM_FIELDS = tuple(f"C{i}" for i in range(20, 27))
+STORAGES = ("fp32", "fp16", "int8")
+# One storage for every table ("int8": for LightGCN the user, item and history tables alike), or a storage per
+# named table ({"item": "int8"}), the others keeping a default.
+Storages = str | Mapping[str, str]
+
+
+class StorageError(ValueError):
+    """A per-table storage choice that names a table the model does not have, or a storage that does not exist."""
+
+
+def storages_of(tables: Sequence[str], choice: Storages, otherwise: Callable[[str], str]) -> dict[str, str]:
+    """The storage of each of `tables` under `choice`; `otherwise(name)` for a table a per-table choice leaves out."""
+    if isinstance(choice, str):
+        choice = dict.fromkeys(tables, choice)
+    unknown = [name for name in choice if name not in tables]
+    if unknown:
+        raise StorageError(f"{unknown[0]!r} is not a table of the model (its tables: {', '.join(tables)})")
+    wrong = [s for s in choice.values() if s not in STORAGES]
+    if wrong:
+        raise StorageError(f"{wrong[0]!r} is not a storage ({', '.join(STORAGES)})")
+    return {name: choice.get(name) or otherwise(name) for name in tables}
+
+
+def describe_storages(storages: Mapping[str, str]) -> str:
+    """`int8 tables` when every table has one storage, else `tables user fp32, item int8, ...`."""
+    if len(set(storages.values())) == 1:
+        return f"{next(iter(storages.values()))} tables"
+    return "tables " + ", ".join(f"{name} {storage}" for name, storage in storages.items())
 
 
 def deepfm_toml(
     run: DeepFMRun,
-    storage: str,
+    storage: Storages,
     precision: str,
     *,
     item_fields: tuple[str, ...] = DEFAULT_ITEM_FIELDS,
@@ -64,8 +95,9 @@ def deepfm_toml(
     unknown = [f for f in (*item_fields, *([item_id_field] if item_id_field else [])) if f not in params.field_tables]
     if unknown:
         raise SystemExit(f"export: {unknown[0]!r} is not a field of the model ({', '.join(params.field_tables)})")
+    storages = storages_of(list(params.field_tables), storage, lambda _: "fp32")
     tables = tuple(
-        TableSpec(name, TABLES_FILE, len(params.tables[name]), params.dim, storage, "default", 0)
+        TableSpec(name, TABLES_FILE, len(params.tables[name]), params.dim, storages[name], "default", 0)
         for name in params.field_tables
     )
     fields = tuple(FieldSpec(name, "item" if name in item_fields else "user") for name in params.field_tables)
@@ -78,31 +110,34 @@ def deepfm_toml(
     )
 
 
-def export_deepfm(run: DeepFMRun, out: Path, storage: str, **options: object) -> None:
+def export_deepfm(run: DeepFMRun, out: Path, storage: Storages, **options: object) -> None:
     model = deepfm_toml(run, storage, "fp32", **options)  # type: ignore[arg-type]
     write_deepfm_version(out, model, run.params.tables, build_graph(run.params))
     shutil.copyfile(run.directory / VOCABULARY, out / VOCABULARY)
 
 
-def lightgcn_toml(run: LightGCNRun, storage: str, description: str = "") -> LightGCNToml:
+def lightgcn_toml(run: LightGCNRun, storage: Storages, description: str = "") -> LightGCNToml:
     users, items = run.users.shape[0], run.items.shape[0]
     dim = run.items.shape[1]
+    storages = storages_of(["user", "item", "history"], storage, lambda _: "fp32")
     return LightGCNToml(
         tables=(
-            TableSpec("user", TABLES_FILE, users, dim, storage, "reject"),
-            TableSpec("item", TABLES_FILE, items, dim, storage, "reject"),
-            TableSpec("history", TABLES_FILE, items, dim, storage, "reject"),
+            TableSpec("user", TABLES_FILE, users, dim, storages["user"], "reject"),
+            TableSpec("item", TABLES_FILE, items, dim, storages["item"], "reject"),
+            TableSpec("history", TABLES_FILE, items, dim, storages["history"], "reject"),
         ),
         recall=RecallSpec("user", "item", "history"),
         description=description,
     )
 
 
-def export_lightgcn(run: LightGCNRun, out: Path, storage: str, description: str = "") -> None:
+def export_lightgcn(run: LightGCNRun, out: Path, storage: Storages, description: str = "") -> None:
+    """The version of a LightGCN run; with the run's item popularity (runs record it) as `item_popularity`."""
     write_lightgcn_version(
         out,
         lightgcn_toml(run, storage, description),
         {"user": run.users, "item": run.items, "history": run.history_vectors},
+        run.item_popularity,
     )
 
 
@@ -132,31 +167,30 @@ def quantize_version(
     source: Path,
     out: Path,
     *,
-    tables_storage: str | None,
+    tables_storage: Storages | None,
     graph_precision: str | None,
     calibration: Path | None = None,
     calibration_rows: int = 4096,
     description: str | None = None,
 ) -> None:
-    """Writes `out` from the version `source` with re-encoded tables and/or an INT8 graph."""
+    """Writes `out` from the version `source` with re-encoded tables and/or an INT8 graph. `tables_storage` is one
+    storage for every table, or a storage per named table (the others keep theirs); raises `StorageError`."""
     model = model_toml.read(source / MODEL_TOML)
     stored = load_tables(source, model)
-    if tables_storage is not None and tables_storage != model.tables[0].storage:
-        lossy = [t.name for t in model.tables if t.storage == "int8"]
-        if lossy:
-            raise SystemExit(
-                f"quantize: table {lossy[0]!r} of {source} is already int8; re-encoding it would lose twice"
-            )
+    current = {t.name: t.storage for t in model.tables}
+    storages = storages_of(list(current), current if tables_storage is None else tables_storage, current.__getitem__)
+    lossy = [name for name, storage in storages.items() if current[name] == "int8" and storage != "int8"]
+    if lossy:
+        raise SystemExit(f"quantize: table {lossy[0]!r} of {source} is already int8; re-encoding it would lose twice")
     floats = {name: values(table) for name, table in stored.items()}
     new_tables = tuple(
-        TableSpec(t.name, t.file, t.rows, t.dim, tables_storage or t.storage, t.oov, t.default_row)
-        for t in model.tables
+        TableSpec(t.name, t.file, t.rows, t.dim, storages[t.name], t.oov, t.default_row) for t in model.tables
     )
     if isinstance(model, LightGCNToml):
         if graph_precision not in (None, "fp32"):
             raise SystemExit("quantize: a lightgcn model has no dense graph to quantize")
         new = LightGCNToml(new_tables, model.recall, model.description if description is None else description)
-        write_lightgcn_version(out, new, floats)
+        write_lightgcn_version(out, new, floats, read_popularity(source, model))
         check_version(out)
         return
     graph = onnx.load(str(source / model.dense_graph.file))
@@ -192,100 +226,3 @@ def quantize_version(
     if (source / VOCABULARY).is_file():
         shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
     check_version(out)
-
-
-def _fields(text: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-# --- the `export` command ---------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `export` command's options."""
-    parser.add_argument("--run", type=Path, required=True, help="a train-deepfm or train-lightgcn run directory")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="version directory to create (<repo>/<model>/<version>)"
-    )
-    parser.add_argument("--storage", choices=("fp32", "fp16", "int8"), default="fp32", help="table storage (fp32)")
-    parser.add_argument(
-        "--item-fields",
-        type=_fields,
-        default=DEFAULT_ITEM_FIELDS,
-        help="DeepFM: comma-separated item-side fields (default C20..C26); the others are user-side",
-    )
-    parser.add_argument("--item-id-field", help="DeepFM: the item-side field a candidate's id feeds (default none)")
-    parser.add_argument("--description", default="", help="free text for model.toml")
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `export` command."""
-    if args.out.exists():
-        raise SystemExit(f"export: {args.out} already exists")
-    kind = _run_kind(args.run)
-    try:
-        if kind == "deepfm":
-            export_deepfm(
-                DeepFMRun.load(args.run),
-                args.out,
-                args.storage,
-                item_fields=args.item_fields,
-                item_id_field=args.item_id_field,
-                description=args.description,
-            )
-        else:
-            export_lightgcn(LightGCNRun.load(args.run), args.out, args.storage, args.description)
-        check_version(args.out)
-    except CheckError as e:
-        raise SystemExit(f"export: the written version would be refused: {e}") from e
-    print(f"wrote {args.out} ({kind}, {args.storage} tables)")
-
-
-def _run_kind(directory: Path) -> str:
-    path = directory / "training.json"
-    try:
-        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"export: {path}: not a training run: {e}") from e
-    if kind not in ("deepfm", "lightgcn"):
-        raise SystemExit(f"export: {path}: unknown kind {kind!r}")
-    return kind
-
-
-# --- the `quantize` command -------------------------------------------------------------------------------------
-
-
-class Quantize:
-    """The `quantize` command (its own entry in the command table)."""
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", type=Path, required=True, help="source version directory")
-        parser.add_argument("--out", type=Path, required=True, help="version directory to create")
-        parser.add_argument("--tables", choices=("fp32", "fp16", "int8"), help="new table storage (default: unchanged)")
-        parser.add_argument("--graph", choices=("fp32", "int8"), help="DeepFM: int8 replaces an fp32 graph by INT8 QDQ")
-        parser.add_argument(
-            "--calibration", type=Path, help="calibration rows: a run's calibration.npz, or a Criteo file"
-        )
-        parser.add_argument("--calibration-rows", type=int, default=4096, help="rows used for calibration (4096)")
-        parser.add_argument("--description", help="new description (default: the source's)")
-
-    @staticmethod
-    def run(args: argparse.Namespace) -> None:
-        if args.out.exists():
-            raise SystemExit(f"quantize: {args.out} already exists")
-        if args.tables is None and args.graph is None:
-            raise SystemExit("quantize: nothing to do: give --tables and/or --graph")
-        try:
-            quantize_version(
-                args.model,
-                args.out,
-                tables_storage=args.tables,
-                graph_precision=args.graph,
-                calibration=args.calibration,
-                calibration_rows=args.calibration_rows,
-                description=args.description,
-            )
-        except (CheckError, model_toml.ModelTomlError, criteo.CriteoError) as e:
-            raise SystemExit(f"quantize: {e}") from e
-        print(f"wrote {args.out}")

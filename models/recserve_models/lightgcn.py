@@ -15,7 +15,9 @@ to the final embeddings (`Â` is symmetric), so a step costs `2K` sparse product
 
 Evaluation (`evaluate`) ranks every item for every test user, with that user's training items excluded, and
 averages Recall@K = |top-K ∩ test| / |test| and NDCG@K = DCG@K / IDCG@K (binary relevance, IDCG over
-min(|test|, K) hits) over the users with at least one test item, as the paper's code does.
+min(|test|, K) hits) over the users with at least one test item, as the paper's code does (`among` narrows them:
+`check` evaluates users embedded from their history over the test users with at least one training item, since an
+empty history cannot be embedded).
 
 For users not in the table the server embeds a history `H` of item ids as `e_u = (1 / sqrt(|H|)) · Σ_{i ∈ H} h_i`
 with `h_i = (Σ_{k=0}^{K-1} e_i^(k)) / ((K + 1)·sqrt(d_i))` (`h_i = 0` when `d_i = 0`): see `history_vectors`
@@ -24,7 +26,6 @@ and docs/model-repository.md. For a training user that is exactly `e_u − e_u^(
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -39,6 +40,7 @@ from safetensors.numpy import load_file, save_file
 from .optim import Adam
 
 RUN_TENSORS = "lightgcn.safetensors"
+FEW_STEPS = 1000  # fewer Adam steps in a run than this draws a warning (models/README.md)
 RUN_JSON = "training.json"
 
 
@@ -73,6 +75,14 @@ class Interactions:
     def item_degrees(self) -> np.ndarray:
         return np.bincount(self.train_indices, minlength=self.items)
 
+    def has_history(self) -> np.ndarray:
+        """Boolean [users]: the users with at least one training item, whose history can be embedded."""
+        return np.diff(self.train_indptr) > 0
+
+    def test_users(self) -> np.ndarray:
+        """Boolean [users]: the users with at least one test item."""
+        return np.diff(self.test_indptr) > 0
+
 
 def _read_lists(path: Path) -> dict[int, np.ndarray]:
     lists: dict[int, np.ndarray] = {}
@@ -92,7 +102,10 @@ def _read_lists(path: Path) -> dict[int, np.ndarray]:
             raise InteractionsError(f"{path}:{number}: ids must be non-negative")
         user = int(ids[0])
         if user in lists:
-            raise InteractionsError(f"{path}:{number}: user {user} has a second line")
+            raise InteractionsError(
+                f"{path}:{number}: user {user} has a second line (expected one line per user, 'user item item ...', "
+                "the Gowalla split format: group a file of 'user item' pairs by user first)"
+            )
         items = np.unique(ids[1:])
         if len(items) != len(ids) - 1:
             raise InteractionsError(f"{path}:{number}: user {user} lists an item twice")
@@ -228,16 +241,28 @@ def embed_history(history: np.ndarray, items: np.ndarray) -> np.ndarray:
 class Metrics:
     recall: float
     ndcg: float
-    users: int  # users with at least one test item
+    users: int  # the test users counted: at least one test item (and selected by `among`)
     k: int
 
 
-def evaluate(users: np.ndarray, items: np.ndarray, data: Interactions, k: int = 20, *, chunk: int = 1024) -> Metrics:
-    """Recall@k and NDCG@k over the test users, training items excluded from each ranking."""
+def evaluate(
+    users: np.ndarray,
+    items: np.ndarray,
+    data: Interactions,
+    k: int = 20,
+    *,
+    chunk: int = 1024,
+    among: np.ndarray | None = None,
+) -> Metrics:
+    """Recall@k and NDCG@k over the test users (the users with at least one test item), or over those of them that
+    the boolean mask `among` [users] selects; training items are excluded from each ranking."""
     discounts = 1.0 / np.log2(np.arange(2, k + 2))
     ideal = np.cumsum(discounts)
     test_counts = np.diff(data.test_indptr)
-    test_users = np.flatnonzero(test_counts > 0)
+    selected = test_counts > 0
+    if among is not None:
+        selected &= among
+    test_users = np.flatnonzero(selected)
     recall_sum = ndcg_sum = 0.0
     items_t = np.ascontiguousarray(items.T)
     for start in range(0, len(test_users), chunk):
@@ -254,6 +279,8 @@ def evaluate(users: np.ndarray, items: np.ndarray, data: Interactions, k: int = 
             recall_sum += hit.sum() / len(truth)
             ndcg_sum += float((hit * discounts).sum()) / ideal[min(len(truth), k) - 1]
     n = len(test_users)
+    if n == 0:
+        raise ValueError("no test user to evaluate: every selected user has an empty test list")
     return Metrics(recall=recall_sum / n, ndcg=ndcg_sum / n, users=int(n), k=k)
 
 
@@ -267,6 +294,11 @@ class TrainConfig:
     reg: float = 1e-4
     init_std: float = 0.1
     seed: int = 20261130
+
+
+def steps_per_epoch(data: Interactions, config: TrainConfig) -> int:
+    """Adam steps in one epoch: one per batch of training interactions (the last batch may be short)."""
+    return -(-data.train_pairs // config.batch)
 
 
 @dataclass
@@ -379,6 +411,9 @@ class LightGCNRun:
     items: np.ndarray  # final item embeddings
     history_vectors: np.ndarray  # h_i
     info: dict
+    # Training interactions per item (the degree d_i), int64 [items]: the popularity order `export` writes. None
+    # for runs written before it was recorded.
+    item_popularity: np.ndarray | None = None
 
     @staticmethod
     def load(directory: Path) -> LightGCNRun:
@@ -386,7 +421,7 @@ class LightGCNRun:
         info = json.loads((directory / RUN_JSON).read_text(encoding="utf-8"))
         if info.get("kind") != "lightgcn":
             raise ValueError(f"{directory / RUN_JSON}: not a lightgcn training run")
-        return LightGCNRun(tensors["user"], tensors["item"], tensors["history"], info)
+        return LightGCNRun(tensors["user"], tensors["item"], tensors["history"], info, tensors.get("item.popularity"))
 
 
 def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every: int = 0) -> LightGCNRun:
@@ -397,6 +432,13 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
 
     data = read_interactions(data_dir / "train.txt", data_dir / "test.txt")
     progress(f"{data.users} users, {data.items} items, {data.train_pairs} training interactions")
+    steps = steps_per_epoch(data, config)
+    progress(f"batch {config.batch}: {steps} step{'s' if steps != 1 else ''} per epoch, {steps * config.epochs} in all")
+    if steps * config.epochs < FEW_STEPS:
+        progress(
+            f"warning: {steps * config.epochs} Adam steps in all ({steps} per epoch), LightGCN usually needs "
+            "thousands: lower --batch or raise --epochs (models/README.md, 'Choosing the LightGCN settings')"
+        )
     result = train(data, config, progress=progress, evaluate_every=evaluate_every)
     graph = Graph.of(data)
     users, items = final_embeddings(graph, result.users0, result.items0, config.layers)
@@ -404,10 +446,9 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
     metrics = evaluate(users, items, data)
     progress(f"test Recall@20 {metrics.recall:.4f}, NDCG@20 {metrics.ndcg:.4f} ({metrics.users} users)")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {"user.layer0": result.users0, "item.layer0": result.items0, "user": users, "item": items, "history": history},
-        str(out / RUN_TENSORS),
-    )
+    popularity = data.item_degrees().astype(np.int64)
+    tensors = {"user.layer0": result.users0, "item.layer0": result.items0, "user": users, "item": items}
+    save_file(tensors | {"history": history, "item.popularity": popularity}, str(out / RUN_TENSORS))
     info = {
         "kind": "lightgcn",
         "data": {
@@ -424,39 +465,4 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
         "test": asdict(metrics),
     }
     (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return LightGCNRun(users, items, history, info)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `train-lightgcn` command's options."""
-    d = TrainConfig()
-    parser.add_argument("--data", type=Path, required=True, help="directory with train.txt and test.txt")
-    parser.add_argument("--out", type=Path, required=True, help="run directory to write")
-    parser.add_argument("--dim", type=int, default=d.dim, help=f"embedding width (default {d.dim})")
-    parser.add_argument("--layers", type=int, default=d.layers, help=f"propagation layers K (default {d.layers})")
-    parser.add_argument(
-        "--epochs", type=int, default=d.epochs, help=f"passes over the interactions (default {d.epochs})"
-    )
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"triples per step (default {d.batch})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
-    parser.add_argument("--reg", type=float, default=d.reg, help=f"L2 weight on layer-0 rows (default {d.reg})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
-    parser.add_argument("--eval-every", type=int, default=0, help="report test metrics every N epochs (0: at the end)")
-
-
-def config_of(args: argparse.Namespace) -> TrainConfig:
-    for name in ("dim", "layers", "epochs", "batch"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1")
-    if args.lr <= 0 or args.reg < 0:
-        raise SystemExit("--lr must be positive and --reg non-negative")
-    return TrainConfig(args.dim, args.layers, args.epochs, args.batch, args.lr, args.reg, seed=args.seed)
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `train-lightgcn` command."""
-    try:
-        run_training(args.data, args.out, config_of(args), args.eval_every)
-    except InteractionsError as e:
-        raise SystemExit(f"train-lightgcn: {e}") from e
-    print(f"wrote {args.out / RUN_TENSORS} and {args.out / RUN_JSON}")
+    return LightGCNRun(users, items, history, info, popularity)

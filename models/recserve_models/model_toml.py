@@ -3,7 +3,7 @@
 The reader applies the document's rules, the same as the server's `src/repository/spec.rs`, for both kinds
 (`deepfm` and `lightgcn`): every key known and of the right type, required keys present, defaults filled in,
 names non-empty and unique, references resolved. Errors name the file and the key. The parity of these rules with
-the server's is tested on a shared set of broken repositories (`check_cases`, `tests/check_parity.rs`).
+the server's is tested on a shared set of broken repositories (`testing/check_cases.py`, `tests/check_parity.rs`).
 The writer omits keys that hold their default, except a table's `oov` (and `default_row` under
 `oov = "default"`), which are always written because they are the policy a reader of the file wants to see.
 """
@@ -25,6 +25,12 @@ PRECISIONS = ("fp32", "int8")
 
 class ModelTomlError(ValueError):
     """A model.toml that breaks the format; the message names the file and the key."""
+
+
+def id_range(rows: int) -> str:
+    """The ids of a table of `rows` rows as every message says them: `ids 0 to 1879`, never `0..1880`, which reads
+    as if 1880 were one of them."""
+    return f"ids 0 to {rows - 1}"
 
 
 @dataclass(frozen=True)
@@ -273,7 +279,7 @@ def read(path: Path) -> ModelToml:
         if spec.oov == "reject" and "default_row" in raw:
             t.fail("default_row", 'is only meaningful with oov = "default"')
         if not 0 <= spec.default_row < spec.rows:
-            t.fail("default_row", f"is {spec.default_row}, outside [0, rows = {spec.rows})")
+            t.fail("default_row", f"is {spec.default_row}, outside the table's {id_range(spec.rows)}")
         tables.append(spec)
 
     fields = []

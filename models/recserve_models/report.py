@@ -1,4 +1,4 @@
-"""The `report` command: docs/model-quality.md from the demo's `quality.json`.
+"""docs/model-quality.md from the demo's `quality.json` (what the `report` command renders).
 
 `quality.json` (written by `demo` next to the demo repository) holds everything the page shows: the data, the
 training configuration, epochs and measured wall time of both models, and `check`'s comparison of precisions.
@@ -8,9 +8,6 @@ equal to `render(quality.json)`.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 # The LightGCN paper's Gowalla figures (He et al., SIGIR 2020, Table 3, 3 layers), shown for context only.
@@ -149,10 +146,15 @@ def render(q: dict[str, Any]) -> str:
             elapsed = _duration(h["seconds"])
             add(f"| {h['epoch']} | {h['loss']:.4f} | {h['recall@20']:.4f} | {h['ndcg@20']:.4f} | {elapsed} |")
         add("")
+    by_table = [r["test_users"] for r in q["check"]["lightgcn"] if r["users_from"] == "user table"]
+    by_history = [r["test_users"] for r in q["check"]["lightgcn"] if r["users_from"] == "history"]
+    left_out = max(by_table, default=0) - min(by_history, default=max(by_table, default=0))
     add(
-        "**Precisions** on the test split, every test user, training items excluded (`check --lightgcn-data`). "
-        '"History" rows embed every test user from its training items with the history table, as the server does '
-        "for a user it does not know: `e_u = (1/sqrt|H|) · Σ_{i∈H} h_i`."
+        f"**Precisions** on the test split, training items excluded (`check --lightgcn-data`), over every test user "
+        f"({max(by_table, default=0):,}). "
+        '"History" rows embed each test user with at least one training item from those items with the history '
+        "table, as the server does for a user it does not know: `e_u = (1/sqrt|H|) · Σ_{i∈H} h_i`; a test user "
+        f"without training items has no history to embed and is left out of them ({left_out:,} here)."
     )
     add("")
     add("| variant | users from | user / history table | item table | Recall@20 | NDCG@20 |")
@@ -182,19 +184,3 @@ def render(q: dict[str, Any]) -> str:
     )
     add("")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `report` command's options."""
-    parser.add_argument("--quality", type=Path, required=True, help="quality.json written by `demo`")
-    parser.add_argument("--out", type=Path, required=True, help="markdown file to write (docs/model-quality.md)")
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `report` command."""
-    try:
-        quality = json.loads(args.quality.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"report: cannot read {args.quality}: {e}") from e
-    args.out.write_text(render(quality), encoding="utf-8")
-    print(f"wrote {args.out}")

@@ -4,8 +4,8 @@ A version directory holds `model.toml`, the safetensors files its tables name, a
 (docs/model-repository.md). `write_deepfm_version` and `write_lightgcn_version` store float32 tables in the
 storage each `TableSpec` asks for; `load_tables` maps them back and checks each tensor's dtype and shape against
 the document; `gather` is the naive reference of the server's embedding lookup: the OOV policy, then
-dequantization. Files that `model.toml` does not name (such as the toolchain's `vocabulary.json`) are ignored by
-the server and by `check`.
+dequantization. Files and tensors that `model.toml` does not name (such as the toolchain's `vocabulary.json`, or
+a LightGCN version's `item_popularity`) are ignored by the server and by `check`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
 from . import model_toml
-from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec
+from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec, id_range
 from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
 
 MODEL_TOML = "model.toml"
+# A LightGCN version's popularity order: training interactions per item, int64 [items], in the item table's file.
+# model.toml does not name it (the server, which refuses unknown keys, does not read it yet): models/README.md.
+POPULARITY = "item_popularity"
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.uint8}
 
@@ -64,21 +67,50 @@ def write_deepfm_version(
     (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
 
 
-def write_lightgcn_version(directory: Path, model: LightGCNToml, tables: Mapping[str, np.ndarray]) -> None:
-    """Write a complete LightGCN version directory: every table of `model`, then `model.toml`. `directory` must
-    not exist yet."""
+def write_lightgcn_version(
+    directory: Path,
+    model: LightGCNToml,
+    tables: Mapping[str, np.ndarray],
+    popularity: np.ndarray | None = None,
+) -> None:
+    """Write a complete LightGCN version directory: every table of `model`, then `model.toml`; with `popularity`
+    (training interactions per item), also the tensor `POPULARITY` beside the item table. `directory` must not
+    exist yet."""
     missing = [spec.name for spec in model.tables if spec.name not in tables]
     if missing:
         raise ValueError(f"no values given for table {missing[0]!r}")
+    extra = {}
+    if popularity is not None:
+        item = model.table(model.recall.item_table)
+        if popularity.shape != (item.rows,) or popularity.dtype != np.int64 or (popularity < 0).any():
+            raise ValueError(
+                f"popularity is {popularity.dtype} {list(popularity.shape)}, but item table {item.name!r} needs "
+                f"int64 [{item.rows}] of counts ≥ 0"
+            )
+        extra[item.file] = {POPULARITY: popularity}
     directory.mkdir(parents=True)
-    _write_tables(directory, model, tables)
+    _write_tables(directory, model, tables, extra)
     (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
 
 
-def _write_tables(directory: Path, model: ModelToml, tables: Mapping[str, np.ndarray]) -> None:
+def read_popularity(directory: Path, model: LightGCNToml) -> np.ndarray | None:
+    """The `POPULARITY` tensor of a LightGCN version (in its item table's file), or None when it has none."""
+    with safe_open(directory / model.table(model.recall.item_table).file, framework="numpy") as f:
+        names = f.keys()
+        return f.get_tensor(POPULARITY) if POPULARITY in names else None
+
+
+def _write_tables(
+    directory: Path,
+    model: ModelToml,
+    tables: Mapping[str, np.ndarray],
+    extra: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> None:
     files: dict[str, dict[str, np.ndarray]] = {}
     for spec in model.tables:
         files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
+    for file, tensors in (extra or {}).items():
+        files[file] |= tensors
     for file, tensors in files.items():
         (directory / file).write_bytes(save(tensors))
 
@@ -122,9 +154,8 @@ class OutOfVocabulary(ValueError):
     """An id outside `[0, rows)` of a table whose policy is `oov = "reject"`."""
 
     def __init__(self, spec: TableSpec, id_: int) -> None:
-        super().__init__(
-            f"id {id_} is outside the vocabulary of table {spec.name!r} (rows {spec.rows}), which rejects unknown ids"
-        )
+        where = f"table {spec.name!r} ({id_range(spec.rows)})"
+        super().__init__(f"id {id_} is outside the vocabulary of {where}, which rejects unknown ids")
         self.table = spec.name
         self.id = id_
 

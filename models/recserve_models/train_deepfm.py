@@ -1,4 +1,4 @@
-"""DeepFM training on Criteo-format data: the `train-deepfm` command.
+"""DeepFM training on Criteo-format data (what the `train-deepfm` command runs).
 
 The model is `deepfm.forward` (k factors and a first-order weight per table row, `log(1 + max(x, 0))` on the raw
 dense features, FM + MLP). Training minimises the mean binary cross-entropy with Adam: the MLP, `w0` and the
@@ -21,7 +21,6 @@ A run directory holds what `export` and `quantize` need and what the run measure
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -374,67 +373,3 @@ def run_training(
     }
     (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return DeepFMRun(params, vocabulary, info, out)
-
-
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated widths such as 400,400,400, not {text!r}") from e
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"expected at least one positive width, not {text!r}")
-    return widths
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `train-deepfm` command's options."""
-    d = TrainConfig()
-    parser.add_argument("--train", type=Path, required=True, help="Criteo-format training file (.gz accepted)")
-    parser.add_argument(
-        "--test", type=Path, help="Criteo-format held-out file (default: the last --holdout of --train)"
-    )
-    parser.add_argument("--holdout", type=float, default=0.1, help="share of --train held out when there is no --test")
-    parser.add_argument("--max-rows", type=int, help="read at most this many rows of --train")
-    parser.add_argument("--out", type=Path, required=True, help="run directory to write")
-    parser.add_argument("--factors", type=int, default=d.factors, help=f"k, FM factors per field (default {d.factors})")
-    parser.add_argument(
-        "--hidden", type=_widths, default=d.hidden, help="MLP widths, comma-separated (default 400,400,400)"
-    )
-    parser.add_argument(
-        "--epochs", type=int, default=d.epochs, help=f"passes over the training rows (default {d.epochs})"
-    )
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"rows per step (default {d.batch})")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
-    parser.add_argument(
-        "--l2", type=float, default=d.l2, help=f"weight decay of the embedding rows read (default {d.l2})"
-    )
-    parser.add_argument(
-        "--min-count",
-        type=int,
-        default=d.min_count,
-        help=f"occurrences a value needs for its own row (default {d.min_count})",
-    )
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
-
-
-def config_of(args: argparse.Namespace) -> TrainConfig:
-    for name in ("factors", "epochs", "batch", "min_count"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
-    if args.lr <= 0 or args.l2 < 0:
-        raise SystemExit("--lr must be positive and --l2 non-negative")
-    return TrainConfig(
-        args.factors, tuple(args.hidden), args.epochs, args.batch, args.lr, args.l2, args.min_count, args.seed
-    )
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `train-deepfm` command."""
-    try:
-        result = run_training(
-            args.train, args.out, config_of(args), test_path=args.test, holdout=args.holdout, max_rows=args.max_rows
-        )
-    except criteo.CriteoError as e:
-        raise SystemExit(f"train-deepfm: {e}") from e
-    held = result.info["heldout"]
-    print(f"wrote {args.out} (held-out AUC {held['auc']:.4f}, log loss {held['log_loss']:.4f})")

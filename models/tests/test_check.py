@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recserve_models import check, check_cases, lightgcn, model_toml
-from recserve_models.__main__ import main
+from recserve_models import check, lightgcn, model_toml
+from recserve_models.commands import main
 from recserve_models.export import export_lightgcn
 from recserve_models.repository import MODEL_TOML
+from recserve_models.testing import check_cases
 
 
 def test_every_parity_case_is_decided_as_the_format_says(tmp_path: Path) -> None:

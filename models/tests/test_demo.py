@@ -50,6 +50,7 @@ def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytes
     import numpy as np
 
     from recserve_models import criteo, demo, lightgcn, train_deepfm
+    from recserve_models.testing.demo_cases import demo_cases
 
     monkeypatch.setattr(demo, "TRAIN_ROWS", 3000)
     monkeypatch.setattr(demo, "TEST_ROWS", 1000)
@@ -78,7 +79,7 @@ def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytes
     assert check.validate(out).errors == []
     request = json.loads((out / "rank-request.json").read_text())
     assert len(request["candidates"]) == 3 and "C21" not in request["candidates"][0]["fields"]
-    cases = demo.demo_cases(out, (1, 5))
+    cases = demo_cases(out, (1, 5))
     assert [(c["model"], len(c["expected_scores"])) for c in cases["cases"]] == [
         ("deepfm-fp32", 1), ("deepfm-fp32", 5), ("deepfm", 1), ("deepfm", 5),
     ]  # fmt: skip

@@ -10,11 +10,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from recserve_models import fixture, model_toml
-from recserve_models.__main__ import main
+from recserve_models import model_toml
+from recserve_models.commands import main
 from recserve_models.onnx_export import DENSE, EMBEDDINGS
 from recserve_models.rank_request import RequestError, rank_inputs
 from recserve_models.repository import MODEL_TOML, load_tables
+from recserve_models.testing import fixture
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from recserve_models import fixture_recall
 from recserve_models.quantize import dequantize_rowwise_int8
+from recserve_models.testing import fixture_recall
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recserve_models import lightgcn
-from recserve_models.__main__ import main
+from recserve_models.commands import main
 from recserve_models.lightgcn import Graph, Interactions, TrainConfig
 
 
@@ -143,7 +143,12 @@ def test_training_is_reproducible() -> None:
     ("train", "test", "message"),
     [
         ("0 1 2\n1 x\n", "0 3\n", r"train\.txt:2: expected 'user item item \.\.\.' as integers"),
-        ("0 1 2\n0 3\n", "0 4\n", r"train\.txt:2: user 0 has a second line"),
+        (
+            "0 1 2\n0 3\n",
+            "0 4\n",
+            r"train\.txt:2: user 0 has a second line \(expected one line per user, 'user item item \.\.\.', the "
+            r"Gowalla split format: group a file of 'user item' pairs by user first\)",
+        ),
         ("0 1 1\n", "0 4\n", "user 0 lists an item twice"),
         ("0 1 -2\n", "0 4\n", "ids must be non-negative"),
         ("0 1 2\n", "0 2\n", "user 0 has item 2 in both train and test"),
@@ -155,3 +160,31 @@ def test_broken_interaction_files_are_refused(tmp_path: Path, train: str, test: 
     (tmp_path / "test.txt").write_text(test)
     with pytest.raises(lightgcn.InteractionsError, match=message):
         lightgcn.read_interactions(tmp_path / "train.txt", tmp_path / "test.txt")
+
+
+def test_training_says_how_many_steps_it_takes_and_warns_when_they_are_few(tmp_path: Path, capsys) -> None:
+    """Issue 23, item 3: the demo's batch of 16,384 gave a LastFM-sized split 3 steps per epoch, silently."""
+    data = lightgcn.synthetic_interactions(np.random.default_rng(2), 60, 80, 10)
+    lightgcn.write_interactions(tmp_path / "data", data)
+    main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "few"), "--dim", "4"])
+    steps = -(-data.train_pairs // TrainConfig().batch)
+    err = capsys.readouterr().err
+    assert steps == 1, "a batch larger than the data: one step per epoch"
+    assert f"batch {TrainConfig().batch}: 1 step per epoch, {TrainConfig().epochs} in all" in err
+    assert "warning: 20 Adam steps in all (1 per epoch), LightGCN usually needs thousands" in err
+    epochs = -(-lightgcn.FEW_STEPS // lightgcn.steps_per_epoch(data, TrainConfig(batch=16)))
+    many = ["--dim", "4", "--layers", "1", "--batch", "16", "--epochs", str(epochs)]
+    main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "many"), *many])
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_run_records_the_item_popularity_that_export_writes(tmp_path: Path) -> None:
+    """Training interactions per item, for a server fallback when a history carries no signal (issue 23, item 6)."""
+    data = lightgcn.synthetic_interactions(np.random.default_rng(4), 40, 70, 8)
+    lightgcn.write_interactions(tmp_path / "data", data)
+    run = lightgcn.run_training(tmp_path / "data", tmp_path / "run", TrainConfig(dim=4, epochs=1, batch=64))
+    degrees = np.bincount(data.train_indices, minlength=data.items)
+    assert (degrees == 0).any(), "the data should have items without training interactions"
+    for loaded in (run, lightgcn.LightGCNRun.load(tmp_path / "run")):
+        assert loaded.item_popularity is not None and loaded.item_popularity.dtype == np.int64
+        np.testing.assert_array_equal(loaded.item_popularity, degrees)

@@ -65,7 +65,7 @@ def test_defaults_are_filled_in(tmp_path: Path) -> None:
     [
         ('kind = "deepfm"', 'kind = "deepfm"\ncolour = 1', r"model\.toml: colour is not a known key"),
         ('storage = "int8"', 'storage = "int4"', r"tables\[0\]\.storage must be one of 'fp32', 'fp16', 'int8'"),
-        ("rows = 10", "rows = 10\ndefault_row = 10", r"tables\[0\]\.default_row is 10, outside \[0, rows = 10\)"),
+        ("rows = 10", "rows = 10\ndefault_row = 10", r"tables\[0\]\.default_row is 10, outside the table's ids 0 to 9"),
         ("rows = 10", 'rows = "10"', r"tables\[0\]\.rows must be an integer, not '10'"),
         ('file = "tables.safetensors"\nrows = 10', 'file = "../x"\nrows = 10', r"tables\[0\]\.file must be a path"),
         ('dim = 9\nstorage = "fp16"', 'dim = 8\nstorage = "fp16"', "all tables read by fields must have the same dim"),

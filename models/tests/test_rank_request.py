@@ -73,7 +73,7 @@ def test_a_model_without_dense_features_takes_an_empty_dense_input() -> None:
         ({"candidates": [{"id": 1, "fields": {"shop": 0, "item": 1}}]}, r"candidates\[0\].fields.item: is not one"),
         (
             {"candidates": [{"id": 1, "fields": {"shop": 0}}, {"id": 1, "fields": {"shop": 2}}]},
-            r"candidates\[1\].fields.shop: id 2 is outside the vocabulary of table 'shop' \(rows 2\)",
+            r"candidates\[1\].fields.shop: id 2 is outside the vocabulary of table 'shop' \(ids 0 to 1\)",
         ),
     ],
 )

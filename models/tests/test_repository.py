@@ -92,7 +92,7 @@ def test_gather_refuses_unknown_ids_of_reject_tables(tmp_path: Path) -> None:
     table = load_tables(directory, model)["b"]
     assert gather(table, np.array([0, 2])).shape == (2, 9)
     for bad in (-1, 3, I64_MIN, I64_MAX):
-        with pytest.raises(OutOfVocabulary, match=rf"id {bad} is outside the vocabulary of table 'b' \(rows 3\)"):
+        with pytest.raises(OutOfVocabulary, match=rf"id {bad} is outside the vocabulary of table 'b' \(ids 0 to 2\)"):
             gather(table, np.array([1, bad, 2]))
 
 

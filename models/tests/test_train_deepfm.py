@@ -11,7 +11,7 @@ import pytest
 from conftest import run_graph
 
 from recserve_models import criteo, deepfm, train_deepfm
-from recserve_models.__main__ import main
+from recserve_models.commands import main
 from recserve_models.deepfm import DeepFMParams, Layer
 from recserve_models.onnx_export import build_graph
 from recserve_models.train_deepfm import Dataset, TrainConfig, loss_and_gradients

@@ -1,4 +1,5 @@
-"""The `fixture` command: a small model repository and the rank cases the server's end-to-end tests check.
+"""The test fixture (the `fixture` command): a small model repository and the rank cases the server's
+end-to-end tests check.
 
 `python -m recserve_models fixture --out DIR` writes, from one seed and byte for byte the same every run:
 
@@ -34,9 +35,7 @@ graph optimization ORT_ENABLE_ALL, the default) on the gathered, dequantized row
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +44,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import check_cases, deepfm, fixture_recall, model_toml
-from .deepfm import DeepFMParams
-from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
-from .onnx_export import DENSE, EMBEDDINGS, build_graph
-from .quantize import quantize_dense_graph
-from .rank_request import I64_MAX, I64_MIN, RequestError, rank_inputs
-from .repository import MODEL_TOML, Table, encode_table, gather, load_tables, write_deepfm_version
+from .. import deepfm, model_toml
+from ..deepfm import DeepFMParams
+from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
+from ..onnx_export import DENSE, EMBEDDINGS, build_graph
+from ..quantize import quantize_dense_graph
+from ..rank_request import I64_MAX, I64_MIN, RequestError, rank_inputs
+from ..repository import MODEL_TOML, Table, encode_table, gather, load_tables, write_deepfm_version
+from . import check_cases, fixture_recall
+from ._weights import random_params
 
 SEED = 20261130
 DENSE_FEATURES = tuple(f"I{i}" for i in range(1, 14))
@@ -380,14 +381,7 @@ def build(out: Path, seed: int = SEED) -> None:
     for version, weights_stream, cases_stream in zip(VERSIONS, streams[::2], streams[1::2], strict=True):
         rng = np.random.default_rng(weights_stream)
         model = model_toml_of(version)
-        params = deepfm.init_params(
-            rng,
-            {t.name: t.rows for t in model.tables},
-            [f.table for f in model.fields],
-            factors=FACTORS,
-            num_dense=len(DENSE_FEATURES),
-            hidden=HIDDEN,
-        )
+        params = random_params(rng, model, factors=FACTORS, hidden=HIDDEN)
         graph = build_graph(params)
         if version.precision == "int8":
             stored = {t.name: Table(t, encode_table(t, params.tables[t.name])) for t in model.tables}
@@ -455,39 +449,12 @@ def _dump(value: Any, depth: int = 0) -> str:
     return json.dumps(value)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `fixture` command's options."""
-    parser.add_argument("--out", type=Path, required=True, help="directory to write repo/ and cases.json into")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of every random choice (default {SEED})")
-    parser.add_argument(
-        "--force", action="store_true", help="replace an existing repo/, cases.json and check-cases/ in --out"
-    )
-
-
-def run(args: argparse.Namespace) -> None:
-    """Run the `fixture` command."""
-    out: Path = args.out
-    targets = [
+def outputs(out: Path) -> list[Path]:
+    """What `build(out)` writes: the files and directories that `--force` replaces."""
+    return [
         out / "repo",
         out / "cases.json",
         out / "check-cases",
         out / fixture_recall.CASES_FILE,
         out / fixture_recall.CONFIG_FILE,
     ]
-    existing = [path for path in targets if path.exists()]
-    if existing and not args.force:
-        raise SystemExit(f"{existing[0]} already exists: remove it, choose another --out, or pass --force")
-    for path in existing:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    build(out, args.seed)
-    print(
-        f"wrote {out / 'repo'} ({len(VERSIONS)} model versions), {out / 'cases.json'} and "
-        f"{out / 'check-cases'} (repositories for the check/loader parity test)"
-    )
-    print(
-        f"wrote the recall and recommend fixture: {out / fixture_recall.CASES_FILE}, {out / fixture_recall.CONFIG_FILE}"
-    )

@@ -43,11 +43,12 @@ import numpy as np
 import onnxruntime as ort
 from safetensors.numpy import save
 
-from . import deepfm
-from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
-from .onnx_export import DENSE, EMBEDDINGS, build_graph
-from .rank_request import rank_inputs
-from .repository import MODEL_TOML, Table, encode_table, load_tables, write_deepfm_version
+from .. import deepfm
+from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
+from ..onnx_export import DENSE, EMBEDDINGS, build_graph
+from ..rank_request import rank_inputs
+from ..repository import MODEL_TOML, Table, encode_table, load_tables, write_deepfm_version
+from ._weights import random_params
 
 CASES_FILE = "recall-cases.json"
 CONFIG_FILE = "recserve.toml"
@@ -227,16 +228,7 @@ def _write_ranking(repo: Path, rng: np.random.Generator) -> tuple[DeepFMToml, de
         ranking=RankingSpec(dense_features=_DENSE, item_id_field="item"),
         description="test fixture: DeepFM with an item feature table, ranks the lightgcn catalogue",
     )
-    params = deepfm.init_params(
-        rng,
-        {t.name: t.rows for t in model.tables},
-        [f.table for f in model.fields],
-        factors=factors,
-        num_dense=len(_DENSE),
-        hidden=(16, 8),
-        factor_std=0.5,
-        linear_std=0.3,
-    )
+    params = random_params(rng, model, factors=factors, hidden=(16, 8), factor_std=0.5, linear_std=0.3)
     directory = repo / RANKING / "1"
     write_deepfm_version(directory, model, params.tables, build_graph(params))
     features = np.stack([rng.integers(0, 12, ITEMS), rng.integers(0, 40, ITEMS)], axis=1).astype(np.int64)

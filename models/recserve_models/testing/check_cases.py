@@ -22,12 +22,12 @@ import onnx
 from onnx import TensorProto, helper
 from safetensors.numpy import save
 
-from . import deepfm
-from .check import CheckError, validate
-from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
-from .onnx_export import IR_VERSION, OPSET, build_graph
-from .onnx_export import save as save_onnx
-from .repository import MODEL_TOML, write_deepfm_version, write_lightgcn_version
+from .. import deepfm
+from ..check import CheckError, validate
+from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
+from ..onnx_export import IR_VERSION, OPSET, build_graph
+from ..onnx_export import save as save_onnx
+from ..repository import MODEL_TOML, write_deepfm_version, write_lightgcn_version
 
 MODEL = "m"
 TABLES = "tables.safetensors"
@@ -154,6 +154,19 @@ def _tensors(version: Path, tensors: dict[str, np.ndarray]) -> None:
 
 def _graph(model: onnx.ModelProto) -> Callable[[Path], None]:
     return lambda version: save_onnx(model, version / GRAPH)
+
+
+def _graph_inputs(
+    embeddings: list[object],
+    dense: list[object] | None = None,
+    *,
+    element: int = TensorProto.FLOAT,
+    extra: tuple[tuple[str, int, list[object]], ...] = (),
+) -> Callable[[Path], None]:
+    """Writes a `_tiny_graph` whose `embeddings` input has the shape `embeddings` and element type `element`, whose
+    `dense` input has the shape `dense` (default `[batch, 1]`), followed by the `extra` inputs."""
+    inputs = (("embeddings", element, embeddings), ("dense", TensorProto.FLOAT, dense or ["batch", 1]), *extra)
+    return _graph(_tiny_graph(inputs=inputs))
 
 
 @dataclass(frozen=True)
@@ -336,70 +349,18 @@ def _cases() -> list[Case]:
             "deepfm",
             "refuse",
             GRAPH,
-            _graph(
-                _tiny_graph(
-                    inputs=(
-                        ("embeddings", TensorProto.FLOAT, ["batch", 2, 3]),
-                        ("dense", TensorProto.FLOAT, ["batch", 1]),
-                        ("mask", TensorProto.FLOAT, ["batch", 1]),
-                    )
-                )
-            ),
+            _graph_inputs(["batch", 2, 3], extra=(("mask", TensorProto.FLOAT, ["batch", 1]),)),
         ),
         Case("graph-no-dense-input", "deepfm", "refuse", GRAPH, _graph(_exported_graph(dense=0))),
         Case("graph-dense-undeclared", "deepfm", "refuse", GRAPH, lambda v: _edit(v, 'dense_features = ["x"]\n', "")),
         Case("graph-fields-mismatch", "deepfm", "refuse", GRAPH, _graph(_exported_graph(fields=3))),
         Case("graph-dim-mismatch", "deepfm", "refuse", GRAPH, _graph(_exported_graph(dim=4))),
+        Case("graph-fixed-batch", "deepfm", "refuse", GRAPH, _graph_inputs([8, 2, 3])),
+        Case("graph-symbolic-fields", "deepfm", "load", "", _graph_inputs(["batch", "fields", "dim"], ["batch", "n"])),
         Case(
-            "graph-fixed-batch",
-            "deepfm",
-            "refuse",
-            GRAPH,
-            _graph(
-                _tiny_graph(
-                    inputs=(("embeddings", TensorProto.FLOAT, [8, 2, 3]), ("dense", TensorProto.FLOAT, ["batch", 1]))
-                )
-            ),
+            "graph-double-input", "deepfm", "refuse", GRAPH, _graph_inputs(["batch", 2, 3], element=TensorProto.DOUBLE)
         ),
-        Case(
-            "graph-symbolic-fields",
-            "deepfm",
-            "load",
-            "",
-            _graph(
-                _tiny_graph(
-                    inputs=(
-                        ("embeddings", TensorProto.FLOAT, ["batch", "fields", "dim"]),
-                        ("dense", TensorProto.FLOAT, ["batch", "n"]),
-                    )
-                )
-            ),
-        ),
-        Case(
-            "graph-double-input",
-            "deepfm",
-            "refuse",
-            GRAPH,
-            _graph(
-                _tiny_graph(
-                    inputs=(
-                        ("embeddings", TensorProto.DOUBLE, ["batch", 2, 3]),
-                        ("dense", TensorProto.FLOAT, ["batch", 1]),
-                    )
-                )
-            ),
-        ),
-        Case(
-            "graph-input-rank",
-            "deepfm",
-            "refuse",
-            GRAPH,
-            _graph(
-                _tiny_graph(
-                    inputs=(("embeddings", TensorProto.FLOAT, ["batch", 6]), ("dense", TensorProto.FLOAT, ["batch", 1]))
-                )
-            ),
-        ),
+        Case("graph-input-rank", "deepfm", "refuse", GRAPH, _graph_inputs(["batch", 6])),
         Case("graph-output-name", "deepfm", "refuse", GRAPH, _graph(_tiny_graph(outputs=(("score", ["batch", 1]),)))),
         Case(
             "graph-two-outputs",

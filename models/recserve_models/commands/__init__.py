@@ -1,0 +1,53 @@
+"""The command line, `python -m recserve_models <command> [options]`: one module per command.
+
+Each command module provides `add_arguments(parser)` (its options) and `run(args)` (parse-level checks, a call
+into the library, the lines it prints, its exit status), and nothing else: what a command computes lives in the
+library modules of `recserve_models`, and what it generates for the tests in `recserve_models.testing`.
+`--help` lists the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import (
+    check,
+    demo,
+    demo_cases,
+    export,
+    fixture,
+    generate_criteo,
+    quantize,
+    report,
+    train_deepfm,
+    train_lightgcn,
+)
+
+COMMANDS = {
+    "fixture": (fixture, "write the test model repository and the rank cases of the server's end-to-end tests"),
+    "generate-criteo": (
+        generate_criteo,
+        "write synthetic Criteo-format rows whose labels come from a hidden teacher model",
+    ),
+    "train-deepfm": (train_deepfm, "train DeepFM on Criteo-format data; held-out AUC and log loss"),
+    "train-lightgcn": (
+        train_lightgcn,
+        "train LightGCN with BPR on user-item interactions (the Gowalla split format)",
+    ),
+    "export": (export, "write a repository version from a training run (fp32, fp16 or int8 tables; fp32 graph)"),
+    "quantize": (quantize, "re-encode a version's tables and replace its fp32 graph by INT8 QDQ"),
+    "check": (check, "validate a repository with the server's rules; compare precisions on held-out data"),
+    "report": (report, "render docs/model-quality.md from the demo's quality.json"),
+    "demo": (demo, "train, export, quantize and check the demo models; write models/demo and the quality report"),
+    "demo-cases": (demo_cases, "write held-out rank requests and offline scores for the demo's DeepFM models"),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse `argv` and run the chosen command."""
+    parser = argparse.ArgumentParser(prog="python -m recserve_models", description="The recserve model toolchain.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, summary) in COMMANDS.items():
+        module.add_arguments(commands.add_parser(name, help=summary, description=summary))
+    args = parser.parse_args(argv)
+    COMMANDS[args.command][0].run(args)

@@ -1,0 +1,26 @@
+"""The `demo-cases` command: held-out rank requests with the toolchain's offline scores for the committed demo
+models, for the server's end-to-end test `tests/demo_models.rs` (test support: `testing.demo_cases`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..testing.demo_cases import SIZES, demo_cases
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `demo-cases` command's options."""
+    parser.add_argument("--repository", type=Path, default=Path("models/demo"), help="the demo repository")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the `demo-cases` command."""
+    if not (args.repository / "quality.json").is_file():
+        raise SystemExit(f"demo-cases: {args.repository} has no quality.json: is it the demo repository?")
+    document = demo_cases(args.repository, SIZES)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document) + "\n", encoding="utf-8")
+    print(f"wrote {len(document['cases'])} held-out rank cases to {args.out}")
