@@ -17,7 +17,7 @@ use crate::config::PipelineConfig;
 use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::ranking::{ItemFeatures, RankInput, RankingModel, best_first};
-use crate::recall::{RecallInput, RecallModel, RecallQuery};
+use crate::recall::{Fallback, RecallInput, RecallModel, RecallQuery};
 
 /// A recommend request, as every transport decodes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +57,10 @@ pub struct Recommendation {
     /// Best first: higher ranking score, equal scores in recall order.
     pub items: Vec<Recommended>,
     pub timings: StageTimings,
+    /// For a `history` request: how many of its items have a history vector (see [`crate::recall::Recalled`]).
+    pub history_used: Option<usize>,
+    /// Set when the history carried no signal and the candidates are the recall model's fallback.
+    pub fallback: Option<Fallback>,
 }
 
 /// A configured pipeline, checked against the models it was built with.
@@ -163,6 +167,8 @@ impl Pipeline {
             )
             .await?;
         let recalled_at = Instant::now();
+        let (history_used, fallback) = (recalled.history_used, recalled.fallback);
+        let recalled = recalled.items;
 
         let rows = recalled.len();
         let mut ids = Vec::with_capacity(rows * fields);
@@ -217,6 +223,8 @@ impl Pipeline {
                 })
                 .collect(),
             timings,
+            history_used,
+            fallback,
         })
     }
 }

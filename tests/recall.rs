@@ -37,10 +37,21 @@ fn items(value: &Value) -> Vec<(u64, f32)> {
         .collect()
 }
 
-/// The server's answer equals the expected one: same ids, same order, float32 scores bit for bit.
+/// The server's answer equals the expected one: same ids, same order, float32 scores bit for bit; and for a
+/// `history` the same count of items with a history vector, and the same fallback when none has one.
 fn assert_same(case: &Value, status: u16, body: &Value) {
     assert_eq!(status, 200, "{}: {body}", case["what"]);
     assert_eq!(body["model"], case["model"], "{}", case["what"]);
+    assert_eq!(
+        body["history_used"], case["history_used"],
+        "{}: {body}",
+        case["what"]
+    );
+    assert_eq!(
+        body["fallback"], case["fallback"],
+        "{}: {body}",
+        case["what"]
+    );
     let (got, want) = (items(&body["items"]), items(&case["expected"]));
     let same = got.len() == want.len()
         && got
@@ -204,7 +215,7 @@ fn bad_requests() -> Vec<(&'static str, String, String, u16, &'static str)> {
             lightgcn.clone(),
             body(json!({"user_id": 48, "k": 3})),
             400,
-            "user_id: id 48 is outside the user table \"user\" (ids 0..48), which rejects unknown ids",
+            "user_id: id 48 is outside the user table \"user\" (ids 0 to 47), which rejects unknown ids",
         ),
         (
             "negative user id",
@@ -218,7 +229,7 @@ fn bad_requests() -> Vec<(&'static str, String, String, u16, &'static str)> {
             lightgcn.clone(),
             body(json!({"history": [1, 300], "k": 3})),
             400,
-            "history[1]: id 300 is outside the history table \"history\" (ids 0..300)",
+            "history[1]: id 300 is outside the history table \"history\" (ids 0 to 299)",
         ),
         (
             "excluded id outside a reject item table",

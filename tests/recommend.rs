@@ -116,6 +116,68 @@ async fn answers_equal_the_reference_with_timings_and_stage_metrics() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// A history none of whose items had training interactions carries no signal: the candidates are the recall
+/// model's most popular items, and the response says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_without_signal_ranks_the_most_popular_items_and_says_so() {
+    let all = recall_cases();
+    let zero = all["recall_cases"]
+        .as_array()
+        .expect("recall_cases")
+        .iter()
+        .find(|c| c["fallback"] == "popularity")
+        .expect("the fixture has a history without signal");
+    let server = start().await;
+    let path = format!(
+        "/v1/recommend/{}",
+        all["pipeline"]["name"].as_str().expect("name")
+    );
+    let candidates = all["pipeline"]["candidates"].as_u64().expect("candidates") as usize;
+    let (status, recalled) = server
+        .post(
+            "/v1/models/lightgcn/recall",
+            &json!({"history": zero["request"]["history"], "k": candidates}),
+        )
+        .await;
+    assert_eq!(status, 200, "{recalled}");
+    let popular: Vec<u64> = recalled["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_u64().expect("id"))
+        .collect();
+    let request = json!({
+        "history": zero["request"]["history"],
+        "user": {"fields": {"age": 2, "city": 7}, "dense": [13.0, 2.0]},
+        "k": 5,
+    });
+    let (status, body) = server.post(&path, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["history_used"], &body["fallback"]),
+        (&json!(0), &json!("popularity")),
+        "{body}"
+    );
+    let items = body["items"].as_array().expect("items");
+    assert_eq!(items.len(), 5, "{body}");
+    for item in items {
+        assert!(
+            popular.contains(&item["id"].as_u64().expect("id")),
+            "{item} is not among the {candidates} most popular items {popular:?}"
+        );
+        assert_eq!(item["recall_score"], json!(0.0));
+    }
+    let (status, body) = server
+        .post(
+            &path,
+            &json!({"history": [0], "user": {"fields": {"age": 2, "city": 7}, "dense": [13.0, 2.0]}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("fallback").is_none(), "{body}");
+    server.stop().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_name_the_field() {
     let server = start().await;
@@ -385,7 +447,7 @@ async fn pipelines_that_cannot_work_stop_the_start_with_a_clear_message() {
             "a category outside its reject table",
             99i64,
             None,
-            "row 0, column \"category\": id 99 is outside table \"category\" (ids 0..12)",
+            "row 0, column \"category\": id 99 is outside table \"category\" (ids 0 to 11)",
         ),
         (
             "a wrong shape",

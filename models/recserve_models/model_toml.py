@@ -120,6 +120,9 @@ class RecallSpec:
     user_table: str
     item_table: str
     history_table: str | None = None
+    # The int64 [items] tensor in the item table's file counting each item's training interactions: the popularity
+    # order a history without signal falls back on (docs/model-repository.md).
+    popularity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,8 @@ def to_toml(model: ModelToml) -> str:
         ]
         if model.recall.history_table is not None:
             recall.append(("history_table", model.recall.history_table))
+        if model.recall.popularity is not None:
+            recall.append(("popularity", model.recall.popularity))
         sections.append(_section("[recall]", recall))
         sections += [_table_section(t) for t in model.tables]
         return "\n".join(sections)
@@ -294,10 +299,15 @@ def read(path: Path) -> ModelToml:
             if key in doc:
                 top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
         r = _Reader(path, "recall", top.get("recall", dict))
-        r.only("user_table", "item_table", "history_table")
+        r.only("user_table", "item_table", "history_table", "popularity")
+        popularity = r.get("popularity", str, None)
+        if popularity == "":
+            r.fail("popularity", "must name a tensor in the item table's file")
         model_l = LightGCNToml(
             tables=tuple(tables),
-            recall=RecallSpec(r.get("user_table", str), r.get("item_table", str), r.get("history_table", str, None)),
+            recall=RecallSpec(
+                r.get("user_table", str), r.get("item_table", str), r.get("history_table", str, None), popularity
+            ),
             description=description,
         )
         _check_names(path, model_l.tables, ())

@@ -4,14 +4,14 @@ A version directory holds `model.toml`, the safetensors files its tables name, a
 (docs/model-repository.md). `write_deepfm_version` and `write_lightgcn_version` store float32 tables in the
 storage each `TableSpec` asks for; `load_tables` maps them back and checks each tensor's dtype and shape against
 the document; `gather` is the naive reference of the server's embedding lookup: the OOV policy, then
-dequantization. Files and tensors that `model.toml` does not name (such as the toolchain's `vocabulary.json`, or
-a LightGCN version's `item_popularity`) are ignored by the server and by `check`.
+dequantization. Files and tensors that `model.toml` does not name (such as the toolchain's `vocabulary.json`) are
+ignored by the server and by `check`; a LightGCN version's popularity order is named by `[recall] popularity`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,8 @@ from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
 
 MODEL_TOML = "model.toml"
-# A LightGCN version's popularity order: training interactions per item, int64 [items], in the item table's file.
-# model.toml does not name it (the server, which refuses unknown keys, does not read it yet): models/README.md.
+# A LightGCN version's popularity order: training interactions per item, int64 [items], in the item table's file,
+# named by `[recall] popularity` (the server answers a history without signal with it: docs/api.md).
 POPULARITY = "item_popularity"
 
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.uint8}
@@ -74,8 +74,8 @@ def write_lightgcn_version(
     popularity: np.ndarray | None = None,
 ) -> None:
     """Write a complete LightGCN version directory: every table of `model`, then `model.toml`; with `popularity`
-    (training interactions per item), also the tensor `POPULARITY` beside the item table. `directory` must not
-    exist yet."""
+    (training interactions per item), also the tensor `POPULARITY` beside the item table, named by
+    `[recall] popularity`. `directory` must not exist yet."""
     missing = [spec.name for spec in model.tables if spec.name not in tables]
     if missing:
         raise ValueError(f"no values given for table {missing[0]!r}")
@@ -88,16 +88,34 @@ def write_lightgcn_version(
                 f"int64 [{item.rows}] of counts ≥ 0"
             )
         extra[item.file] = {POPULARITY: popularity}
+        model = replace(model, recall=replace(model.recall, popularity=POPULARITY))
     directory.mkdir(parents=True)
     _write_tables(directory, model, tables, extra)
     (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
 
 
 def read_popularity(directory: Path, model: LightGCNToml) -> np.ndarray | None:
-    """The `POPULARITY` tensor of a LightGCN version (in its item table's file), or None when it has none."""
-    with safe_open(directory / model.table(model.recall.item_table).file, framework="numpy") as f:
-        names = f.keys()
-        return f.get_tensor(POPULARITY) if POPULARITY in names else None
+    """The popularity order of a LightGCN version (`[recall] popularity`, in its item table's file), checked as the
+    server checks it (int64 [items], no count negative), or None when it has none. Raises `TableError`."""
+    if model.recall.popularity is None:
+        return None
+    item = model.table(model.recall.item_table)
+    path, name = directory / item.file, model.recall.popularity
+    try:
+        with safe_open(path, framework="numpy") as f:
+            if name not in f.keys():
+                raise TableError(f"{path}: no tensor named {name!r} (recall.popularity in {MODEL_TOML})")
+            counts = f.get_tensor(name)
+    except (OSError, SafetensorError) as e:
+        raise TableError(f"{path}: cannot read recall.popularity {name!r}: {e}") from e
+    if counts.dtype != np.int64 or counts.shape != (item.rows,):
+        raise TableError(
+            f"{path}: tensor {name!r} is {counts.dtype} {list(counts.shape)}, but recall.popularity needs int64 "
+            f"[{item.rows}]: one count per item of the catalogue"
+        )
+    if (counts < 0).any():
+        raise TableError(f"{path}: tensor {name!r} holds a negative count: counts are never negative")
+    return counts
 
 
 def _write_tables(

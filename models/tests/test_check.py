@@ -76,7 +76,7 @@ def test_lightgcn_versions_round_trip_and_compare(lightgcn_run, tmp_path: Path) 
         ]
     )
     model = model_toml.read_lightgcn(repo / "lightgcn" / "1" / MODEL_TOML)
-    assert model.recall == model_toml.RecallSpec("user", "item", "history")
+    assert model.recall == model_toml.RecallSpec("user", "item", "history", "item_popularity")
     assert {t.storage for t in model.tables} == {"int8"}
     text = (repo / "lightgcn" / "1" / MODEL_TOML).read_text()
     assert model_toml.read(repo / "lightgcn" / "1" / MODEL_TOML) == model

@@ -87,5 +87,5 @@ def test_the_popularity_tensor_is_exported_and_kept_by_quantize(run_dir: Path, t
         np.testing.assert_array_equal(tensors[POPULARITY], run.item_popularity)
         model = model_toml.read_lightgcn(version / MODEL_TOML)
         np.testing.assert_array_equal(read_popularity(version, model), run.item_popularity)
-        assert POPULARITY not in (version / MODEL_TOML).read_text()  # the server refuses unknown keys
+        assert f'popularity = "{POPULARITY}"' in (version / MODEL_TOML).read_text()
     assert check.validate(tmp_path).errors == []

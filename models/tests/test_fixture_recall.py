@@ -38,6 +38,10 @@ def test_recall_answers_follow_from_the_tables_in_float64(out: Path, cases: dict
     checked = 0
     for case in cases["recall_cases"]:
         request, model = case["request"], case["model"]
+        if case.get("fallback") == "popularity":
+            # No history item has a vector: the most popular items answer (test_the_zero_history_falls_back...).
+            checked += 1
+            continue
         if "user_id" in request:
             users = lightgcn["user"] if model == "lightgcn" else int8["user"].astype(np.float32)
             row = request["user_id"]
@@ -68,9 +72,22 @@ def test_ties_and_the_zero_history_are_covered(cases: dict) -> None:
     tied = [e for e in whole["expected"] if e["id"] in fixture_recall.TIED_ITEMS]
     assert [e["id"] for e in tied] == list(fixture_recall.TIED_ITEMS), "equal scores: lower id first"
     assert len({e["score"] for e in tied}) == 1
-    zero = next(c for c in cases["recall_cases"] if "zero vector" in c["what"])
-    assert [e["id"] for e in zero["expected"]] == [1, 3, 4, 5, 6, 7]
+    zero = next(c for c in cases["recall_cases"] if c.get("fallback") == "popularity")
+    assert zero["history_used"] == 0
     assert {e["score"] for e in zero["expected"]} == {0.0}
+
+
+def test_the_zero_history_falls_back_on_the_popularity_order_the_model_names(out: Path, cases: dict) -> None:
+    popularity = tables(out, "lightgcn")["item_popularity"]
+    assert popularity.dtype == np.int64 and popularity.shape == (fixture_recall.ITEMS,)
+    zero = next(c for c in cases["recall_cases"] if c.get("fallback") == "popularity")
+    request = zero["request"]
+    assert all(popularity[i] == 0 for i in request["history"]), "every history item lacks interactions"
+    excluded = set(request["exclude"])
+    order = sorted((i for i in range(len(popularity)) if i not in excluded), key=lambda i: (-popularity[i], i))
+    assert [e["id"] for e in zero["expected"]] == order[: request["k"]]
+    used = [c["history_used"] for c in cases["recall_cases"] if "history" in c["request"]]
+    assert 0 in used and max(used) > 0
 
 
 def test_history_of_a_full_training_history_is_the_user_vector_without_layer_zero(out: Path, cases: dict) -> None:
@@ -91,7 +108,12 @@ def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
     assert features[:, 0].min() >= 0 and features[:, 0].max() < 12, "category rejects unknown ids"
     lightgcn = tomllib.loads((out / "repo" / "lightgcn" / "1" / "model.toml").read_text())
     assert lightgcn["kind"] == "lightgcn"
-    assert lightgcn["recall"] == {"user_table": "user", "item_table": "item", "history_table": "history"}
+    assert lightgcn["recall"] == {
+        "user_table": "user",
+        "item_table": "item",
+        "history_table": "history",
+        "popularity": "item_popularity",
+    }
     config = tomllib.loads((out / fixture_recall.CONFIG_FILE).read_text())
     pipeline = dict(fixture_recall.PIPELINE)
     assert config["pipelines"] == {pipeline.pop("name"): pipeline}

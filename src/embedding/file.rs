@@ -134,3 +134,53 @@ pub fn open_tables(dir: &Path, entries: &[TableEntry]) -> Result<Vec<TableBytes>
     }
     Ok(out)
 }
+
+/// An I64 tensor of the model repository that is not a table (`[item_features]`, a recall model's popularity
+/// order): its values and shape. `what` names what the tensor is for, in messages.
+pub fn read_i64_tensor(
+    path: &Path,
+    tensor: &str,
+    what: &str,
+) -> Result<(Vec<i64>, Vec<usize>), LoadError> {
+    let file = File::open(path)
+        .map_err(|e| LoadError::new(path, format!("cannot open the file of {what}: {e}")))?;
+    // SAFETY: read-only, and the repository is not modified while served (as for embedding tables); the values
+    // are copied out before the map is dropped.
+    let map = unsafe { Mmap::map(&file) }
+        .map_err(|e| LoadError::new(path, format!("cannot memory-map: {e}")))?;
+    let tensors = SafeTensors::deserialize(&map).map_err(|e| {
+        LoadError::new(
+            path,
+            format!("not a valid safetensors file (truncated or corrupt?): {e}"),
+        )
+    })?;
+    let view = tensors.tensor(tensor).map_err(|_| {
+        let mut names = tensors.names();
+        names.sort_unstable();
+        LoadError::new(
+            path,
+            format!(
+                "has no tensor {tensor:?} for {what} (tensors in the file: {})",
+                names.join(", ")
+            ),
+        )
+    })?;
+    if view.dtype() != Dtype::I64 {
+        return Err(LoadError::new(
+            path,
+            format!(
+                "tensor {tensor:?} is {:?} {:?}, but {what} is I64",
+                view.dtype(),
+                view.shape()
+            ),
+        ));
+    }
+    let values = view
+        .data()
+        .as_chunks::<8>()
+        .0
+        .iter()
+        .map(|b| i64::from_le_bytes(*b))
+        .collect();
+    Ok((values, view.shape().to_vec()))
+}

@@ -77,8 +77,9 @@ impl RankContract {
         let table = &self.spec.tables[self.spec.fields[field].table].spec;
         if table.oov == OovPolicy::Reject && !table.contains(id) {
             return Err(format!(
-                "id {id} is outside the vocabulary of table {:?} (ids 0..{}), which rejects unknown ids",
-                table.name, table.rows
+                "id {id} is outside the vocabulary of table {:?} ({}), which rejects unknown ids",
+                table.name,
+                table.id_range()
             ));
         }
         Ok(())

@@ -2,12 +2,9 @@
 //! ids of its item-side fields, so that a recommend pipeline can rank the items its recall model returns. Read
 //! and checked when the ranking model loads.
 
-use std::fs::File;
 use std::path::Path;
 
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
-
+use crate::embedding::read_i64_tensor;
 use crate::error::LoadError;
 use crate::repository::{ModelSpec, OovPolicy};
 
@@ -31,51 +28,21 @@ impl ItemFeatures {
             return Ok(None);
         };
         let path = dir.join(&features.file);
-        let file = File::open(&path).map_err(|e| {
-            LoadError::new(&path, format!("cannot open the item feature table: {e}"))
-        })?;
-        // SAFETY: read-only, and the repository is not modified while served (as for embedding tables).
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| LoadError::new(&path, format!("cannot memory-map: {e}")))?;
-        let tensors = SafeTensors::deserialize(&map).map_err(|e| {
-            LoadError::new(
-                &path,
-                format!("not a valid safetensors file (truncated or corrupt?): {e}"),
-            )
-        })?;
-        let view = tensors.tensor(&features.tensor).map_err(|_| {
-            let mut names = tensors.names();
-            names.sort_unstable();
-            LoadError::new(
-                &path,
-                format!(
-                    "has no tensor {:?} for [item_features] (tensors in the file: {})",
-                    features.tensor,
-                    names.join(", ")
-                ),
-            )
-        })?;
+        let (values, shape) = read_i64_tensor(&path, &features.tensor, "[item_features]")?;
         let cols = features.fields.len();
-        let rows = match (view.dtype(), view.shape()) {
-            (Dtype::I64, &[rows, c]) if c == cols && rows > 0 => rows,
-            (dtype, shape) => {
+        let rows = match shape.as_slice() {
+            &[rows, c] if c == cols && rows > 0 => rows,
+            shape => {
                 return Err(LoadError::new(
                     &path,
                     format!(
-                        "tensor {:?} is {dtype:?} {shape:?}, but [item_features] needs I64 [items, {cols}] (one column \
+                        "tensor {:?} is I64 {shape:?}, but [item_features] needs I64 [items, {cols}] (one column \
                          per entry of item_features.fields, at least one item)",
                         features.tensor
                     ),
                 ));
             }
         };
-        let values: Vec<i64> = view
-            .data()
-            .as_chunks::<8>()
-            .0
-            .iter()
-            .map(|b| i64::from_le_bytes(*b))
-            .collect();
         for (c, &field) in features.fields.iter().enumerate() {
             let table = &spec.tables[spec.fields[field].table].spec;
             if table.oov != OovPolicy::Reject {
@@ -85,13 +52,13 @@ impl ItemFeatures {
                 return Err(LoadError::new(
                     &path,
                     format!(
-                        "tensor {:?} row {row}, column {:?}: id {} is outside table {:?} (ids 0..{}), which rejects \
+                        "tensor {:?} row {row}, column {:?}: id {} is outside table {:?} ({}), which rejects \
                          unknown ids",
                         features.tensor,
                         spec.fields[field].name,
                         values[row * cols + c],
                         table.name,
-                        table.rows
+                        table.id_range()
                     ),
                 ));
             }

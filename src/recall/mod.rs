@@ -15,6 +15,7 @@ mod kernel;
 #[cfg(test)]
 mod reference;
 mod select;
+mod signal;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub use catalogue::{
 };
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
+pub use signal::Fallback;
+use signal::Popularity;
 
 use crate::batching::{
     Batch, BatchConfig, BatchExecutor, Batcher, Estimator, ExecError, Job, Work, catch_panic,
@@ -63,6 +66,17 @@ pub struct RecallInput {
     pub exclude: Vec<i64>,
 }
 
+/// The answer to one recall query.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recalled {
+    /// Best first (equal scores: lower id first).
+    pub items: Vec<Scored>,
+    /// For a `history` query: how many of its distinct items have a history vector (had training interactions).
+    pub history_used: Option<usize>,
+    /// Set when the query carried no signal and the answer is the model's fallback.
+    pub fallback: Option<Fallback>,
+}
+
 /// What a recall request may carry, derived from `model.toml` and the server's limits.
 #[derive(Clone, Debug)]
 pub struct RecallContract {
@@ -93,8 +107,9 @@ struct Prepared {
 
 fn outside(id: i64, what: &str, table: &TableSpec) -> String {
     format!(
-        "id {id} is outside the {what} {:?} (ids 0..{}), which rejects unknown ids",
-        table.name, table.rows
+        "id {id} is outside the {what} {:?} ({}), which rejects unknown ids",
+        table.name,
+        table.id_range()
     )
 }
 
@@ -217,11 +232,13 @@ pub struct RecallWork {
     source: Source,
     k: usize,
     exclude: Vec<u32>,
+    /// Passed through to the answer.
+    history_used: Option<usize>,
 }
 
 impl Work for RecallWork {
     /// The query's `k` best items, best first.
-    type Output = Vec<Scored>;
+    type Output = Recalled;
 }
 
 /// What every executor of one model reads.
@@ -231,6 +248,10 @@ struct Tables {
     /// The user table (index 0) and, when the model has one, the history table (index 1).
     store: CpuStore,
     dim: usize,
+    /// Per row of the history table: whether its vector is zero (the item had no training interactions).
+    history_zero: Vec<bool>,
+    /// `[recall] popularity`, for histories without signal.
+    popularity: Option<Popularity>,
 }
 
 impl Tables {
@@ -333,7 +354,12 @@ impl RecallExecutor {
                     "a search result is missing".to_owned(),
                 ))),
             };
-            job.answer(answer);
+            let history_used = job.work.history_used;
+            job.answer(answer.map(|items| Recalled {
+                items,
+                history_used,
+                fallback: None,
+            }));
         }
     }
 }
@@ -388,14 +414,21 @@ impl RecallModel {
         let mut store_entries = vec![entry(recall.user_table)];
         store_entries.extend(recall.history_table.map(entry));
         let bytes = open_tables(&mv.dir, &store_entries)?;
+        let mut zero_rows = Vec::with_capacity(store_entries.len());
         for (e, b) in store_entries.iter().zip(&bytes) {
-            check_table_finite(&e.spec, b.as_slice()).map_err(|problem| {
+            zero_rows.push(scan_rows(&e.spec, b.as_slice()).map_err(|problem| {
                 LoadError::new(
                     &mv.dir.join(&e.file),
                     format!("table {:?} {problem}", e.spec.name),
                 )
-            })?;
+            })?);
         }
+        let history_zero = zero_rows.pop().filter(|_| recall.history_table.is_some());
+        let popularity = recall
+            .popularity
+            .as_deref()
+            .map(|tensor| Popularity::open(&mv.dir.join(&item.file), tensor, catalogue.items()))
+            .transpose()?;
         let counters = store_entries
             .iter()
             .map(|e| ctx.metrics.oov_counter(&mv.name, &e.spec.name))
@@ -433,6 +466,8 @@ impl RecallModel {
             dim: catalogue.dim(),
             catalogue,
             store,
+            history_zero: history_zero.unwrap_or_default(),
+            popularity,
         });
 
         let (batching, default_deadline) = batch_config(ctx, &spec.batching);
@@ -506,36 +541,84 @@ impl RecallModel {
         self.batcher.precheck(deadline)
     }
 
-    /// The `k` best items for a request, best first (equal scores: lower id first).
+    /// The answer to one request, best first (equal scores: lower id first).
     pub async fn recall(
         &self,
         input: RecallInput,
         deadline: Instant,
-    ) -> Result<Vec<Scored>, ServiceError> {
+    ) -> Result<Recalled, ServiceError> {
         let mut answers = self.recall_many(vec![input], deadline).await?;
-        Ok(answers.pop().unwrap_or_default())
+        answers
+            .pop()
+            .ok_or_else(|| ServiceError::Internal("recall: a query without an answer".to_owned()))
     }
 
     /// Several queries of one request, checked first (the first problem refuses the request), then queued
-    /// together (all or none), so they usually share one pass over the catalogue. Answers in input order.
+    /// together (all or none), so they usually share one pass over the catalogue. A history without signal is
+    /// answered without a pass ([`signal`]). Answers in input order.
     pub async fn recall_many(
         &self,
         inputs: Vec<RecallInput>,
         deadline: Instant,
-    ) -> Result<Vec<Vec<Scored>>, ServiceError> {
-        let chunks = inputs
-            .into_iter()
-            .map(|input| {
-                let p = self.contract.prepare(input)?;
-                let work = RecallWork {
-                    source: p.source,
-                    k: p.k,
-                    exclude: p.exclude,
+    ) -> Result<Vec<Recalled>, ServiceError> {
+        let mut answers = Vec::with_capacity(inputs.len());
+        let mut chunks = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let p = self.contract.prepare(input)?;
+            let history_used = self.history_used(&p.source);
+            if history_used == Some(0) {
+                let items = match &p.source {
+                    Source::History(ids) => ids.len(),
+                    Source::User(_) => 0,
                 };
-                Ok((work, 1))
+                let (items, fallback) =
+                    signal::no_signal(self.tables.popularity.as_ref(), items, p.k, &p.exclude)?;
+                answers.push(Some(Recalled {
+                    items,
+                    history_used,
+                    fallback: Some(fallback),
+                }));
+                continue;
+            }
+            answers.push(None);
+            let work = RecallWork {
+                source: p.source,
+                k: p.k,
+                exclude: p.exclude,
+                history_used,
+            };
+            chunks.push((work, 1));
+        }
+        let mut searched = if chunks.is_empty() {
+            Vec::new()
+        } else {
+            self.batcher.run(chunks, deadline).await?
+        }
+        .into_iter();
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Some(fallback) => Ok(fallback),
+                None => searched.next().ok_or_else(|| {
+                    ServiceError::Internal("recall: a query without an answer".to_owned())
+                }),
             })
-            .collect::<Result<Vec<_>, ServiceError>>()?;
-        self.batcher.run(chunks, deadline).await
+            .collect()
+    }
+
+    /// For a history query: how many of its items have a nonzero history vector.
+    fn history_used(&self, source: &Source) -> Option<usize> {
+        let Source::History(ids) = source else {
+            return None;
+        };
+        let table = self.contract.history_table.as_ref()?;
+        let zero = &self.tables.history_zero;
+        Some(
+            ids.iter()
+                .filter_map(|&id| table.resolve(id))
+                .filter(|&row| !zero.get(row as usize).copied().unwrap_or(true))
+                .count(),
+        )
     }
 }
 
@@ -571,6 +654,7 @@ fn warm_up(
                     source: Source::User(0),
                     k,
                     exclude: Vec::new(),
+                    history_used: None,
                 });
                 answers.push(answer);
                 job
@@ -594,10 +678,12 @@ fn warm_up(
     }
 }
 
-/// Refuses tables with a non-finite value: a NaN or infinite user or history vector would have no ordered scores.
-fn check_table_finite(spec: &TableSpec, bytes: &[u8]) -> Result<(), String> {
+/// Which rows of a user or history table are zero vectors; refuses a table with a non-finite value (a NaN or
+/// infinite user or history vector would have no ordered scores).
+fn scan_rows(spec: &TableSpec, bytes: &[u8]) -> Result<Vec<bool>, String> {
     let row_bytes = spec.storage.row_bytes(spec.dim);
     let mut values = vec![0.0f32; spec.dim];
+    let mut zero = Vec::with_capacity(spec.rows as usize);
     for (row, chunk) in bytes.chunks_exact(row_bytes).enumerate() {
         crate::embedding::cpu::decode_row(spec.storage, chunk, &mut values);
         if let Some(v) = values.iter().find(|v| !v.is_finite()) {
@@ -605,8 +691,9 @@ fn check_table_finite(spec: &TableSpec, bytes: &[u8]) -> Result<(), String> {
                 "row {row} holds a non-finite value ({v}): recall needs finite embeddings"
             ));
         }
+        zero.push(values.iter().all(|&v| v == 0.0));
     }
-    Ok(())
+    Ok(zero)
 }
 
 #[cfg(test)]

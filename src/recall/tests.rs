@@ -399,7 +399,7 @@ fn the_contract_dedups_and_applies_each_tables_policy() {
         ),
         (
             input(RecallQuery::UserId(10), 1, &[]),
-            "user_id: id 10 is outside the user table \"user\" (ids 0..10), which rejects unknown ids",
+            "user_id: id 10 is outside the user table \"user\" (ids 0 to 9), which rejects unknown ids",
         ),
         (
             input(RecallQuery::History(vec![]), 1, &[]),
@@ -419,7 +419,7 @@ fn the_contract_dedups_and_applies_each_tables_policy() {
         ),
         (
             input(RecallQuery::UserId(1), 1, &[3, -1]),
-            "exclude[1]: id -1 is outside the item table \"item\" (ids 0..50), which rejects unknown ids",
+            "exclude[1]: id -1 is outside the item table \"item\" (ids 0 to 49), which rejects unknown ids",
         ),
     ];
     for (input, expected) in cases {

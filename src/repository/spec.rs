@@ -115,6 +115,9 @@ pub struct RecallSpec {
     pub user_table: usize,
     pub item_table: usize,
     pub history_table: Option<usize>,
+    /// The I64 `[items]` tensor, in the item table's file, counting each item's training interactions: the
+    /// popularity order a history without signal falls back on.
+    pub popularity: Option<String>,
 }
 
 /// `[item_features]`: one row per catalogue item, one column per item-side field.
@@ -261,6 +264,7 @@ struct RawRecall {
     user_table: String,
     item_table: String,
     history_table: Option<String>,
+    popularity: Option<String>,
 }
 
 /// A file name inside the version directory: relative, no `..`, not empty.
@@ -515,6 +519,11 @@ impl RawModel {
                         ));
                     }
                 }
+                if recall.popularity.as_deref() == Some("") {
+                    return Err(
+                        "recall.popularity must name a tensor in the item table's file".to_owned(),
+                    );
+                }
                 if let Some(h) = history_table
                     && tables[h].spec.rows != tables[item_table].spec.rows
                 {
@@ -538,6 +547,7 @@ impl RawModel {
                         user_table,
                         item_table,
                         history_table,
+                        popularity: recall.popularity,
                     }),
                     batching: self.batching,
                 }
@@ -708,6 +718,7 @@ kind = "lightgcn"
 user_table = "user"
 item_table = "item"
 history_table = "history"
+popularity = "item_popularity"
 
 [[tables]]
 name = "user"
@@ -735,6 +746,12 @@ storage = "fp32"
         assert_eq!(
             (recall.user_table, recall.item_table, recall.history_table),
             (0, 1, Some(2))
+        );
+        assert_eq!(recall.popularity.as_deref(), Some("item_popularity"));
+        let err = parse_err(&text.replace("popularity = \"item_popularity\"", "popularity = \"\""));
+        assert!(
+            err.contains("recall.popularity must name a tensor"),
+            "{err}"
         );
         assert_eq!(spec.precision(), Precision::Int8);
         let err = parse_err(&text.replace(

@@ -78,6 +78,16 @@ impl TableSpec {
         u64::try_from(id).is_ok_and(|row| row < self.rows)
     }
 
+    /// The ids the table holds, as messages print them: `ids 0 to 1879` (not `0..1880`, which reads as if
+    /// 1880 were one of them).
+    pub fn id_range(&self) -> String {
+        match self.rows {
+            0 => "no ids".to_owned(),
+            1 => "id 0 only".to_owned(),
+            rows => format!("ids 0 to {}", rows - 1),
+        }
+    }
+
     pub fn bytes(&self) -> u64 {
         self.rows * self.storage.row_bytes(self.dim) as u64
     }
@@ -86,6 +96,20 @@ impl TableSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_ranges_read_as_the_ids_they_hold() {
+        let spec = |rows| TableSpec {
+            name: "t".into(),
+            rows,
+            dim: 2,
+            storage: Storage::Fp32,
+            oov: OovPolicy::Reject,
+        };
+        assert_eq!(spec(1880).id_range(), "ids 0 to 1879");
+        assert_eq!(spec(2).id_range(), "ids 0 to 1");
+        assert_eq!(spec(1).id_range(), "id 0 only");
+    }
 
     #[test]
     fn resolve_applies_the_policy() {

@@ -22,7 +22,7 @@ use crate::error::ServiceError;
 use crate::metrics::UNKNOWN_MODEL;
 use crate::pipeline::{RecommendInput, Recommendation};
 use crate::ranking::{RankInput, RankingModel};
-use crate::recall::{RecallInput, RecallModel, Scored};
+use crate::recall::{RecallInput, RecallModel, Recalled};
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,7 +165,7 @@ impl ModelCall {
     }
 
     /// The answers of a request's recall queries, queued together, in input order.
-    pub async fn recall(&self, inputs: Vec<RecallInput>) -> Result<Vec<Vec<Scored>>, ServiceError> {
+    pub async fn recall(&self, inputs: Vec<RecallInput>) -> Result<Vec<Recalled>, ServiceError> {
         self.recall_model()?
             .recall_many(inputs, self.deadline.at)
             .await

@@ -19,7 +19,8 @@ Written into the fixture directory `DIR`:
   Use it with `--repository DIR/repo --config DIR/recserve.toml`.
 - `DIR/recall-cases.json`: `{"format_version", "seed", "models", "recall_cases", "history_identity",
   "pipeline", "recommend_cases"}`. Each recall case is `{"model", "what", "request", "expected"}` with the
-  expected items (`id`, `score`) best first; each recommend case `{"what", "request", "expected", "tolerance"}`
+  expected items (`id`, `score`) best first (a `history` case also gives `history_used`, the distinct items with
+  a history vector, and, when none has one, `fallback: "popularity"`: the most popular items, score 0); each recommend case `{"what", "request", "expected", "tolerance"}`
   with items (`id`, `score`, `recall_score`); `history_identity` gives users, their full training history and
   their layer-0 vector.
 
@@ -47,7 +48,7 @@ from .. import deepfm
 from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from ..onnx_export import DENSE, EMBEDDINGS, build_graph
 from ..rank_request import rank_inputs
-from ..repository import MODEL_TOML, Table, encode_table, load_tables, write_deepfm_version
+from ..repository import MODEL_TOML, POPULARITY, Table, encode_table, load_tables, write_deepfm_version
 from ._weights import random_params
 
 CASES_FILE = "recall-cases.json"
@@ -81,10 +82,17 @@ def _lightgcn_toml(description: str, tables: list[TableSpec], recall: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def _write_tables(directory: Path, specs: list[TableSpec], values: dict[str, np.ndarray]) -> None:
+def _write_tables(
+    directory: Path,
+    specs: list[TableSpec],
+    values: dict[str, np.ndarray],
+    extra: dict[str, dict[str, np.ndarray]] | None = None,
+) -> None:
     files: dict[str, dict[str, np.ndarray]] = {}
     for spec in specs:
         files.setdefault(spec.file, {})[spec.name] = encode_table(spec, values[spec.name])
+    for file, tensors in (extra or {}).items():
+        files[file] |= tensors
     for file, tensors in files.items():
         (directory / file).write_bytes(save(tensors))
 
@@ -175,11 +183,11 @@ def _write_lightgcn(repo: Path, rng: np.random.Generator) -> dict[str, Any]:
     ]
     directory = repo / LIGHTGCN / "1"
     directory.mkdir(parents=True)
-    _write_tables(directory, specs, model)
+    _write_tables(directory, specs, model, {"tables.safetensors": {POPULARITY: model["degree"].astype(np.int64)}})
     text = _lightgcn_toml(
         "test fixture: tiny LightGCN (random interactions, K = 2), fp32 tables with history vectors",
         specs,
-        {"user_table": "user", "item_table": "item", "history_table": "history"},
+        {"user_table": "user", "item_table": "item", "history_table": "history", "popularity": POPULARITY},
     )
     (directory / MODEL_TOML).write_text(text, encoding="utf-8")
     return model
@@ -306,7 +314,7 @@ def _recall_cases(lgcn: dict[str, Any], int8: dict[str, Any]) -> list[dict[str, 
     add(
         (
             LIGHTGCN,
-            "history of items without interactions: a zero vector, every score ties at 0",
+            "history of items without interactions: no signal, the popularity order answers",
             {"history": history, "k": 6, "exclude": [0, 2]},
             by_history(history),
         )
@@ -345,7 +353,16 @@ def _recall_cases(lgcn: dict[str, Any], int8: dict[str, Any]) -> list[dict[str, 
     out = []
     for model, what, request, scores in cases:
         exclude = [i for i in request.get("exclude", []) if 0 <= i < len(scores)]
-        out.append({"model": model, "what": what, "request": request, "expected": top_k(scores, request["k"], exclude)})
+        case = {"model": model, "what": what, "request": request, "expected": top_k(scores, request["k"], exclude)}
+        if "history" in request:
+            # The items with a history vector (training interactions); none: the popularity order, every score 0.
+            case["history_used"] = sum(1 for i in set(request["history"]) if lgcn["degree"][i] > 0)
+            if case["history_used"] == 0:
+                case["expected"] = top_k(lgcn["degree"].astype(np.float64), request["k"], exclude)
+                for item in case["expected"]:
+                    item["score"] = 0.0
+                case["fallback"] = "popularity"
+        out.append(case)
     return out
 
 

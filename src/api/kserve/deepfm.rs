@@ -430,7 +430,7 @@ mod tests {
                     ids(&[2, 3], json!([1, 2, 3, 1, 2, 5])),
                     dense(&[2, 2], json!([0, 0, 0, 0])),
                 ],
-                "categorical[1, 2]: field \"cat\": id 5 is outside the vocabulary of table \"cat\" (ids 0..5), which rejects unknown ids",
+                "categorical[1, 2]: field \"cat\": id 5 is outside the vocabulary of table \"cat\" (ids 0 to 4), which rejects unknown ids",
             ),
             (
                 vec![ids(&[1, 3], json!([-1, 2, 3])), ok_dense()],

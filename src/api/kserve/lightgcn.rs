@@ -169,7 +169,7 @@ impl TensorContract for LightGcn<'_> {
             let answers = call.recall(inputs).await?;
             let mut ids = Vec::with_capacity(rows * k);
             let mut scores = Vec::with_capacity(rows * k);
-            for answer in &answers {
+            for answer in answers.iter().map(|a| &a.items) {
                 if answer.len() != k {
                     return Err(ServiceError::Internal(format!(
                         "model {:?}: {} items recalled where k = {k} and nothing is excluded",

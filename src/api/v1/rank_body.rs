@@ -585,7 +585,7 @@ mod tests {
             (format!(r#"{{{ok_user}, "candidates": [{{"id": 1.5, "fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: invalid type: floating point"),
             (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{}}}}]}}"#), "candidates[0].fields.cat: is missing"),
             (format!(r#"{{{ok_user}, "candidates": [{{"fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: is required: it is the value of the model's item_id_field \"item\""),
-            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 5}}}}]}}"#), "candidates[0].fields.cat: id 5 is outside the vocabulary of table \"cat\" (ids 0..5), which rejects unknown ids"),
+            (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 5}}}}]}}"#), "candidates[0].fields.cat: id 5 is outside the vocabulary of table \"cat\" (ids 0 to 4), which rejects unknown ids"),
             (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "item": 1}}}}]}}"#), "candidates[0].fields.item: is the model's item_id_field"),
             (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "u": 1}}}}]}}"#), "candidates[0].fields.u: is a user-side field"),
             (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "zz": 1}}}}]}}"#), "candidates[0].fields.zz: is not a field of this model"),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
 use crate::error::ServiceError;
-use crate::recall::{RecallInput, RecallQuery, Scored};
+use crate::recall::{RecallInput, RecallQuery, Recalled};
 use crate::service::{Operation, Protocol, Service};
 
 /// The routes, for [`super::routes`].
@@ -37,11 +37,13 @@ async fn recall(
             let body = body_bytes(body, max_body_bytes)?;
             let input = recall_input(parse_json(&body)?)?;
             let mut answers = call.recall(vec![input]).await?;
-            let items = answers.pop().unwrap_or_default();
+            let answer = answers.pop().ok_or_else(|| {
+                ServiceError::Internal("recall: a query without an answer".to_owned())
+            })?;
             Ok(axum::Json(recall_response(
                 &call.model.name,
                 call.model.version,
-                &items,
+                &answer,
             ))
             .into_response())
         })
@@ -67,6 +69,12 @@ pub struct RecallResponse {
     pub model: String,
     pub version: u64,
     pub items: Vec<RecalledItem>,
+    /// For a `history` request: how many of its distinct items have a history vector (were seen in training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_used: Option<usize>,
+    /// `"popularity"` when the history carried no signal and `items` are the model's most popular ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -103,11 +111,14 @@ pub fn recall_input(request: RecallRequest) -> Result<RecallInput, ServiceError>
     })
 }
 
-pub fn recall_response(model: &str, version: u64, items: &[Scored]) -> RecallResponse {
+pub fn recall_response(model: &str, version: u64, answer: &Recalled) -> RecallResponse {
     RecallResponse {
         model: model.to_owned(),
         version,
-        items: items
+        history_used: answer.history_used,
+        fallback: answer.fallback.map(|f| f.as_str().to_owned()),
+        items: answer
+            .items
             .iter()
             .map(|s| RecalledItem {
                 id: i64::from(s.id),

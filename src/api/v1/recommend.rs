@@ -85,6 +85,13 @@ pub struct RecommendResponse {
     pub recall_model: ModelRef,
     pub ranking_model: ModelRef,
     pub items: Vec<RecommendedItem>,
+    /// For a `history` request: how many of its distinct items have a history vector (were seen in training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_used: Option<usize>,
+    /// `"popularity"` when the history carried no signal and the candidates are the recall model's most popular
+    /// items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
 }
@@ -176,6 +183,8 @@ pub fn recommend_response(
         pipeline: pipeline.pipeline.name.clone(),
         recall_model: ModelRef::of(&pipeline.recall),
         ranking_model: ModelRef::of(&pipeline.ranking),
+        history_used: answer.history_used,
+        fallback: answer.fallback.map(|f| f.as_str().to_owned()),
         items: answer
             .items
             .iter()
