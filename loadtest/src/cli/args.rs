@@ -354,3 +354,311 @@ impl CeilingArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory, Parser};
+
+    use super::super::testing::{ceiling, check, parse, plot, run, sweep};
+    use super::super::{Cli, Command};
+    use super::*;
+
+    /// Why clap refuses `recload <args>`.
+    fn refused(args: &[&str]) -> clap::Error {
+        Cli::try_parse_from(std::iter::once("recload").chain(args.iter().copied()))
+            .expect_err("refused")
+    }
+
+    /// The workload flags of `recload run --rate 1 <args>`.
+    fn workload(args: &[&str]) -> WorkloadArgs {
+        run(&[&["--rate", "1"], args].concat()).workload
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn run_defaults_are_the_documented_ones() {
+        let a = run(&["--rate", "100"]);
+        assert_eq!(a.target.url, "http://127.0.0.1:8000");
+        assert_eq!(a.target.envelope, EnvelopeKind::None);
+        assert_eq!(a.target.v2_model, None);
+        assert_eq!(a.target.v2_input, "REQUEST");
+
+        let w = &a.workload;
+        assert_eq!(w.workload, WorkloadKind::Rank);
+        assert_eq!((w.model.as_deref(), w.pipeline.as_deref()), (None, None));
+        assert_eq!(
+            (w.repository.as_deref(), w.dataset.as_deref()),
+            (None, None)
+        );
+        assert_eq!((w.candidates, w.top_k), (100, None));
+        assert_eq!((w.ids, w.zipf_exponent), (IdDistribution::Zipf, 1.05));
+        assert_eq!(w.user_id_field, None);
+        assert_eq!(
+            (w.k, w.recall_input, w.history_len),
+            (100, RecallInput::User, 50)
+        );
+        assert!(!w.exclude_known);
+        assert_eq!(
+            (w.users, w.items, w.body_extra.as_deref()),
+            (None, None, None)
+        );
+        assert_eq!((w.pool, w.seed), (1000, 1));
+
+        let t = &a.timing;
+        assert_eq!((t.warmup, t.duration, t.timeout), (S(2), S(10), S(5)));
+        assert_eq!((t.arrivals, t.connections), (Arrivals::Poisson, 64));
+        assert!(!t.coarse_pacing && !t.quiet);
+        assert_eq!(t.threads, None);
+        assert_eq!((t.settle_latency, t.settle_timeout), (MS(100), S(60)));
+        assert_eq!(t.label, None);
+
+        assert_eq!(a.rate, Some(100.0));
+        assert!(!a.closed);
+        assert_eq!(a.concurrency, 8);
+        assert_eq!(a.json, None);
+    }
+
+    #[test]
+    fn sweep_defaults_are_the_documented_ones() {
+        let a = sweep(&[]);
+        assert_eq!(a.rates, "50:20000:x1.5");
+        assert_eq!(a.sla, "5ms,20ms");
+        assert_eq!((a.refine, a.confirm, a.min_requests), (3, 1, 1000));
+        assert_eq!(a.max_error_ratio, 0.001);
+        assert_eq!((a.json, a.svg), (None, None));
+        // The shared groups are the same flags as run's.
+        assert_eq!(a.timing.duration, S(10));
+        assert_eq!(a.workload.pool, 1000);
+    }
+
+    #[test]
+    fn check_plot_ceiling_and_peers_report_defaults_are_the_documented_ones() {
+        let c = check(&["--save", "scores.json"]);
+        assert_eq!((c.samples, c.tolerance), (32, 1e-5));
+        assert_eq!(c.save, Some(PathBuf::from("scores.json")));
+        assert_eq!((c.expect, c.json), (None, None));
+        assert_eq!(c.workload.workload, WorkloadKind::Rank);
+
+        let p = plot(&["--out", "chart.svg", "a.json", "b.json"]);
+        assert_eq!(p.sweeps, [PathBuf::from("a.json"), PathBuf::from("b.json")]);
+        assert_eq!(p.out, PathBuf::from("chart.svg"));
+        assert_eq!(p.title, "p99 and p50 latency against achieved throughput");
+
+        let c = ceiling(&["--model", "m"]);
+        assert_eq!(c.model, "m");
+        assert!(c.batch_rows.is_empty());
+        assert_eq!((c.candidates, c.warmup, c.duration), (100, S(2), S(10)));
+        assert_eq!((c.ids, c.zipf_exponent), (IdDistribution::Zipf, 1.05));
+        assert_eq!((c.pool, c.seed, c.json), (1000, 1, None));
+
+        let Command::PeersReport(r) = parse(&["peers-report", "--results", "out"]) else {
+            panic!("parsed as peers-report")
+        };
+        assert_eq!(r.results, PathBuf::from("out"));
+        assert_eq!(r.doc, PathBuf::from("docs/benchmarks.md"));
+    }
+
+    /// The `RECLOAD_*` variable clap reads for each long flag of `subcommand`, by flag.
+    fn variables(subcommand: &str) -> Vec<(String, Option<String>)> {
+        let mut cli = Cli::command();
+        cli.build();
+        let sub = cli
+            .find_subcommand(subcommand)
+            .expect("a subcommand of recload");
+        sub.get_arguments()
+            .filter_map(|a| {
+                let long = a.get_long()?;
+                (long != "help").then(|| {
+                    let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+                    (long.to_owned(), env)
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_run_and_sweep_flag_reads_its_recload_variable() {
+        for subcommand in ["run", "sweep"] {
+            let flags = variables(subcommand);
+            assert!(flags.len() > 30, "{subcommand}: {flags:?}");
+            for (long, env) in flags {
+                let expected = format!("RECLOAD_{}", long.to_uppercase().replace('-', "_"));
+                assert_eq!(env, Some(expected), "{subcommand} --{long}");
+            }
+        }
+    }
+
+    #[test]
+    fn check_reads_variables_for_target_and_workload_only_and_ceiling_for_its_model() {
+        let check = variables("check");
+        for (long, env) in &check {
+            let own = ["samples", "save", "expect", "tolerance", "json"].contains(&long.as_str());
+            assert_eq!(env.is_none(), own, "check --{long}: {env:?}");
+        }
+        let ceiling = variables("ceiling");
+        let read = |flag: &str| {
+            ceiling
+                .iter()
+                .find(|(long, _)| long == flag)
+                .and_then(|(_, env)| env.clone())
+        };
+        assert_eq!(read("model").as_deref(), Some("RECLOAD_MODEL"));
+        assert_eq!(read("batch-rows"), None);
+        // The server's own settings keep the server's variables.
+        assert_eq!(read("repository").as_deref(), Some("RECSERVE_REPOSITORY"));
+        assert_eq!(read("executors").as_deref(), Some("RECSERVE_EXECUTORS"));
+    }
+
+    #[test]
+    fn durations_are_humantime_and_a_bad_one_is_named() {
+        assert_eq!(duration("500ms"), Ok(MS(500)));
+        assert_eq!(duration("2s"), Ok(S(2)));
+        assert_eq!(duration("1m 30s"), Ok(S(90)));
+        assert_eq!(duration("0s"), Ok(Duration::ZERO));
+        let err = duration("10parsecs").expect_err("unknown unit");
+        assert!(
+            err.starts_with("\"10parsecs\" is not a duration like 10s or 500ms ("),
+            "{err}"
+        );
+        let err = duration("10").expect_err("no unit");
+        assert!(
+            err.starts_with("\"10\" is not a duration like 10s"),
+            "{err}"
+        );
+
+        // Through clap, the flag is named before the parser's sentence.
+        let err = refused(&["run", "--rate", "1", "--warmup", "soon"]);
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "error: invalid value 'soon' for '--warmup <WARMUP>': \"soon\" is not a duration like 10s or 500ms ("
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn clap_refuses_missing_and_conflicting_flags() {
+        let kind = |args: &[&str]| refused(args).kind();
+        assert_eq!(kind(&["run"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(
+            kind(&["run", "--rate", "5", "--closed"]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(kind(&["check"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(
+            kind(&["check", "--save", "a", "--expect", "b"]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind(&["plot", "a.json"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            kind(&["plot", "--out", "x.svg"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(kind(&["ceiling"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(kind(&["peers-report"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(
+            kind(&["run", "--rate", "1", "--envelope", "grpc"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            kind(&["run", "--rate", "1", "--workload", "search"]),
+            ErrorKind::InvalidValue
+        );
+        // --closed needs no --rate.
+        let closed = run(&["--closed", "--concurrency", "2"]);
+        assert!(closed.closed && closed.rate.is_none());
+        assert_eq!(closed.concurrency, 2);
+    }
+
+    #[test]
+    fn the_kserve_envelope_names_its_model_from_v2_model_or_model() {
+        let envelope = |args: &[&str]| {
+            let a = run(&[&["--rate", "1"], args].concat());
+            a.target.envelope(&a.workload)
+        };
+        assert_eq!(
+            envelope(&["--model", "m"]).expect("plain JSON"),
+            Envelope::None
+        );
+        assert_eq!(
+            envelope(&["--envelope", "kserve-v2-bytes", "--model", "m"]).expect("from --model"),
+            Envelope::KserveV2Bytes {
+                model: "m".to_owned(),
+                input: "REQUEST".to_owned()
+            }
+        );
+        assert_eq!(
+            envelope(&[
+                "--envelope",
+                "kserve-v2-bytes",
+                "--model",
+                "m",
+                "--v2-model",
+                "triton-m",
+                "--v2-input",
+                "BODY"
+            ])
+            .expect("from --v2-model"),
+            Envelope::KserveV2Bytes {
+                model: "triton-m".to_owned(),
+                input: "BODY".to_owned()
+            }
+        );
+        let err = envelope(&["--envelope", "kserve-v2-bytes"]).expect_err("no model");
+        assert_eq!(
+            err.to_string(),
+            "--envelope kserve-v2-bytes needs --v2-model or --model"
+        );
+    }
+
+    #[test]
+    fn the_ids_label_names_the_distribution_and_the_dataset() {
+        let ids = |args: &[&str]| workload(args).ids_description();
+        assert_eq!(ids(&[]), "zipf(1.05)");
+        assert_eq!(ids(&["--zipf-exponent", "1.2"]), "zipf(1.2)");
+        assert_eq!(ids(&["--ids", "uniform"]), "uniform");
+        assert_eq!(
+            ids(&["--dataset", "data/test.txt", "--ids", "uniform"]),
+            "dataset data/test.txt (other ids uniform)"
+        );
+    }
+
+    #[test]
+    fn body_extra_must_be_a_json_object() {
+        let extra = |args: &[&str]| workload(args).body_extra();
+        assert!(extra(&[]).expect("no extra keys").is_empty());
+        let map = extra(&[
+            "--body-extra",
+            r#"{"filter": {"region": "eu"}, "debug": true}"#,
+        ])
+        .expect("an object");
+        assert_eq!(map.get("debug"), Some(&Value::Bool(true)));
+        assert_eq!(map.len(), 2);
+        for text in ["[1]", "3", "{not json"] {
+            let err = extra(&["--body-extra", text]).expect_err("not an object");
+            assert_eq!(
+                err.to_string(),
+                format!("--body-extra must be a JSON object, got {text:?}")
+            );
+        }
+    }
+
+    #[test]
+    fn the_ceiling_measures_one_request_per_batch_without_batch_rows() {
+        let sizes = |args: &[&str]| ceiling(&[&["--model", "m"], args].concat()).batch_sizes();
+        assert_eq!(sizes(&[]), [100]);
+        assert_eq!(sizes(&["--candidates", "7"]), [7]);
+        assert_eq!(
+            sizes(&["--batch-rows", "100,1000", "--candidates", "7"]),
+            [100, 1000]
+        );
+    }
+}

@@ -50,3 +50,19 @@ pub(super) fn ceiling_command(args: &CeilingArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::ceiling;
+    use super::*;
+
+    #[test]
+    fn the_servers_settings_are_checked_as_recserve_serve_checks_them() {
+        if std::env::var_os("RECSERVE_REPOSITORY").is_some() {
+            panic!("unset RECSERVE_REPOSITORY: this test runs the ceiling without a repository");
+        }
+        let err = ceiling_command(&ceiling(&["--model", "m"])).expect_err("no repository");
+        assert!(matches!(err, CliError::Usage(_)), "{err:?}");
+        assert!(err.to_string().starts_with("--repository"), "{err}");
+    }
+}

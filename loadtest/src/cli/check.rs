@@ -73,3 +73,45 @@ pub(super) async fn check_command(args: &CheckArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::check;
+    use super::*;
+
+    /// Why check refuses `args`; nothing listens at its URL, so a refusal that names a flag came first.
+    async fn refused(args: &[&str]) -> String {
+        let a = check(&[&["--url", "http://127.0.0.1:1"], args].concat());
+        check_command(&a).await.expect_err("refused").to_string()
+    }
+
+    #[tokio::test]
+    async fn check_compares_whole_rankings_only() {
+        assert_eq!(
+            refused(&["--save", "s.json", "--model", "m", "--top-k", "3"]).await,
+            "check compares every candidate's score: drop --top-k"
+        );
+        assert_eq!(
+            refused(&[
+                "--save",
+                "s.json",
+                "--workload",
+                "recall",
+                "--model",
+                "m",
+                "--users",
+                "5"
+            ])
+            .await,
+            "check compares ranking scores: use --workload rank"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_scores_file_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("scores.json");
+        let err = refused(&["--expect", path.to_str().expect("UTF-8 path")]).await;
+        assert!(err.starts_with(&format!("{}: ", path.display())), "{err}");
+    }
+}

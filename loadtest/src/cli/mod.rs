@@ -109,3 +109,37 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, CliError> 
         source,
     })
 }
+
+#[cfg(test)]
+mod testing;
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::testing::run;
+    use super::*;
+
+    #[test]
+    fn clap_accepts_the_command_definitions() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn zero_runtime_threads_are_refused_before_anything_is_sent() {
+        // Nothing listens at port 1: the error must come before recload tries to reach it.
+        let args = run(&[
+            "--url",
+            "http://127.0.0.1:1",
+            "--rate",
+            "10",
+            "--threads",
+            "0",
+        ]);
+        let err = execute(Cli {
+            command: Command::Run(args),
+        })
+        .expect_err("0 threads");
+        assert_eq!(err.to_string(), "--threads must be at least 1");
+    }
+}

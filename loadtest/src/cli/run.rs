@@ -77,3 +77,64 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
         &stats,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testing::run;
+    use super::*;
+    use crate::arrivals::Arrivals;
+
+    fn options(args: &[&str]) -> RunOptions {
+        let a = run(&[&["--rate", "10"], args].concat());
+        let mode = Mode::Open {
+            rate: 10.0,
+            arrivals: a.timing.arrivals,
+            connections: a.timing.connections,
+        };
+        run_options(&a.timing, mode, a.workload.seed)
+    }
+
+    #[test]
+    fn run_options_follow_the_timing_flags() {
+        let o = options(&[
+            "--warmup",
+            "1s",
+            "--duration",
+            "3s",
+            "--timeout",
+            "250ms",
+            "--seed",
+            "4",
+        ]);
+        assert_eq!(
+            (o.warmup, o.duration, o.timeout),
+            (
+                Duration::from_secs(1),
+                Duration::from_secs(3),
+                Duration::from_millis(250)
+            )
+        );
+        assert_eq!(o.seed, 4);
+        assert!(o.precise_pacing);
+        assert_eq!(
+            o.mode,
+            Mode::Open {
+                rate: 10.0,
+                arrivals: Arrivals::Poisson,
+                connections: 64
+            }
+        );
+        let settle = o.settle.expect("settles by default");
+        assert_eq!(
+            (settle.latency, settle.timeout),
+            (Duration::from_millis(100), Duration::from_secs(60))
+        );
+
+        let o = options(&["--coarse-pacing", "--settle-timeout", "0s", "--quiet"]);
+        assert!(!o.precise_pacing);
+        assert!(o.settle.is_none(), "0s skips the wait");
+        assert!(!o.progress, "--quiet hides the progress line");
+    }
+}

@@ -101,3 +101,30 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         sla,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::sweep;
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_rates_slas_and_error_ratios_are_refused_before_the_first_run() {
+        // Nothing listens at the URL, so a refusal that names a flag came before the first run.
+        let ratio = "--max-error-ratio must be between 0 and 1";
+        let cases: [(&[&str], &str); 5] = [
+            (
+                &["--rates", "10:1:x2"],
+                "--rates 10:1:x2: the end is below the start",
+            ),
+            (&["--rates", "fast"], "--rates: \"fast\" is not a number"),
+            (&["--sla", "0ms"], "--sla: an SLA must be positive"),
+            (&["--max-error-ratio", "1.5"], ratio),
+            (&["--max-error-ratio=-0.1"], ratio),
+        ];
+        for (flags, message) in cases {
+            let a = sweep(&[&["--url", "http://127.0.0.1:1"], flags].concat());
+            let err = sweep_report(&a).await.expect_err("refused");
+            assert_eq!(err.to_string(), message, "{flags:?}");
+        }
+    }
+}

@@ -106,3 +106,137 @@ pub(super) async fn prepare(
         workload: info,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::super::testing::{arg, fixture_repo, run};
+    use super::*;
+    use crate::target::Envelope;
+
+    /// Nothing listens at port 1: a workload built against it did not ask the server anything.
+    const NOWHERE: &str = "http://127.0.0.1:1";
+
+    async fn built(args: &[&str]) -> Result<(Workload, String), CliError> {
+        let a = run(&[&["--url", NOWHERE, "--rate", "1"], args].concat());
+        let target = HttpTarget::new(NOWHERE, Envelope::None).await.expect("URL");
+        build_workload(&a.workload, &target).await
+    }
+
+    fn body(request: &Request) -> Value {
+        serde_json::from_slice(&request.body).expect("JSON body")
+    }
+
+    #[tokio::test]
+    async fn a_ranking_workload_reads_its_fields_from_the_repository_without_the_server() {
+        let repo = fixture_repo();
+        let (w, ids) = built(&[
+            "--model",
+            "deepfm-fp16",
+            "--repository",
+            arg(&repo),
+            "--candidates",
+            "5",
+            "--ids",
+            "uniform",
+        ])
+        .await
+        .expect("built from model.toml");
+        assert!(matches!(w, Workload::Rank(_)));
+        assert_eq!(ids, "uniform");
+        let pool = w.pool(3, 1);
+        assert_eq!(pool.len(), 3);
+        assert_eq!(pool[0].path, "/v1/models/deepfm-fp16/rank");
+        let first = body(&pool[0]);
+        assert_eq!(first["candidates"].as_array().map(Vec::len), Some(5));
+        // C26 reads C25's table of 96 rows, which rejects unknown ids.
+        for candidate in first["candidates"].as_array().expect("candidates") {
+            let id = candidate["fields"]["C26"].as_u64().expect("a C26 id");
+            assert!(id < 96, "{candidate}");
+        }
+    }
+
+    #[tokio::test]
+    async fn recall_and_recommend_need_their_model_or_pipeline() {
+        let err = built(&["--workload", "recall"])
+            .await
+            .expect_err("no model");
+        assert_eq!(err.to_string(), "--model is required for this workload");
+        let err = built(&["--workload", "rank"]).await.expect_err("no model");
+        assert_eq!(err.to_string(), "--model is required for this workload");
+        let err = built(&["--workload", "recommend", "--users", "10"])
+            .await
+            .expect_err("no pipeline");
+        assert_eq!(
+            err.to_string(),
+            "--pipeline is required for --workload recommend"
+        );
+        let err = built(&["--workload", "recall", "--model", "m", "--body-extra", "[]"])
+            .await
+            .expect_err("not an object");
+        assert_eq!(
+            err.to_string(),
+            "--body-extra must be a JSON object, got \"[]\""
+        );
+    }
+
+    #[tokio::test]
+    async fn recommend_bodies_carry_the_body_extra_keys() {
+        let (w, ids) = built(&[
+            "--workload",
+            "recommend",
+            "--pipeline",
+            "home",
+            "--users",
+            "10",
+            "--k",
+            "7",
+            "--body-extra",
+            r#"{"debug": true}"#,
+        ])
+        .await
+        .expect("built");
+        assert_eq!(ids, "zipf(1.05)");
+        let pool = w.pool(4, 1);
+        assert_eq!(pool[0].path, "/v1/recommend/home");
+        for request in &pool {
+            let b = body(request);
+            assert_eq!(
+                (b["k"].as_u64(), b["debug"].as_bool()),
+                (Some(7), Some(true))
+            );
+            assert!(b["user_id"].as_u64().is_some_and(|u| u < 10), "{b}");
+        }
+    }
+
+    #[tokio::test]
+    async fn prepare_builds_the_pool_in_the_targets_wire_form() {
+        let repo = fixture_repo();
+        let a = run(&[
+            "--url",
+            NOWHERE,
+            "--rate",
+            "1",
+            "--model",
+            "deepfm-int8",
+            "--repository",
+            arg(&repo),
+            "--envelope",
+            "kserve-v2-bytes",
+            "--pool",
+            "6",
+            "--seed",
+            "9",
+        ]);
+        let p = prepare(&a.target, &a.workload).await.expect("prepared");
+        assert_eq!((p.pool.len(), p.prepared.len()), (6, 6));
+        assert_eq!(p.target.info().protocol, "kserve-v2-bytes");
+        assert_eq!(p.target.info().v2_model.as_deref(), Some("deepfm-int8"));
+        assert_eq!(p.workload.kind, "rank");
+        assert_eq!(p.workload.path, "/v1/models/deepfm-int8/rank");
+        assert_eq!((p.workload.pool, p.workload.seed), (6, 9));
+        assert_eq!(p.workload.candidates, Some(100));
+        assert!(p.workload.mean_body_bytes > 0.0);
+    }
+}
