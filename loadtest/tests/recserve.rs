@@ -4,11 +4,14 @@
 //! a server equal to itself and tells two different models apart; the in-process ceiling runs a fixture model.
 //! No assertion depends on how fast anything ran.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use common::fixture_repo;
 use recload::ceiling::{self, CeilingOptions};
 use recload::check::{self, CheckError, ScoresFile};
 use recload::cli::{Cli, Command, build_workload, run_report};
@@ -18,19 +21,6 @@ use recload::workload::IdDistribution;
 use recserve::config::ServeArgs;
 use recserve::server::Listeners;
 use tokio::sync::oneshot;
-
-fn fixture_repo() -> PathBuf {
-    let dir = std::env::var_os("RECSERVE_TEST_FIXTURE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-fixture"));
-    let repo = dir.join("repo");
-    assert!(
-        repo.is_dir(),
-        "no test repository at {}: run scripts/test.sh, which generates it, or set RECSERVE_TEST_FIXTURE",
-        repo.display()
-    );
-    repo
-}
 
 fn ort_library() -> PathBuf {
     std::env::var_os("ORT_DYLIB_PATH")

@@ -1,0 +1,140 @@
+//! `recload run`: one open-loop (or closed-loop) run against the target, its summary printed and its report
+//! written where `--json` says; and the run options that run and sweep build from the timing flags.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::output::{to_json, write_out};
+use super::workload::prepare;
+use super::{CliError, RunArgs, TimingArgs};
+use crate::engine::{self, Mode, RunOptions};
+use crate::report::{RunReport, now_rfc3339};
+use crate::target::Target;
+
+/// The engine's options for one run in `mode`, from the timing flags (a sweep then lengthens each step's window).
+pub(super) fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOptions {
+    RunOptions {
+        mode,
+        warmup: timing.warmup,
+        duration: timing.duration,
+        timeout: timing.timeout,
+        seed,
+        precise_pacing: !timing.coarse_pacing,
+        progress: !timing.quiet && std::io::stderr().is_terminal(),
+        settle: (!timing.settle_timeout.is_zero()).then_some(engine::Settle {
+            latency: timing.settle_latency,
+            timeout: timing.settle_timeout,
+        }),
+    }
+}
+
+/// `recload run`: prints the summary and writes the report where `--json` says.
+pub async fn run_command(args: &RunArgs) -> Result<(), CliError> {
+    let report = run_report(args).await?;
+    match &args.json {
+        Some(path) if path == Path::new("-") => {
+            eprint!("{report}");
+            println!("{}", to_json(&report));
+        }
+        Some(path) => {
+            print!("{report}");
+            write_out(path, &to_json(&report))?;
+        }
+        None => print!("{report}"),
+    }
+    Ok(())
+}
+
+/// Performs the run `args` describe and returns its report, printing nothing but the progress line.
+pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
+    let p = prepare(&args.target, &args.workload).await?;
+    let mode = match (args.closed, args.rate) {
+        (true, _) => Mode::Closed {
+            concurrency: args.concurrency,
+        },
+        (false, Some(rate)) => Mode::Open {
+            rate,
+            arrivals: args.timing.arrivals,
+            connections: args.timing.connections,
+        },
+        (false, None) => {
+            return Err(CliError::Usage(
+                "give --rate R (open loop) or --closed".to_owned(),
+            ));
+        }
+    };
+    let options = run_options(&args.timing, mode, args.workload.seed);
+    let started_at = now_rfc3339();
+    let stats = engine::run(Arc::clone(&p.target), Arc::clone(&p.prepared), &options).await?;
+    drop(p.pool);
+    Ok(RunReport::new(
+        args.timing.label.clone(),
+        started_at,
+        p.target.info(),
+        p.workload,
+        &options,
+        &stats,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testing::run;
+    use super::*;
+    use crate::arrivals::Arrivals;
+
+    fn options(args: &[&str]) -> RunOptions {
+        let a = run(&[&["--rate", "10"], args].concat());
+        let mode = Mode::Open {
+            rate: 10.0,
+            arrivals: a.timing.arrivals,
+            connections: a.timing.connections,
+        };
+        run_options(&a.timing, mode, a.workload.seed)
+    }
+
+    #[test]
+    fn run_options_follow_the_timing_flags() {
+        let o = options(&[
+            "--warmup",
+            "1s",
+            "--duration",
+            "3s",
+            "--timeout",
+            "250ms",
+            "--seed",
+            "4",
+        ]);
+        assert_eq!(
+            (o.warmup, o.duration, o.timeout),
+            (
+                Duration::from_secs(1),
+                Duration::from_secs(3),
+                Duration::from_millis(250)
+            )
+        );
+        assert_eq!(o.seed, 4);
+        assert!(o.precise_pacing);
+        assert_eq!(
+            o.mode,
+            Mode::Open {
+                rate: 10.0,
+                arrivals: Arrivals::Poisson,
+                connections: 64
+            }
+        );
+        let settle = o.settle.expect("settles by default");
+        assert_eq!(
+            (settle.latency, settle.timeout),
+            (Duration::from_millis(100), Duration::from_secs(60))
+        );
+
+        let o = options(&["--coarse-pacing", "--settle-timeout", "0s", "--quiet"]);
+        assert!(!o.precise_pacing);
+        assert!(o.settle.is_none(), "0s skips the wait");
+        assert!(!o.progress, "--quiet hides the progress line");
+    }
+}

@@ -1,0 +1,242 @@
+//! What run, sweep and check send, built from their flags: the [`Workload`] (ranking, recall or recommend), with
+//! the ranking model's fields from [`super::schema`]; and, for run and sweep, the target and the pool of requests
+//! generated and put in its wire form before the clock starts.
+
+use std::sync::Arc;
+
+use super::schema::{schema_from_repository, schema_from_server};
+use super::{CliError, TargetArgs, WorkloadArgs, WorkloadKind};
+use crate::target::{HttpTarget, Target};
+use crate::workload::{
+    Dataset, Population, RankOptions, RankWorkload, RecallOptions, RecallWorkload,
+    RecommendOptions, RecommendWorkload, Request, Workload, WorkloadInfo,
+};
+
+/// Builds the workload; a ranking workload reads its model's fields from --repository or GET /v1/models.
+pub async fn build_workload(
+    args: &WorkloadArgs,
+    target: &HttpTarget,
+) -> Result<(Workload, String), CliError> {
+    let dataset = args
+        .dataset
+        .as_deref()
+        .map(Dataset::load)
+        .transpose()?
+        .map(Arc::new);
+    let ids = args.ids_description();
+    let extra = args.body_extra()?;
+    let model = || {
+        args.model
+            .clone()
+            .ok_or_else(|| CliError::Usage("--model is required for this workload".to_owned()))
+    };
+    let population = Population {
+        dataset: dataset.clone(),
+        users: args.users,
+        items: args.items,
+        ids: args.ids,
+        zipf_exponent: args.zipf_exponent,
+    };
+    let workload = match args.workload {
+        WorkloadKind::Rank => {
+            let model = model()?;
+            let schema = match &args.repository {
+                Some(repo) => schema_from_repository(repo, &model)?,
+                None => schema_from_server(target, &model).await?,
+            };
+            Workload::Rank(RankWorkload::new(
+                schema,
+                RankOptions {
+                    candidates: args.candidates,
+                    ids: args.ids,
+                    zipf_exponent: args.zipf_exponent,
+                    top_k: args.top_k,
+                    user_id_field: args.user_id_field.clone(),
+                },
+                dataset,
+            )?)
+        }
+        WorkloadKind::Recall => Workload::Recall(RecallWorkload::new(
+            model()?,
+            RecallOptions {
+                input: args.recall_input,
+                k: args.k,
+                history_len: args.history_len,
+                exclude_known: args.exclude_known,
+                extra,
+            },
+            population,
+        )?),
+        WorkloadKind::Recommend => Workload::Recommend(RecommendWorkload::new(
+            args.pipeline.clone().ok_or_else(|| {
+                CliError::Usage("--pipeline is required for --workload recommend".to_owned())
+            })?,
+            RecommendOptions { k: args.k, extra },
+            population,
+        )?),
+    };
+    for note in workload.notes() {
+        eprintln!("note: {note}");
+    }
+    Ok((workload, ids))
+}
+
+/// Target, workload and prepared request pool for run and sweep.
+pub(super) struct Prepared {
+    pub(super) target: Arc<HttpTarget>,
+    pub(super) pool: Vec<Request>,
+    pub(super) prepared: Arc<[<HttpTarget as Target>::Prepared]>,
+    pub(super) workload: WorkloadInfo,
+}
+
+pub(super) async fn prepare(
+    target: &TargetArgs,
+    workload: &WorkloadArgs,
+) -> Result<Prepared, CliError> {
+    let envelope = target.envelope(workload)?;
+    let http = Arc::new(HttpTarget::new(&target.url, envelope).await?);
+    let (w, ids) = build_workload(workload, &http).await?;
+    let pool = w.pool(workload.pool, workload.seed);
+    let prepared: Arc<[_]> = pool.iter().map(|r| http.prepare(r)).collect();
+    let info = w.info(&pool, workload.seed, ids);
+    Ok(Prepared {
+        target: http,
+        pool,
+        prepared,
+        workload: info,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::super::testing::{arg, fixture_repo, run};
+    use super::*;
+    use crate::target::Envelope;
+
+    /// Nothing listens at port 1: a workload built against it did not ask the server anything.
+    const NOWHERE: &str = "http://127.0.0.1:1";
+
+    async fn built(args: &[&str]) -> Result<(Workload, String), CliError> {
+        let a = run(&[&["--url", NOWHERE, "--rate", "1"], args].concat());
+        let target = HttpTarget::new(NOWHERE, Envelope::None).await.expect("URL");
+        build_workload(&a.workload, &target).await
+    }
+
+    fn body(request: &Request) -> Value {
+        serde_json::from_slice(&request.body).expect("JSON body")
+    }
+
+    #[tokio::test]
+    async fn a_ranking_workload_reads_its_fields_from_the_repository_without_the_server() {
+        let repo = fixture_repo();
+        let (w, ids) = built(&[
+            "--model",
+            "deepfm-fp16",
+            "--repository",
+            arg(&repo),
+            "--candidates",
+            "5",
+            "--ids",
+            "uniform",
+        ])
+        .await
+        .expect("built from model.toml");
+        assert!(matches!(w, Workload::Rank(_)));
+        assert_eq!(ids, "uniform");
+        let pool = w.pool(3, 1);
+        assert_eq!(pool.len(), 3);
+        assert_eq!(pool[0].path, "/v1/models/deepfm-fp16/rank");
+        let first = body(&pool[0]);
+        assert_eq!(first["candidates"].as_array().map(Vec::len), Some(5));
+        // C26 reads C25's table of 96 rows, which rejects unknown ids.
+        for candidate in first["candidates"].as_array().expect("candidates") {
+            let id = candidate["fields"]["C26"].as_u64().expect("a C26 id");
+            assert!(id < 96, "{candidate}");
+        }
+    }
+
+    #[tokio::test]
+    async fn recall_and_recommend_need_their_model_or_pipeline() {
+        let err = built(&["--workload", "recall"])
+            .await
+            .expect_err("no model");
+        assert_eq!(err.to_string(), "--model is required for this workload");
+        let err = built(&["--workload", "rank"]).await.expect_err("no model");
+        assert_eq!(err.to_string(), "--model is required for this workload");
+        let err = built(&["--workload", "recommend", "--users", "10"])
+            .await
+            .expect_err("no pipeline");
+        assert_eq!(
+            err.to_string(),
+            "--pipeline is required for --workload recommend"
+        );
+        let err = built(&["--workload", "recall", "--model", "m", "--body-extra", "[]"])
+            .await
+            .expect_err("not an object");
+        assert_eq!(
+            err.to_string(),
+            "--body-extra must be a JSON object, got \"[]\""
+        );
+    }
+
+    #[tokio::test]
+    async fn recommend_bodies_carry_the_body_extra_keys() {
+        let (w, ids) = built(&[
+            "--workload",
+            "recommend",
+            "--pipeline",
+            "home",
+            "--users",
+            "10",
+            "--k",
+            "7",
+            "--body-extra",
+            r#"{"debug": true}"#,
+        ])
+        .await
+        .expect("built");
+        assert_eq!(ids, "zipf(1.05)");
+        let pool = w.pool(4, 1);
+        assert_eq!(pool[0].path, "/v1/recommend/home");
+        for request in &pool {
+            let b = body(request);
+            assert_eq!(
+                (b["k"].as_u64(), b["debug"].as_bool()),
+                (Some(7), Some(true))
+            );
+            assert!(b["user_id"].as_u64().is_some_and(|u| u < 10), "{b}");
+        }
+    }
+
+    #[tokio::test]
+    async fn prepare_builds_the_pool_in_the_targets_wire_form() {
+        let repo = fixture_repo();
+        let a = run(&[
+            "--url",
+            NOWHERE,
+            "--rate",
+            "1",
+            "--model",
+            "deepfm-int8",
+            "--repository",
+            arg(&repo),
+            "--envelope",
+            "kserve-v2-bytes",
+            "--pool",
+            "6",
+            "--seed",
+            "9",
+        ]);
+        let p = prepare(&a.target, &a.workload).await.expect("prepared");
+        assert_eq!((p.pool.len(), p.prepared.len()), (6, 6));
+        assert_eq!(p.target.info().protocol, "kserve-v2-bytes");
+        assert_eq!(p.target.info().v2_model.as_deref(), Some("deepfm-int8"));
+        assert_eq!(p.workload.kind, "rank");
+        assert_eq!(p.workload.path, "/v1/models/deepfm-int8/rank");
+        assert_eq!((p.workload.pool, p.workload.seed), (6, 9));
+        assert_eq!(p.workload.candidates, Some(100));
+        assert!(p.workload.mean_body_bytes > 0.0);
+    }
+}
