@@ -72,6 +72,19 @@ pub enum ServiceError {
     /// Models are still loading, or the server is shutting down.
     #[error("the server is not ready: {0}")]
     Unavailable(&'static str),
+    /// A protected call (the repository API) came without the credentials it needs.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A protected call came with wrong credentials, or is disabled on this server.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The call is not allowed in the server's mode or state (a load with `--model-control poll`, unloading a
+    /// model a pipeline needs).
+    #[error("{0}")]
+    NotAllowed(String),
+    /// A model version could not be loaded or swapped in; the version serving before, if any, goes on serving.
+    #[error("model {model:?} was not loaded: {reason}")]
+    LoadFailed { model: String, reason: String },
     /// A failure that is not the client's doing. The detail is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -100,6 +113,10 @@ impl ServiceError {
             ServiceError::Overloaded { .. } => 429,
             ServiceError::DeadlineExceeded { .. } => 504,
             ServiceError::Unavailable(_) => 503,
+            ServiceError::Unauthenticated(_) => 401,
+            ServiceError::PermissionDenied(_) => 403,
+            ServiceError::NotAllowed(_) => 409,
+            ServiceError::LoadFailed { .. } => 400,
             ServiceError::Internal(_) => 500,
         }
     }
@@ -117,6 +134,10 @@ impl ServiceError {
             ServiceError::Overloaded { .. } => "overloaded",
             ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",
             ServiceError::Unavailable(_) => "unavailable",
+            ServiceError::Unauthenticated(_) => "unauthenticated",
+            ServiceError::PermissionDenied(_) => "permission_denied",
+            ServiceError::NotAllowed(_) => "not_allowed",
+            ServiceError::LoadFailed { .. } => "load_failed",
             ServiceError::Internal(_) => "internal",
         }
     }

@@ -52,7 +52,16 @@ pub struct Metrics {
     topk_duration: HistogramVec,
     recall_items_scored: IntCounterVec,
     pipeline_stage_duration: HistogramVec,
+    model_loads: IntCounterVec,
+    model_load_duration: HistogramVec,
+    model_warmup_duration: HistogramVec,
+    versions_draining: IntGaugeVec,
 }
+
+/// Buckets for loading a model: 10 ms to 20 minutes.
+pub const LOAD_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+];
 
 fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
     HistogramVec::new(
@@ -211,8 +220,31 @@ impl Metrics {
                 LATENCY_BUCKETS,
                 &["pipeline", "stage"],
             ),
+            model_loads: counter(
+                "recserve_model_loads_total",
+                "Model version loads, by model and outcome: loaded, or why not (invalid_model, pipeline, \
+                 not_in_repository).",
+                &["model", "outcome"],
+            ),
+            model_load_duration: histogram(
+                "recserve_model_load_duration_seconds",
+                "Time to load a model version and warm it up, whether or not it then served.",
+                LOAD_BUCKETS,
+                &["model"],
+            ),
+            model_warmup_duration: histogram(
+                "recserve_model_warmup_duration_seconds",
+                "Time to warm a loaded model version up (every batch bucket on every executor) before it serves.",
+                LOAD_BUCKETS,
+                &["model"],
+            ),
+            versions_draining: gauge(
+                "recserve_model_versions_draining",
+                "Replaced or unloaded model versions still answering requests admitted before the switch.",
+                &["model"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 24] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 28] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -237,6 +269,10 @@ impl Metrics {
             Box::new(m.topk_duration.clone()),
             Box::new(m.recall_items_scored.clone()),
             Box::new(m.pipeline_stage_duration.clone()),
+            Box::new(m.model_loads.clone()),
+            Box::new(m.model_load_duration.clone()),
+            Box::new(m.model_warmup_duration.clone()),
+            Box::new(m.versions_draining.clone()),
         ];
         for c in collectors {
             m.registry
@@ -324,6 +360,46 @@ impl Metrics {
         self.model_info
             .with_label_values(&[model, &version.to_string(), kind, precision, device])
             .set(1);
+    }
+
+    /// Drops the `recserve_model_info` series of a version that no longer serves.
+    pub fn clear_model_info(
+        &self,
+        model: &str,
+        version: u64,
+        kind: &str,
+        precision: &str,
+        device: &str,
+    ) {
+        let _ = self.model_info.remove_label_values(&[
+            model,
+            &version.to_string(),
+            kind,
+            precision,
+            device,
+        ]);
+    }
+
+    /// Counts a load of a version of `model` and its duration.
+    pub fn model_loaded(&self, model: &str, outcome: &str, seconds: f64) {
+        self.model_loads.with_label_values(&[model, outcome]).inc();
+        self.model_load_duration
+            .with_label_values(&[model])
+            .observe(seconds);
+    }
+
+    /// The warm-up of a loaded version of `model`.
+    pub fn observe_warmup(&self, model: &str, seconds: f64) {
+        self.model_warmup_duration
+            .with_label_values(&[model])
+            .observe(seconds);
+    }
+
+    /// How many replaced versions of `model` are still answering admitted requests.
+    pub fn set_versions_draining(&self, model: &str, versions: usize) {
+        self.versions_draining
+            .with_label_values(&[model])
+            .set(versions as i64);
     }
 
     pub fn set_table_bytes(

@@ -76,8 +76,7 @@ pub struct Pipeline {
 pub const STAGES: [&str; 3] = ["recall", "features", "rank"];
 
 impl Pipeline {
-    /// Checks `config` against its models: a ranking model with `[item_features]` of exactly one row per
-    /// catalogue item of the recall model, and no more candidates than items.
+    /// A pipeline checked against its models ([`Pipeline::check`]).
     pub fn new(
         name: &str,
         config: &PipelineConfig,
@@ -85,6 +84,21 @@ impl Pipeline {
         ranking: &RankingModel,
         metrics: &Metrics,
     ) -> Result<Pipeline, String> {
+        Pipeline::check(config, recall, ranking)?;
+        Ok(Pipeline {
+            name: name.to_owned(),
+            config: config.clone(),
+            stages: STAGES.map(|stage| metrics.pipeline_stage(name, stage)),
+        })
+    }
+
+    /// Checks `config` against its models: a ranking model with `[item_features]` of exactly one row per
+    /// catalogue item of the recall model, and no more candidates than items.
+    pub fn check(
+        config: &PipelineConfig,
+        recall: &RecallModel,
+        ranking: &RankingModel,
+    ) -> Result<(), String> {
         let items = recall.items();
         let features = ranking.item_features().ok_or_else(|| {
             format!(
@@ -108,11 +122,7 @@ impl Pipeline {
                 config.candidates, config.recall_model
             ));
         }
-        Ok(Pipeline {
-            name: name.to_owned(),
-            config: config.clone(),
-            stages: STAGES.map(|stage| metrics.pipeline_stage(name, stage)),
-        })
+        Ok(())
     }
 
     /// Recalls with `recall`, looks up features, ranks with `ranking`, all under one `deadline`.

@@ -4,13 +4,21 @@
 //! versions it started on, and a recommend call uses one snapshot for both of its models. What loading needs
 //! besides the model itself (the server's settings, ONNX Runtime, the metrics) is a [`LoadContext`].
 //!
+//! Versions change while serving ([`Registry::reload`], [`Registry::unload`]): a new version is loaded and warmed
+//! up beside the serving one, checked, then swapped in with one atomic switch of the snapshot. The version it
+//! replaces keeps answering the requests that hold it and is released (its threads joined, sessions and mapped
+//! tables dropped) on a thread of its own once the last of them ends, never on a request's thread. A load that
+//! fails leaves the serving version serving and is reported in the model's [`Status`].
+//!
 //! The registry is generic over the model type so that it knows nothing of model kinds: `ranking` and `recall`
 //! sit above it and read their [`LoadContext`] from here, and its bookkeeping is tested with a model of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
@@ -111,6 +119,14 @@ pub struct Snapshot<M> {
     models: BTreeMap<String, Arc<Served<M>>>,
 }
 
+impl<M> Clone for Snapshot<M> {
+    fn clone(&self) -> Self {
+        Snapshot {
+            models: self.models.clone(),
+        }
+    }
+}
+
 impl<M> Snapshot<M> {
     pub fn new(models: impl IntoIterator<Item = Served<M>>) -> Snapshot<M> {
         Snapshot {
@@ -149,24 +165,202 @@ impl<M> Snapshot<M> {
     pub fn names(&self) -> String {
         self.models.keys().cloned().collect::<Vec<_>>().join(", ")
     }
+
+    /// This snapshot with `model` in place of the version of its name (or added); returns the one it replaces.
+    fn with(&self, model: Arc<Served<M>>) -> (Snapshot<M>, Option<Arc<Served<M>>>) {
+        let mut next = self.clone();
+        let replaced = next.models.insert(model.name.clone(), model);
+        (next, replaced)
+    }
+
+    /// This snapshot without the model `name`, and the version removed.
+    fn without(&self, name: &str) -> (Snapshot<M>, Option<Arc<Served<M>>>) {
+        let mut next = self.clone();
+        let removed = next.models.remove(name);
+        (next, removed)
+    }
 }
 
-/// Owns which version of each model serves now.
-#[derive(Debug)]
-pub struct Registry<M> {
-    /// `None` until the first snapshot is installed.
-    current: RwLock<Option<Arc<Snapshot<M>>>>,
+/// Where a model of the repository stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// The version serving now, if any.
+    pub serving: Option<u64>,
+    pub state: State,
 }
 
-impl<M> Default for Registry<M> {
-    fn default() -> Self {
-        Registry {
-            current: RwLock::new(None),
+/// What is happening to a model, or happened last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Serving, nothing pending.
+    Ready,
+    /// Loading `version` (beside the serving one, if any).
+    Loading { version: u64 },
+    /// The last load failed (of `version`, when one was found); the serving version, if any, goes on.
+    Failed {
+        version: Option<u64>,
+        reason: String,
+    },
+    /// Unloaded on request, or gone from the repository.
+    Unloaded,
+}
+
+/// Why a version did not start serving.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoadFailure {
+    /// The model or its version could not be found, read, checked or loaded; the error names the file.
+    #[error("{0}")]
+    Invalid(LoadError),
+    /// It loaded, but the models it serves with refused it (a pipeline whose models no longer fit).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl LoadFailure {
+    /// The `outcome` label of `recserve_model_loads_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            LoadFailure::Invalid(_) => "invalid_model",
+            LoadFailure::Refused(_) => "refused",
         }
     }
 }
 
+/// A change the registry made: `name` serves `version` now (none: unloaded) instead of `previous`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub name: String,
+    pub version: Option<u64>,
+    pub previous: Option<u64>,
+}
+
+/// A served version as snapshots and requests hold it.
+type Shared<M> = Arc<Served<M>>;
+
+/// Owns which version of each model serves now.
+#[derive(Debug)]
+pub struct Registry<M: Send + Sync + 'static> {
+    /// `None` until the first snapshot is installed.
+    current: RwLock<Option<Arc<Snapshot<M>>>>,
+    /// Each model's lifecycle, for the repository index and `/v1/models`.
+    status: Mutex<BTreeMap<String, Status>>,
+    /// One load or unload at a time: each builds its snapshot from the one before.
+    changes: Mutex<()>,
+    releaser: Releaser<M>,
+}
+
+impl<M: Send + Sync + 'static> Registry<M> {
+    pub fn new(metrics: Metrics) -> Registry<M> {
+        Registry {
+            current: RwLock::new(None),
+            status: Mutex::new(BTreeMap::new()),
+            changes: Mutex::new(()),
+            releaser: Releaser::start(metrics),
+        }
+    }
+
+    /// Serves `snapshot` from now on. Requests already running keep the snapshot they took.
+    pub fn install(&self, snapshot: Snapshot<M>) {
+        let mut status = lock(&self.status);
+        for model in snapshot.models() {
+            status.insert(
+                model.name.clone(),
+                Status {
+                    serving: Some(model.version),
+                    state: State::Ready,
+                },
+            );
+        }
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(snapshot));
+    }
+
+    /// The models serving now, or `None` before the first snapshot is installed.
+    pub fn snapshot(&self) -> Option<Arc<Snapshot<M>>> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Each model's status, by name: those serving, loading, failed or unloaded.
+    pub fn status(&self) -> BTreeMap<String, Status> {
+        lock(&self.status).clone()
+    }
+
+    /// Versions replaced or unloaded that still answer requests admitted before the switch.
+    pub fn draining(&self) -> usize {
+        self.releaser.len()
+    }
+
+    fn set_status(&self, name: &str, serving: Option<u64>, state: State) {
+        lock(&self.status).insert(name.to_owned(), Status { serving, state });
+    }
+
+    /// Swaps `model` in (or, with `None`, takes `name` out) if `check` accepts the snapshot that makes; the
+    /// version it replaces drains. Returns the switch, or `check`'s objection.
+    fn switch(
+        &self,
+        name: &str,
+        model: Option<Arc<Served<M>>>,
+        check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
+    ) -> Result<(Change, Option<Shared<M>>), String> {
+        let current = self.snapshot().unwrap_or_else(|| {
+            Arc::new(Snapshot {
+                models: BTreeMap::new(),
+            })
+        });
+        let version = model.as_ref().map(|m| m.version);
+        let (next, old) = match model {
+            Some(model) => current.with(model),
+            None => current.without(name),
+        };
+        check(&next)?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(next));
+        let switch = Change {
+            name: name.to_owned(),
+            version,
+            previous: old.as_ref().map(|m| m.version),
+        };
+        Ok((switch, old))
+    }
+}
+
 impl<M: Model> Registry<M> {
+    /// Takes `name` out of service (its version drains), if `check` accepts the snapshot without it.
+    pub fn unload(
+        &self,
+        name: &str,
+        metrics: &Metrics,
+        check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
+    ) -> Result<Change, String> {
+        let _one_at_a_time = lock(&self.changes);
+        let serving = self
+            .snapshot()
+            .and_then(|s| s.get(name, None).ok().cloned());
+        let Some(serving) = serving else {
+            return Err(format!("model {name:?} is not served"));
+        };
+        let (switch, old) = self.switch(name, None, check)?;
+        self.set_status(name, None, State::Unloaded);
+        if let Some(old) = old {
+            self.release(old, metrics);
+        }
+        drop(serving);
+        tracing::info!(model = %name, version = ?switch.previous, "model unloaded; draining");
+        Ok(switch)
+    }
+
+    /// Hands a replaced version to the releaser and clears its `recserve_model_info` series.
+    fn release(&self, old: Arc<Served<M>>, metrics: &Metrics) {
+        metrics.clear_model_info(
+            &old.name,
+            old.version,
+            old.spec.kind.as_str(),
+            old.spec.precision().as_str(),
+            old.model.device(),
+        );
+        self.releaser.push(old);
+    }
     /// Loads every model of `repository` (the version `pins` names, else the highest), in name order; the first
     /// that cannot be loaded stops the load. The result is not served until it is [installed](Self::install).
     pub fn load(
@@ -177,49 +371,184 @@ impl<M: Model> Registry<M> {
     ) -> Result<Snapshot<M>, LoadError> {
         let mut models = Vec::new();
         for mv in repository::discover(repository, pins)? {
-            let started = Instant::now();
-            let spec = Arc::new(repository::read_spec(&mv.dir)?);
-            let model = M::load(ctx, &mv, Arc::clone(&spec))?;
-            ctx.metrics.set_model_info(
-                &mv.name,
-                mv.version,
-                spec.kind.as_str(),
-                spec.precision().as_str(),
-                model.device(),
-            );
-            tracing::info!(
-                model = %mv.name,
-                version = mv.version,
-                kind = spec.kind.as_str(),
-                precision = spec.precision().as_str(),
-                device = model.device(),
-                seconds = started.elapsed().as_secs_f64(),
-                "model loaded and warmed up"
-            );
-            models.push(Served {
-                name: mv.name,
-                version: mv.version,
-                available: mv.available,
-                spec,
-                model,
-            });
+            models.push(load_version(ctx, mv)?);
         }
         Ok(Snapshot::new(models))
     }
+
+    /// Loads the version of `name` that the repository offers now (`pin`, else the highest) beside the serving
+    /// one, warms it up, and swaps it in if `check` accepts the snapshot it makes (the service checks its
+    /// pipelines). On failure the serving version goes on serving and the model's status says why. Blocking:
+    /// call it off the request path. `skip_if_serving`: do nothing when that version already serves (polling).
+    pub fn reload(
+        &self,
+        ctx: &LoadContext,
+        repository: &Path,
+        name: &str,
+        pin: Option<&u64>,
+        skip_if_serving: bool,
+        check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
+    ) -> Result<Option<Change>, LoadFailure> {
+        let _one_at_a_time = lock(&self.changes);
+        let serving = self
+            .snapshot()
+            .and_then(|s| s.get(name, None).ok().map(|m| m.version));
+        let started = Instant::now();
+        let fail = |version: Option<u64>, failure: LoadFailure| {
+            tracing::error!(model = %name, ?version, error = %failure, "model load failed; the serving version goes on");
+            ctx.metrics
+                .model_loaded(name, failure.outcome(), started.elapsed().as_secs_f64());
+            self.set_status(
+                name,
+                serving,
+                State::Failed {
+                    version,
+                    reason: failure.to_string(),
+                },
+            );
+            failure
+        };
+        let mv = repository::discover_model(repository, name, pin)
+            .map_err(|e| fail(None, LoadFailure::Invalid(e)))?;
+        if skip_if_serving && serving == Some(mv.version) {
+            return Ok(None);
+        }
+        let version = mv.version;
+        self.set_status(name, serving, State::Loading { version });
+        let model =
+            load_version(ctx, mv).map_err(|e| fail(Some(version), LoadFailure::Invalid(e)))?;
+        let (switch, old) = self
+            .switch(name, Some(Arc::new(model)), check)
+            .map_err(|problem| fail(Some(version), LoadFailure::Refused(problem)))?;
+        ctx.metrics
+            .model_loaded(name, "loaded", started.elapsed().as_secs_f64());
+        self.set_status(name, Some(version), State::Ready);
+        if let Some(old) = old {
+            self.release(old, &ctx.metrics);
+        }
+        tracing::info!(model = %name, version, previous = ?switch.previous, "switched to the new version");
+        Ok(Some(switch))
+    }
 }
 
-impl<M> Registry<M> {
-    /// Serves `snapshot` from now on. Requests already running keep the snapshot they took.
-    pub fn install(&self, snapshot: Snapshot<M>) {
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(snapshot));
+/// Loads one version, records it in `recserve_model_info` and logs it.
+fn load_version<M: Model>(ctx: &LoadContext, mv: ModelVersion) -> Result<Served<M>, LoadError> {
+    let started = Instant::now();
+    let spec = Arc::new(repository::read_spec(&mv.dir)?);
+    let model = M::load(ctx, &mv, Arc::clone(&spec))?;
+    ctx.metrics.set_model_info(
+        &mv.name,
+        mv.version,
+        spec.kind.as_str(),
+        spec.precision().as_str(),
+        model.device(),
+    );
+    tracing::info!(
+        model = %mv.name,
+        version = mv.version,
+        kind = spec.kind.as_str(),
+        precision = spec.precision().as_str(),
+        device = model.device(),
+        seconds = started.elapsed().as_secs_f64(),
+        "model loaded and warmed up"
+    );
+    Ok(Served {
+        name: mv.name,
+        version: mv.version,
+        available: mv.available,
+        spec,
+        model,
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a single insert or swap: a panic cannot leave them half done.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How often the releaser looks for drained versions.
+const RELEASE_EVERY: Duration = Duration::from_millis(50);
+
+/// Releases replaced versions once no request holds them any more, on a thread of its own: dropping a version
+/// joins its batcher and executor threads and unmaps its tables, which must not happen on a request's thread.
+#[derive(Debug)]
+struct Releaser<M: Send + Sync + 'static> {
+    draining: Arc<Mutex<Vec<Arc<Served<M>>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<M: Send + Sync + 'static> Releaser<M> {
+    fn start(metrics: Metrics) -> Releaser<M> {
+        let draining: Arc<Mutex<Vec<Arc<Served<M>>>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (draining, stop) = (Arc::clone(&draining), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("model-releaser".to_owned())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::park_timeout(RELEASE_EVERY);
+                        release_drained(&draining, &metrics);
+                    }
+                })
+                .map_err(|e| tracing::error!("cannot start the model releaser thread: {e}"))
+                .ok()
+        };
+        Releaser {
+            draining,
+            stop,
+            thread,
+        }
     }
 
-    /// The models serving now, or `None` before the first snapshot is installed.
-    pub fn snapshot(&self) -> Option<Arc<Snapshot<M>>> {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn push(&self, version: Arc<Served<M>>) {
+        lock(&self.draining).push(version);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.draining).len()
+    }
+}
+
+/// Drops the versions only `draining` still holds, outside its lock; updates the draining gauge.
+fn release_drained<M>(draining: &Mutex<Vec<Arc<Served<M>>>>, metrics: &Metrics) {
+    let released: Vec<Arc<Served<M>>> = {
+        let mut held = lock(draining);
+        let (done, still): (Vec<_>, Vec<_>) =
+            held.drain(..).partition(|v| Arc::strong_count(v) == 1);
+        *held = still;
+        // Every model with a version draining or just released, with how many still drain.
+        let mut by_model: BTreeMap<&str, usize> =
+            done.iter().map(|v| (v.name.as_str(), 0)).collect();
+        for v in held.iter() {
+            *by_model.entry(v.name.as_str()).or_default() += 1;
+        }
+        for (model, count) in by_model {
+            metrics.set_versions_draining(model, count);
+        }
+        done
+    };
+    for version in released {
+        let (name, number) = (version.name.clone(), version.version);
+        let started = Instant::now();
+        drop(version);
+        tracing::info!(model = %name, version = number, seconds = started.elapsed().as_secs_f64(), "replaced version released");
+    }
+}
+
+impl<M: Send + Sync + 'static> Drop for Releaser<M> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            if thread.join().is_err() {
+                tracing::error!("the model releaser thread panicked");
+            }
+        }
     }
 }
 
@@ -272,9 +601,118 @@ storage = "fp32"
         );
     }
 
+    /// A model that records the thread it is dropped on.
+    #[derive(Debug)]
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Drop for Recorded {
+        fn drop(&mut self) {
+            let thread = std::thread::current().name().unwrap_or("").to_owned();
+            lock(&self.0).push(thread);
+        }
+    }
+
+    fn recorded(
+        name: &str,
+        version: u64,
+        drops: &Arc<Mutex<Vec<String>>>,
+    ) -> Arc<Served<Recorded>> {
+        let base = served(name, version);
+        Arc::new(Served {
+            name: base.name,
+            version: base.version,
+            available: base.available,
+            spec: base.spec,
+            model: Recorded(Arc::clone(drops)),
+        })
+    }
+
+    #[test]
+    fn a_replaced_version_is_released_on_the_releaser_once_its_last_request_ends() {
+        let drops = Arc::new(Mutex::new(Vec::new()));
+        let registry = Registry::<Recorded>::new(Metrics::new());
+        let (change, _) = registry
+            .switch("a", Some(recorded("a", 1, &drops)), |_| Ok(()))
+            .expect("first version");
+        assert_eq!((change.version, change.previous), (Some(1), None));
+        let request = registry.snapshot().expect("serving");
+
+        let (change, old) = registry
+            .switch("a", Some(recorded("a", 2, &drops)), |_| Ok(()))
+            .expect("second version");
+        assert_eq!((change.version, change.previous), (Some(2), Some(1)));
+        registry.releaser.push(old.expect("version 1 replaced"));
+        assert_eq!(
+            registry
+                .snapshot()
+                .expect("serving")
+                .get("a", None)
+                .expect("a")
+                .version,
+            2
+        );
+        assert_eq!(
+            request.get("a", None).expect("a").version,
+            1,
+            "the request keeps its version"
+        );
+
+        std::thread::sleep(RELEASE_EVERY * 4);
+        assert!(
+            lock(&drops).is_empty(),
+            "version 1 is still held by a request"
+        );
+        assert_eq!(registry.draining(), 1);
+        drop(request);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while registry.draining() > 0 && Instant::now() < deadline {
+            std::thread::sleep(RELEASE_EVERY);
+        }
+        assert_eq!(
+            *lock(&drops),
+            ["model-releaser"],
+            "released off the request's thread"
+        );
+    }
+
+    #[test]
+    fn a_refused_switch_leaves_the_serving_snapshot_alone() {
+        let drops = Arc::new(Mutex::new(Vec::new()));
+        let registry = Registry::<Recorded>::new(Metrics::new());
+        registry
+            .switch("a", Some(recorded("a", 1, &drops)), |_| Ok(()))
+            .expect("first version");
+        let refused = registry.switch("a", Some(recorded("a", 2, &drops)), |next| {
+            assert_eq!(
+                next.get("a", None).expect("a").version,
+                2,
+                "checked before serving"
+            );
+            Err("pipeline p no longer fits".to_owned())
+        });
+        assert_eq!(refused.expect_err("refused"), "pipeline p no longer fits");
+        assert_eq!(
+            registry
+                .snapshot()
+                .expect("serving")
+                .get("a", None)
+                .expect("a")
+                .version,
+            1
+        );
+        let (change, removed) = registry
+            .switch("a", None, |next| {
+                assert!(next.get("a", None).is_err());
+                Ok(())
+            })
+            .expect("unloaded");
+        assert_eq!((change.version, change.previous), (None, Some(1)));
+        assert!(removed.is_some());
+    }
+
     #[test]
     fn requests_keep_the_snapshot_they_took() {
-        let registry = Registry::<()>::default();
+        let registry = Registry::<()>::new(Metrics::new());
         assert!(
             registry.snapshot().is_none(),
             "nothing serves before install"

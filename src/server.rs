@@ -55,7 +55,12 @@ pub async fn run(
             .spawn(move || {
                 let result = service.load(&config);
                 match &result {
-                    Ok(()) => tracing::info!("all models loaded; ready"),
+                    Ok(()) => {
+                        tracing::info!("all models loaded; ready");
+                        if let Err(e) = service.start_polling() {
+                            tracing::error!("cannot start the repository poll thread: {e}");
+                        }
+                    }
                     Err(_) => {
                         let _ = failed_tx.send(());
                     }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{TestServer, cases, config, fixture_repo};
+use common::{TestServer, cases, config, fixture_repo, run_python};
 use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use recserve::api::kserve::grpc::proto::model_infer_request::{
     InferInputTensor, InferRequestedOutputTensor,
@@ -240,10 +240,7 @@ async fn run_tritonclient(server: &TestServer, jobs: &[Job]) -> Value {
         })).collect::<Vec<_>>(),
     });
     std::fs::write(&jobs_file, spec.to_string()).expect("write jobs");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kserve_client.py");
-    let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
-    let args = [
-        script.display().to_string(),
+    let args = vec![
         "--http".to_owned(),
         server.addr.to_string(),
         "--grpc".to_owned(),
@@ -253,23 +250,7 @@ async fn run_tritonclient(server: &TestServer, jobs: &[Job]) -> Value {
         "--out".to_owned(),
         out_file.display().to_string(),
     ];
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(&python).args(&args).output().unwrap_or_else(|e| {
-            panic!(
-                "cannot run {python:?} ({e}): run scripts/test.sh, or source scripts/env.sh after scripts/setup.sh \
-                 (the .venv has tritonclient), or set RECSERVE_TEST_PYTHON"
-            )
-        })
-    })
-    .await
-    .expect("python task");
-    assert!(
-        output.status.success(),
-        "tests/kserve_client.py failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python("kserve_client.py", args).await;
     let text = std::fs::read_to_string(&out_file).expect("results");
     serde_json::from_str(&text).expect("results JSON")
 }

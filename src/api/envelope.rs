@@ -64,6 +64,11 @@ pub fn error_response(error: &ServiceError) -> Response {
                 response.headers_mut().insert(header::RETRY_AFTER, value);
             }
         }
+        ServiceError::Unauthenticated(_) => {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         // The rest of the body is not read, so the connection cannot carry another request: saying so keeps a
         // client from sending its next request on a connection that is about to close.
         ServiceError::PayloadTooLarge { .. } => {

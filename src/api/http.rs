@@ -21,6 +21,7 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .merge(v1::routes())
         .merge(kserve::http::routes())
+        .merge(kserve::repository::routes())
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))

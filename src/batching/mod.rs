@@ -415,7 +415,7 @@ fn run_batcher<W: Work>(shared: &Shared<Job<W>>, sender: Sender<Batch<Job<W>>>) 
 
 /// Gives the calling thread the nice value `niceness` (Linux: nice values are per thread). Raising one's own
 /// nice value needs no privilege; a failure only costs the priority, so it is logged, not fatal.
-fn lower_priority(niceness: u8) {
+pub fn lower_priority(niceness: u8) {
     if niceness == 0 {
         return;
     }
@@ -428,7 +428,7 @@ fn lower_priority(niceness: u8) {
         tracing::warn!(
             niceness,
             error = %std::io::Error::last_os_error(),
-            "could not lower an executor thread's priority"
+            "could not lower a thread's priority"
         );
     }
 }

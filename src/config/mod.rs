@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use settings::{
     DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR, EXECUTOR_NICENESS,
     EXECUTORS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
-    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, QUEUE_CAPACITY, SHARDS,
-    SHUTDOWN_TIMEOUT_S,
+    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, QUEUE_CAPACITY, REPOSITORY_POLL_S,
+    SHARDS, SHUTDOWN_TIMEOUT_S,
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
@@ -43,6 +43,19 @@ pub enum Command {
 pub enum Switch {
     On,
     Off,
+}
+
+/// How model versions change while serving (`--model-control`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelControl {
+    /// Every model is loaded once, at start.
+    #[default]
+    None,
+    /// The repository is watched; new versions are swapped in, removed models unloaded.
+    Poll,
+    /// The repository API loads and unloads models.
+    Explicit,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
@@ -103,6 +116,11 @@ pub struct Config {
     pub tensorrt_fp16: bool,
     pub tensorrt_int8: bool,
     pub tensorrt_engine_cache: Option<PathBuf>,
+    pub model_control: ModelControl,
+    pub repository_poll_s: u64,
+    /// The token's file, never the token (`check-config` prints this configuration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pipelines: BTreeMap<String, PipelineConfig>,
 }
@@ -259,6 +277,9 @@ impl ServeArgs {
             tensorrt_fp16: tensorrt.fp16,
             tensorrt_int8: tensorrt.int8,
             tensorrt_engine_cache: tensorrt.engine_cache,
+            model_control: self.model_control.unwrap_or_default(),
+            repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
+            admin_token_file: self.admin_token_file,
             pipelines: self.pipelines,
         })
     }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{ConfigError, LogFormat, PipelineConfig, Switch};
+use super::{ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
 use crate::gpu::{DeviceRequest, ProviderRequest};
 use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
@@ -130,6 +130,12 @@ pub const DEFAULT_DEADLINE_MS_SETTING: Setting<u64> = Setting {
     default: crate::batching::DEFAULT_DEADLINE_MS,
     min: 1,
     max: MAX_DEFAULT_DEADLINE_MS,
+};
+pub const REPOSITORY_POLL_S: Setting<u64> = Setting {
+    flag: "--repository-poll-s",
+    default: 15,
+    min: 1,
+    max: 86_400,
 };
 pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
     flag: "--shutdown-timeout-s",
@@ -274,6 +280,21 @@ pub struct ServeArgs {
     /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
     #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
     pub tensorrt_engine_cache: Option<PathBuf>,
+
+    /// How model versions change while serving: none (loaded once at start), poll (watch the repository every
+    /// --repository-poll-s: new highest or pinned versions are swapped in, removed models unloaded) or explicit
+    /// (only the repository API loads and unloads: POST /v2/repository/models/NAME/load) [default: none].
+    #[arg(long, value_enum, env = "RECSERVE_MODEL_CONTROL")]
+    pub model_control: Option<ModelControl>,
+
+    /// Seconds between two looks at the repository with --model-control poll [default: 15].
+    #[arg(long, env = "RECSERVE_REPOSITORY_POLL_S")]
+    pub repository_poll_s: Option<u64>,
+
+    /// File holding the bearer token that the repository API (/v2/repository/..., gRPC Repository*) requires in
+    /// `Authorization: Bearer TOKEN`; without it those calls are refused. Inference calls never need it.
+    #[arg(long, env = "RECSERVE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 
     /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
     #[arg(skip)]

@@ -150,6 +150,7 @@ impl RankingModel {
         let metrics = ctx.metrics.model(&mv.name, store.device());
         let graph_path = mv.dir.join(&graph_spec.file);
         let mut executors = Vec::with_capacity(ctx.executors);
+        let mut warm_up = Duration::ZERO;
         for executor in 0..ctx.executors {
             let lane = embedding::lane(&store, executor).map_err(|e| {
                 LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
@@ -157,9 +158,11 @@ impl RankingModel {
             let options = ctx.session.on_device(lane.cuda_device());
             let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
             let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+            let started = Instant::now();
             worker
                 .warm_up(&batching.buckets, Some(&estimator))
                 .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;
+            warm_up += started.elapsed();
             executors.push(RankExecutor {
                 worker,
                 shape,
@@ -167,6 +170,7 @@ impl RankingModel {
                 dense: Vec::new(),
             });
         }
+        ctx.metrics.observe_warmup(&mv.name, warm_up.as_secs_f64());
         let batcher = Batcher::start(
             &mv.name,
             batching.clone(),

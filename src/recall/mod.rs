@@ -483,8 +483,11 @@ impl RecallModel {
             })
             .collect();
         if let Some(first) = executors.first_mut() {
+            let started = Instant::now();
             warm_up(first, &batching, &estimator, contract.items())
                 .map_err(|problem| LoadError::new(&mv.dir, problem))?;
+            ctx.metrics
+                .observe_warmup(&mv.name, started.elapsed().as_secs_f64());
         }
         tracing::info!(
             model = %mv.name,

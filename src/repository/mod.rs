@@ -57,13 +57,7 @@ pub fn discover(root: &Path, pins: &HashMap<String, u64>) -> Result<Vec<ModelVer
                 "model directory names may contain only letters, digits, '_' and '-' (at most 128)",
             ));
         }
-        let versions = list_versions(&path)?;
-        if versions.is_empty() {
-            return Err(LoadError::new(
-                &path,
-                "has no version directory (expected <model>/<version>/model.toml with an integer version ≥ 1)",
-            ));
-        }
+        let versions = versions_of(&path)?;
         models.insert(name, (path, versions));
     }
     if models.is_empty() {
@@ -80,26 +74,73 @@ pub fn discover(root: &Path, pins: &HashMap<String, u64>) -> Result<Vec<ModelVer
             ));
         }
     }
-    let mut out = Vec::with_capacity(models.len());
-    for (name, (path, available)) in models {
-        let version = match pins.get(&name) {
-            Some(&v) if available.contains(&v) => v,
-            Some(&v) => {
-                return Err(LoadError::new(
-                    &path,
-                    format!("version {v} is pinned but not present (present: {available:?})"),
-                ));
-            }
-            None => *available.last().expect("versions is not empty"),
-        };
-        out.push(ModelVersion {
-            dir: path.join(version.to_string()),
-            name,
-            version,
-            available,
-        });
+    models
+        .into_iter()
+        .map(|(name, (path, available))| {
+            let pin = pins.get(name.as_str());
+            choose(name.clone(), &path, available, pin)
+        })
+        .collect()
+}
+
+/// The version of one model of `root` to serve (`pin` when given, else the highest), as [`discover`] picks it.
+pub fn discover_model(
+    root: &Path,
+    name: &str,
+    pin: Option<&u64>,
+) -> Result<ModelVersion, LoadError> {
+    if !is_valid_model_name(name) {
+        return Err(LoadError::new(
+            root,
+            format!("{name:?} is not a model name (letters, digits, '_' and '-', at most 128)"),
+        ));
     }
-    Ok(out)
+    let path = root.join(name);
+    if !path.is_dir() {
+        return Err(LoadError::new(
+            &path,
+            "is not in the model repository (expected <repository>/<model>/<version>/model.toml)",
+        ));
+    }
+    let available = versions_of(&path)?;
+    choose(name.to_owned(), &path, available, pin)
+}
+
+/// The versions of a model directory, ascending; a directory without any is refused.
+fn versions_of(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
+    let versions = list_versions(model_dir)?;
+    if versions.is_empty() {
+        return Err(LoadError::new(
+            model_dir,
+            "has no version directory (expected <model>/<version>/model.toml with an integer version ≥ 1)",
+        ));
+    }
+    Ok(versions)
+}
+
+fn choose(
+    name: String,
+    path: &Path,
+    available: Vec<u64>,
+    pin: Option<&u64>,
+) -> Result<ModelVersion, LoadError> {
+    let version = match (pin, available.last()) {
+        (Some(&v), _) if available.contains(&v) => v,
+        (Some(&v), _) => {
+            return Err(LoadError::new(
+                path,
+                format!("version {v} is pinned but not present (present: {available:?})"),
+            ));
+        }
+        (None, Some(&highest)) => highest,
+        (None, None) => return Err(LoadError::new(path, "has no version directory")),
+    };
+    Ok(ModelVersion {
+        dir: path.join(version.to_string()),
+        name,
+        version,
+        available,
+    })
 }
 
 fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
@@ -117,7 +158,8 @@ fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
             !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && !name.starts_with('0');
         match name.parse::<u64>() {
             Ok(v) if plain && v >= 1 => versions.push(v),
-            _ => tracing::info!(
+            // Debug only: a writer's temporary directory (docs/model-repository.md) is seen at every poll.
+            _ => tracing::debug!(
                 path = %entry.path().display(),
                 "ignoring a directory whose name is not a version number"
             ),

@@ -3,6 +3,7 @@
 //! [`Service::pipeline_call`] in [`call`]). Transports only decode and encode.
 
 mod call;
+mod lifecycle;
 mod model;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use tokio::sync::watch;
 pub use call::{
     ModelCall, ModelRequest, Operation, PipelineCall, PipelineRequest, Protocol, parse_version,
 };
+pub use lifecycle::IndexEntry;
 pub use model::{Model, Models, ResolvedPipeline, ServedModel};
 
 use crate::config::Config;
@@ -60,6 +62,8 @@ pub struct Service {
     registry: Registry<Model>,
     /// Set just before the first snapshot is installed, so a ready service has its pipelines.
     pipelines: OnceLock<BTreeMap<String, Arc<Pipeline>>>,
+    /// What loading while serving needs; set with the first snapshot.
+    lifecycle: OnceLock<lifecycle::Lifecycle>,
     shutting_down: AtomicBool,
     /// Follows [`Service::readiness`], for transports that push it (gRPC health) instead of being asked.
     readiness_changes: watch::Sender<Readiness>,
@@ -70,8 +74,9 @@ pub struct Service {
 impl Service {
     pub fn new(metrics: Metrics, limits: Limits) -> Service {
         Service {
-            registry: Registry::default(),
+            registry: Registry::new(metrics.clone()),
             pipelines: OnceLock::new(),
+            lifecycle: OnceLock::new(),
             shutting_down: AtomicBool::new(false),
             readiness_changes: watch::Sender::new(Readiness::Loading),
             metrics,
@@ -82,6 +87,11 @@ impl Service {
     /// Loads ONNX Runtime and every model of the repository, checks the pipelines against them, then marks the
     /// service ready. Blocking: run it on a thread of its own.
     pub fn load(&self, config: &Config) -> Result<(), StartError> {
+        let token = config
+            .admin_token_file
+            .as_deref()
+            .map(lifecycle::read_token)
+            .transpose()?;
         let runtime = Runtime::load(&config.ort_library)?;
         let placement = gpu::select(config.device)?;
         let ctx = LoadContext::new(config, runtime, self.metrics.clone(), placement);
@@ -90,6 +100,9 @@ impl Service {
             .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
         // Loading happens once per service; a second call would be a bug, and the first pipelines stay.
         let _ = self.pipelines.set(pipelines);
+        let _ = self
+            .lifecycle
+            .set(lifecycle::Lifecycle::new(config, ctx, token));
         self.registry.install(models);
         self.publish_readiness();
         Ok(())

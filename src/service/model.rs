@@ -144,8 +144,51 @@ impl ResolvedPipeline {
     }
 }
 
-/// The config's `[pipelines.NAME]`, each checked against `models`: a lightgcn recall model and a deepfm ranking
-/// model of the repository that fit together ([`Pipeline::new`]). The error names the pipeline's problem.
+/// The two models of a pipeline in `models`: a lightgcn recall model and a deepfm ranking model, or what is wrong.
+fn models_of<'m>(
+    config: &PipelineConfig,
+    models: &'m Models,
+) -> Result<(&'m RecallModel, &'m RankingModel), String> {
+    let model = |key: &str, wanted: &str, kind: ModelKind| {
+        let m = models.get(wanted, None).map_err(|_| {
+            format!(
+                "{key} = {wanted:?} is not a model of the repository (models: {})",
+                models.names()
+            )
+        })?;
+        if m.spec.kind != kind {
+            return Err(format!(
+                "{key} = {wanted:?} is a {} model, not {}",
+                m.spec.kind.as_str(),
+                kind.as_str()
+            ));
+        }
+        Ok(m)
+    };
+    let recall = model("recall_model", &config.recall_model, ModelKind::Lightgcn)?;
+    let ranking = model("ranking_model", &config.ranking_model, ModelKind::Deepfm)?;
+    match (recall.recall(), ranking.ranking()) {
+        (Ok(recall), Ok(ranking)) => Ok((recall, ranking)),
+        (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+    }
+}
+
+/// Whether every configured pipeline can run on `models` (a snapshot about to be served): the first problem,
+/// naming the pipeline.
+pub fn check_pipelines(
+    configs: &BTreeMap<String, PipelineConfig>,
+    models: &Models,
+) -> Result<(), String> {
+    for (name, config) in configs {
+        models_of(config, models)
+            .and_then(|(recall, ranking)| Pipeline::check(config, recall, ranking))
+            .map_err(|problem| format!("pipeline {name:?} would not run: {problem}"))?;
+    }
+    Ok(())
+}
+
+/// The config's `[pipelines.NAME]`, each checked against `models` ([`Pipeline::new`]). The error names the
+/// pipeline and its problem.
 pub fn build_pipelines(
     configs: &BTreeMap<String, PipelineConfig>,
     models: &Models,
@@ -154,30 +197,7 @@ pub fn build_pipelines(
     let mut pipelines = BTreeMap::new();
     for (name, config) in configs {
         let fail = |problem: String| (name.clone(), problem);
-        let model = |key: &str, wanted: &str, kind: ModelKind| {
-            let m = models.get(wanted, None).map_err(|_| {
-                format!(
-                    "{key} = {wanted:?} is not a model of the repository (models: {})",
-                    models.names()
-                )
-            })?;
-            if m.spec.kind != kind {
-                return Err(format!(
-                    "{key} = {wanted:?} is a {} model, not {}",
-                    m.spec.kind.as_str(),
-                    kind.as_str()
-                ));
-            }
-            Ok(m)
-        };
-        let recall =
-            model("recall_model", &config.recall_model, ModelKind::Lightgcn).map_err(fail)?;
-        let ranking =
-            model("ranking_model", &config.ranking_model, ModelKind::Deepfm).map_err(fail)?;
-        let (recall, ranking) = match (recall.recall(), ranking.ranking()) {
-            (Ok(recall), Ok(ranking)) => (recall, ranking),
-            (Err(e), _) | (_, Err(e)) => return Err(fail(e.to_string())),
-        };
+        let (recall, ranking) = models_of(config, models).map_err(fail)?;
         let pipeline = Pipeline::new(name, config, recall, ranking, metrics).map_err(fail)?;
         tracing::info!(
             pipeline = %name,

@@ -248,3 +248,33 @@ pub fn metric_sample(metrics: &str, prefix: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
 }
+
+/// Runs the Python script `tests/<script>` with `args` (the test venv's `python`, or `RECSERVE_TEST_PYTHON`),
+/// failing loudly when it cannot run or exits non-zero: a missing tritonclient is a failure, never a skip.
+pub async fn run_python(script: &str, args: Vec<String>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&python)
+            .arg(&path)
+            .args(&args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {python:?} ({e}): run scripts/test.sh, or source scripts/env.sh after \
+                     scripts/setup.sh (the .venv has tritonclient), or set RECSERVE_TEST_PYTHON"
+                )
+            })
+    })
+    .await
+    .expect("python task");
+    assert!(
+        output.status.success(),
+        "tests/{script} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -535,6 +535,8 @@ table = "cat"
                 table("item", 50, "reject"),
                 table("cat", 5, "reject"),
             ],
+            state: "ready".to_owned(),
+            load: None,
         }
     }
 

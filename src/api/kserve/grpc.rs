@@ -49,6 +49,10 @@ pub fn code_of(error: &ServiceError) -> Code {
         | ServiceError::PipelineNotFound { .. } => Code::NotFound,
         ServiceError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         ServiceError::Unavailable(_) => Code::Unavailable,
+        ServiceError::Unauthenticated(_) => Code::Unauthenticated,
+        ServiceError::PermissionDenied(_) => Code::PermissionDenied,
+        ServiceError::NotAllowed(_) => Code::FailedPrecondition,
+        ServiceError::LoadFailed { .. } => Code::InvalidArgument,
         ServiceError::Internal(_) => Code::Internal,
     }
 }
@@ -288,6 +292,14 @@ pub struct Inference {
     service: Arc<Service>,
 }
 
+impl Inference {
+    /// The repository calls need the admin token in the `authorization` metadata.
+    fn authorize(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let header = metadata.get("authorization").and_then(|v| v.to_str().ok());
+        self.service.authorize_admin(header).map_err(|e| status(&e))
+    }
+}
+
 #[tonic::async_trait]
 impl GrpcInferenceService for Inference {
     async fn server_live(
@@ -357,6 +369,59 @@ impl GrpcInferenceService for Inference {
             inputs: tensors(m.inputs),
             outputs: tensors(m.outputs),
         }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<proto::RepositoryIndexRequest>,
+    ) -> Result<Response<proto::RepositoryIndexResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let request = request.into_inner();
+        let models = self
+            .service
+            .repository_index(request.ready)
+            .map_err(|e| status(&e))?
+            .into_iter()
+            .map(|e| proto::repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state.to_owned(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(proto::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<proto::RepositoryModelLoadRequest>,
+    ) -> Result<Response<proto::RepositoryModelLoadResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let request = request.into_inner();
+        if let Some(key) = request.parameters.keys().min() {
+            return Err(status(&ServiceError::invalid(
+                format!("parameters.{key}"),
+                "is not supported: recserve loads the model as its repository holds it",
+            )));
+        }
+        self.service
+            .load_model(&request.model_name)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(proto::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<proto::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<proto::RepositoryModelUnloadResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let request = request.into_inner();
+        self.service
+            .unload_model(&request.model_name)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
     }
 
     async fn model_infer(

@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod lightgcn;
+pub mod repository;
 pub mod tensor;
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use crate::service::{Model, ModelCall, ServedModel};
 pub const SERVER_NAME: &str = "recserve";
 
 /// The protocol extensions this server implements, as `GET /v2` and `ServerMetadata` list them.
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data"];
+pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository"];
 
 /// A request or tensor parameter.
 #[derive(Clone, Debug, PartialEq)]

@@ -19,7 +19,7 @@ use axum::routing::get;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::registry;
+use crate::registry::{self, State as Lifecycle, Status};
 use crate::repository::Side;
 use crate::service::{ServedModel, Service};
 
@@ -77,7 +77,44 @@ fn unique_ids<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, i64>, D
 /// `GET /v1/models`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ModelList {
+    /// The models serving.
     pub models: Vec<ModelInfo>,
+    /// Models of the repository that do not serve now: unloaded, or whose load failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<ModelState>,
+}
+
+/// Where a model stands beside its serving version: loading another, or its last load failed.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ModelState {
+    pub name: String,
+    /// `ready`, `loading`, `failed` or `unloaded`.
+    pub state: String,
+    /// The version being loaded, or whose load failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// Why the load failed (the file and the problem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl ModelState {
+    fn of(name: &str, status: Option<&Status>) -> ModelState {
+        let (state, version, reason) = match status.map(|s| &s.state) {
+            None | Some(Lifecycle::Ready) => ("ready", None, None),
+            Some(Lifecycle::Loading { version }) => ("loading", Some(*version), None),
+            Some(Lifecycle::Failed { version, reason }) => {
+                ("failed", *version, Some(reason.clone()))
+            }
+            Some(Lifecycle::Unloaded) => ("unloaded", None, None),
+        };
+        ModelState {
+            name: name.to_owned(),
+            state: state.to_owned(),
+            version,
+            reason,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -94,6 +131,12 @@ pub struct ModelInfo {
     pub item_id_field: Option<String>,
     pub dense_features: Vec<String>,
     pub tables: Vec<TableInfo>,
+    /// `ready`; `loading` while another version loads beside it, `failed` when the last load did (it goes on
+    /// serving); `load` then says which version and why.
+    #[serde(default)]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<ModelState>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -107,7 +150,8 @@ pub struct TableInfo {
     pub bytes: u64,
 }
 
-pub fn model_info(model: &ServedModel) -> ModelInfo {
+pub fn model_info(model: &ServedModel, status: Option<&Status>) -> ModelInfo {
+    let state = ModelState::of(&model.name, status);
     let spec = &model.spec;
     let fields_on = |side: Side| {
         spec.fields
@@ -148,10 +192,26 @@ pub fn model_info(model: &ServedModel) -> ModelInfo {
                 bytes: t.spec.bytes(),
             })
             .collect(),
+        state: state.state.clone(),
+        load: (state.state != "ready").then_some(state),
     }
 }
 
 async fn list_models(State(service): State<Arc<Service>>) -> Response {
-    let models = service.models().iter().map(|m| model_info(m)).collect();
-    axum::Json(ModelList { models }).into_response()
+    let status = service.model_status();
+    let served = service.models();
+    let models = served
+        .iter()
+        .map(|m| model_info(m, status.get(&m.name)))
+        .collect();
+    let unavailable = status
+        .iter()
+        .filter(|(name, s)| s.serving.is_none() && !served.iter().any(|m| &m.name == *name))
+        .map(|(name, s)| ModelState::of(name, Some(s)))
+        .collect();
+    axum::Json(ModelList {
+        models,
+        unavailable,
+    })
+    .into_response()
 }

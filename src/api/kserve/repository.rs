@@ -1,0 +1,137 @@
+//! The model repository extension over HTTP, as Triton defines it (so `tritonclient`'s
+//! `get_model_repository_index`, `load_model` and `unload_model` work): `POST /v2/repository/index`,
+//! `POST /v2/repository/models/{model}/load` and `.../unload`. Every call needs the admin token
+//! (`Authorization: Bearer …`); load and unload need `--model-control explicit` (docs/api.md).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::api::envelope::{body_bytes, error_response, parse_json};
+use crate::error::ServiceError;
+use crate::service::Service;
+
+/// The routes, for [`crate::api::http::router`] to mount.
+pub fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/v2/repository/index", post(index))
+        .route("/v2/repository/models/{model}/load", post(load))
+        .route("/v2/repository/models/{model}/unload", post(unload))
+}
+
+/// The `Authorization` header, checked against the admin token.
+fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), ServiceError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    service.authorize_admin(header)
+}
+
+/// A body that may be empty (tritonclient sends none to `index`) or a JSON object.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    service: &Service,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ServiceError> {
+    let body = body_bytes(body, service.limits.max_body_bytes)?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        parse_json(&body)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IndexRequest {
+    #[serde(default)]
+    ready: bool,
+}
+
+async fn index(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = authorize(&service, &headers)
+        .and_then(|()| optional_body::<IndexRequest>(&service, body))
+        .and_then(|request| service.repository_index(request.ready));
+    match result {
+        Ok(entries) => {
+            let models: Vec<Value> = entries
+                .into_iter()
+                .map(|e| {
+                    let mut entry = json!({"name": e.name, "state": e.state});
+                    if !e.version.is_empty() {
+                        entry["version"] = json!(e.version);
+                    }
+                    if !e.reason.is_empty() {
+                        entry["reason"] = json!(e.reason);
+                    }
+                    entry
+                })
+                .collect();
+            axum::Json(models).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ControlRequest {
+    #[serde(default)]
+    parameters: Map<String, Value>,
+}
+
+/// Answers a load or unload: `{}` once it is done, or the error.
+fn done(result: Result<(), ServiceError>) -> Response {
+    match result {
+        Ok(()) => axum::Json(json!({})).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn load(
+    State(service): State<Arc<Service>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let checked = authorize(&service, &headers)
+        .and_then(|()| optional_body::<ControlRequest>(&service, body))
+        .and_then(|request| match request.parameters.keys().min() {
+            // tritonclient's `config` and `file:` overrides: recserve loads what the repository holds.
+            Some(key) => Err(ServiceError::invalid(
+                format!("parameters.{key}"),
+                "is not supported: recserve loads the model as its repository holds it",
+            )),
+            None => Ok(()),
+        });
+    done(match checked {
+        Ok(()) => service.load_model(&model).await.map(drop),
+        Err(e) => Err(e),
+    })
+}
+
+async fn unload(
+    State(service): State<Arc<Service>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    // `unload_dependents` is accepted and means nothing: recserve models have no dependents.
+    let checked = authorize(&service, &headers)
+        .and_then(|()| optional_body::<ControlRequest>(&service, body).map(drop));
+    done(match checked {
+        Ok(()) => service.unload_model(&model).await.map(drop),
+        Err(e) => Err(e),
+    })
+}
