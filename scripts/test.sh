@@ -37,5 +37,8 @@ else
 fi
 # The model toolchain's tests, and the peer benchmark's scoring (loadtest/peers/rankcore.py) against the fixture.
 python -m pytest -q models/tests loadtest/peers
+# Model versions swapped under load, in a short form (small tables, 2 swaps): no failed request, every answer
+# the one of the version that gave it. The full measurement is `scripts/swap-under-load.sh` (docs/benchmarks.md).
+scripts/swap-under-load.sh --short
 # The Helm chart and the Dockerfiles, checked offline (installs .venv-helm).
 scripts/check-helm.sh

@@ -474,6 +474,7 @@ const RELEASE_EVERY: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 struct Releaser<M: Send + Sync + 'static> {
     draining: Arc<Mutex<Vec<Arc<Served<M>>>>>,
+    metrics: Metrics,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -483,7 +484,8 @@ impl<M: Send + Sync + 'static> Releaser<M> {
         let draining: Arc<Mutex<Vec<Arc<Served<M>>>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (draining, stop) = (Arc::clone(&draining), Arc::clone(&stop));
+            let (draining, stop, metrics) =
+                (Arc::clone(&draining), Arc::clone(&stop), metrics.clone());
             std::thread::Builder::new()
                 .name("model-releaser".to_owned())
                 .spawn(move || {
@@ -497,13 +499,21 @@ impl<M: Send + Sync + 'static> Releaser<M> {
         };
         Releaser {
             draining,
+            metrics,
             stop,
             thread,
         }
     }
 
+    /// Drains `version`: counted in the gauge now, released once no request holds it.
     fn push(&self, version: Arc<Served<M>>) {
-        lock(&self.draining).push(version);
+        {
+            let mut held = lock(&self.draining);
+            let model = version.name.clone();
+            held.push(version);
+            let count = held.iter().filter(|v| v.name == model).count();
+            self.metrics.set_versions_draining(&model, count);
+        }
         if let Some(thread) = &self.thread {
             thread.thread().unpark();
         }
@@ -514,29 +524,43 @@ impl<M: Send + Sync + 'static> Releaser<M> {
     }
 }
 
-/// Drops the versions only `draining` still holds, outside its lock; updates the draining gauge.
+/// Drops the versions only `draining` still holds, outside its lock, gives the memory they freed back to the
+/// system, then updates the draining gauge (so that a gauge at 0 means released).
 fn release_drained<M>(draining: &Mutex<Vec<Arc<Served<M>>>>, metrics: &Metrics) {
     let released: Vec<Arc<Served<M>>> = {
         let mut held = lock(draining);
         let (done, still): (Vec<_>, Vec<_>) =
             held.drain(..).partition(|v| Arc::strong_count(v) == 1);
         *held = still;
-        // Every model with a version draining or just released, with how many still drain.
-        let mut by_model: BTreeMap<&str, usize> =
-            done.iter().map(|v| (v.name.as_str(), 0)).collect();
-        for v in held.iter() {
-            *by_model.entry(v.name.as_str()).or_default() += 1;
-        }
-        for (model, count) in by_model {
-            metrics.set_versions_draining(model, count);
-        }
         done
     };
+    if released.is_empty() {
+        return;
+    }
+    let mut models: Vec<String> = Vec::with_capacity(released.len());
     for version in released {
         let (name, number) = (version.name.clone(), version.version);
         let started = Instant::now();
         drop(version);
         tracing::info!(model = %name, version = number, seconds = started.elapsed().as_secs_f64(), "replaced version released");
+        models.push(name);
+    }
+    return_freed_memory();
+    let held = lock(draining);
+    for model in models {
+        let count = held.iter().filter(|v| v.name == model).count();
+        metrics.set_versions_draining(&model, count);
+    }
+}
+
+/// Asks the allocator to give freed memory back to the system: a released version frees its sessions' and
+/// buffers' heap memory, which glibc's malloc would otherwise keep, so that resident memory after many swaps
+/// stays that of the versions serving.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes a plain integer and only touches the allocator's own state, under its locks.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
