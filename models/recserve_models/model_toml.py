@@ -21,6 +21,8 @@ STORAGES = ("fp32", "fp16", "int8")
 OOV_POLICIES = ("default", "reject")
 SIDES = ("user", "item")
 PRECISIONS = ("fp32", "int8")
+# The server's `k` for a recall request without one when `[recall] default_k` is absent (src/repository/spec.rs).
+DEFAULT_K = 100
 
 
 class ModelTomlError(ValueError):
@@ -123,6 +125,9 @@ class RecallSpec:
     # The int64 [items] tensor in the item table's file counting each item's training interactions: the popularity
     # order a history without signal falls back on (docs/model-repository.md).
     popularity: str | None = None
+    # Items per query of a request that gives no `k` (1 to the catalogue); None: DEFAULT_K, or the whole catalogue
+    # when it is smaller.
+    default_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,8 @@ def to_toml(model: ModelToml) -> str:
             recall.append(("history_table", model.recall.history_table))
         if model.recall.popularity is not None:
             recall.append(("popularity", model.recall.popularity))
+        if model.recall.default_k is not None:
+            recall.append(("default_k", model.recall.default_k))
         sections.append(_section("[recall]", recall))
         sections += [_table_section(t) for t in model.tables]
         return "\n".join(sections)
@@ -299,14 +306,18 @@ def read(path: Path) -> ModelToml:
             if key in doc:
                 top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
         r = _Reader(path, "recall", top.get("recall", dict))
-        r.only("user_table", "item_table", "history_table", "popularity")
+        r.only("user_table", "item_table", "history_table", "popularity", "default_k")
         popularity = r.get("popularity", str, None)
         if popularity == "":
             r.fail("popularity", "must name a tensor in the item table's file")
         model_l = LightGCNToml(
             tables=tuple(tables),
             recall=RecallSpec(
-                r.get("user_table", str), r.get("item_table", str), r.get("history_table", str, None), popularity
+                r.get("user_table", str),
+                r.get("item_table", str),
+                r.get("history_table", str, None),
+                popularity,
+                r.get("default_k", int, None),
             ),
             description=description,
         )
@@ -368,6 +379,11 @@ def _check_recall(path: Path, model: LightGCNToml) -> None:
                 f"{path}: recall.{key} {name!r} has dim {tables[name].dim}, but item_table {item.name!r} has dim "
                 f"{item.dim}"
             )
+    if recall.default_k is not None and not 1 <= recall.default_k <= item.rows:
+        raise ModelTomlError(
+            f"{path}: recall.default_k = {recall.default_k} must be from 1 to the {item.rows} items of item_table "
+            f"{item.name!r}"
+        )
     if recall.history_table is not None and tables[recall.history_table].rows != item.rows:
         raise ModelTomlError(
             f"{path}: recall.history_table {recall.history_table!r} has {tables[recall.history_table].rows} rows, "

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from recserve_models.model_toml import DEFAULT_K
 from recserve_models.quantize import dequantize_rowwise_int8
 from recserve_models.testing import fixture_recall
 
@@ -53,7 +54,8 @@ def test_recall_answers_follow_from_the_tables_in_float64(out: Path, cases: dict
         excluded = set(request.get("exclude", []))
         allowed = [i for i in range(len(scores)) if i not in excluded]
         expected = case["expected"]
-        assert len(expected) == min(request["k"], len(allowed)), case["what"]
+        default_k = fixture_recall.LIGHTGCN_DEFAULT_K if model == "lightgcn" else DEFAULT_K
+        assert len(expected) == min(request.get("k", default_k), len(allowed)), case["what"]
         for rank, item in enumerate(expected):
             assert item["id"] in allowed
             assert abs(item["score"] - scores[item["id"]]) <= 1e-5, case["what"]
@@ -113,6 +115,7 @@ def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
         "item_table": "item",
         "history_table": "history",
         "popularity": "item_popularity",
+        "default_k": fixture_recall.LIGHTGCN_DEFAULT_K,
     }
     config = tomllib.loads((out / fixture_recall.CONFIG_FILE).read_text())
     pipeline = dict(fixture_recall.PIPELINE)
