@@ -4,9 +4,9 @@ a pipeline joining them, and the answers the server must give (`python -m recser
 
 Written into the fixture directory `DIR`:
 
-- `DIR/repo/lightgcn/1/`: a tiny LightGCN (48 users, 300 items, dim 24, K = 2 layers, `default_k = 12`) trained on nothing: random
-  interactions and random layer-0 vectors, propagated exactly as LightGCN does, so its `user`, `item` and
-  `history` tables (fp32, `oov = "reject"`) obey the documented identity: the history embedding of a user's
+- `DIR/repo/lightgcn/1/`: a tiny LightGCN (48 users, 300 items, dim 24, K = 2 layers, `default_k = 12`) trained
+  on nothing: random interactions and random layer-0 vectors, propagated exactly as LightGCN does, so its `user`,
+  `item` and `history` tables (fp32, `oov = "reject"`) obey the documented identity: the history embedding of a user's
   full training history is `e_u − e_u^(0) / (K + 1)`. Items 7, 123 and 200 have identical item vectors (exact
   score ties), and some items have no interactions (`h_i = 0`).
 - `DIR/repo/lightgcn-int8/1/`: 40 users, 257 items, dim 16, random vectors: an int8 item table with
