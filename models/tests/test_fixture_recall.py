@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -122,3 +123,19 @@ def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
     assert config["pipelines"] == {pipeline.pop("name"): pipeline}
     assert len(cases["recommend_cases"]) >= 5
     assert any(not c["expected"] for c in cases["recommend_cases"]), "a case where everything is excluded"
+
+
+def test_check_validates_the_item_feature_table_as_the_server_does(out: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from recserve_models import check
+
+    source = out / "repo" / fixture_recall.RANKING / "1"
+    assert check.check_version(source).model.item_features.fields == fixture_recall.ITEM_FEATURE_COLUMNS
+    broken = tmp_path / "1"
+    shutil.copytree(source, broken)
+    features = load_file(broken / "item_features.safetensors")["item_features"]
+    features[17, 0] = 12  # category rejects unknown ids: rows 0 to 11
+    save_file({"item_features": features}, broken / "item_features.safetensors")
+    with pytest.raises(check.CheckError, match="row 17, column 'category': id 12 is outside table 'category'"):
+        check.check_version(broken)
