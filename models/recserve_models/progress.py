@@ -67,7 +67,10 @@ class Progress:
         parts = [f"{self.done}/{self.total} {self.unit}{share}"]
         if elapsed > 0 and self.done:
             rate = self.done / elapsed
-            parts.append(f"{rate:.3g} {self.unit}/s" if rate >= 1 else f"{duration(elapsed / self.done)} each")
+            if rate >= 100:
+                parts.append(f"{rate:,.0f} {self.unit}/s")
+            else:
+                parts.append(f"{rate:.3g} {self.unit}/s" if rate >= 1 else f"{duration(elapsed / self.done)} each")
         parts.append(f"{duration(elapsed)} so far")
         if self.done < self.total:
             parts.append(f"about {duration(elapsed / self.done * (self.total - self.done))} left" if self.done else "")

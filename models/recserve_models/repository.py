@@ -176,7 +176,7 @@ def _write_tables(
     for spec in model.tables:
         files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
     for file, tensors in (extra or {}).items():
-        files[file] |= tensors
+        files.setdefault(file, {}).update(tensors)
     for file, tensors in files.items():
         (directory / file).write_bytes(save(tensors))
 
