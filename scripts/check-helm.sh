@@ -3,10 +3,12 @@
 # engine: lints and renders the chart with every value set in helm/recserve/ci/, validates each rendered
 # manifest against the Kubernetes 1.30 schemas, runs the real server (`recserve check-config`, then `recserve
 # serve`) with the arguments, environment and config file the chart renders, parses the dashboard's and the
-# Prometheus adapter's PromQL with promtool, and lints the Dockerfiles with hadolint.
+# Prometheus adapter's PromQL with promtool and evaluates it on a real Prometheus scraping a real server under a
+# short load (helm/tests/test_prometheus.py), and lints the Dockerfiles with hadolint.
 #
 # Installs helm/requirements.txt into .venv-helm (kept apart from .venv: the Helm SDK and the Kubernetes schemas
-# are 350 MB the other tests do not need). Needs promtool (scripts/test.sh installs it) and builds the server.
+# are 350 MB the other tests do not need). Needs promtool and prometheus (scripts/test.sh installs them) and builds
+# the server.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

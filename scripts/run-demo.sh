@@ -8,5 +8,6 @@ scripts/setup.sh
 # shellcheck source=env.sh
 source scripts/env.sh
 
-# The trained demo models: DeepFM (INT8 and FP32) and LightGCN on Gowalla (models/README.md).
-exec cargo run --release --bin recserve -- serve --repository models/demo "$@"
+# The trained demo models: DeepFM (INT8 and FP32) on synthetic Criteo, LightGCN on Gowalla and the DeepFM that
+# ranks its items, with the recall → rank pipeline `demo` of models/demo/recserve.toml (models/README.md).
+exec cargo run --release --bin recserve -- serve --repository models/demo --config models/demo/recserve.toml "$@"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test: the Rust unit and end-to-end tests (against a freshly generated test repository), the GPU
 # module's tests in a `--features cuda` build (the kernels compile to PTX through NVRTC here, with no GPU), and the
-# model toolchain's tests. Installs what they need first (scripts/setup.sh; promtool from Debian's `prometheus`
-# package when it is missing). Tests that need a CUDA device run only where one is present (nvidia-smi sees it);
-# elsewhere this prints a SKIPPED line for them, and scripts/gpu-check.sh runs them on a GPU machine.
+# model toolchain's tests. Installs what they need first (scripts/setup.sh; promtool and the Prometheus server from
+# Debian's `prometheus` package when they are missing). Tests that need a CUDA device run only where one is
+# present (nvidia-smi sees it); elsewhere this prints a SKIPPED line for them, and scripts/gpu-check.sh runs them
+# on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,8 +12,8 @@ scripts/setup.sh
 # shellcheck source=env.sh
 source scripts/env.sh
 
-if ! command -v promtool >/dev/null; then
-  echo "test: installing promtool (Debian package prometheus) for the /metrics exposition check" >&2
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  echo "test: installing Debian's prometheus package: promtool (the /metrics exposition check) and the server (the dashboard queries' test)" >&2
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null

@@ -324,6 +324,11 @@ impl Metrics {
     /// The batcher's handles for one model.
     pub fn batching(&self, model: &str) -> crate::batching::BatchMetrics {
         let reason = |r: &str| self.batches.with_label_values(&[model, r]);
+        // Every refusal reason starts at 0: a counter whose first sample is already above 0 loses that increase
+        // in rate(), and the dashboard's refusals panel would not show a model's first burst of refusals.
+        for refusal in crate::batching::Refusal::REASONS {
+            self.rejected.with_label_values(&[model, refusal]);
+        }
         crate::batching::BatchMetrics {
             queue_duration: self.queue_duration.with_label_values(&[model]),
             batch_rows: self.batch_rows.with_label_values(&[model]),

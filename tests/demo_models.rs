@@ -9,13 +9,18 @@
 //!
 //! Only the DeepFM models are copied into the scoring test's repository: the LightGCN demo is checked against the toolchain's
 //! offline Recall@20 by `scripts/recall-check.py` on a running server, which needs the Gowalla split (not in CI).
+//!
+//! Every demo model is also called by the real `tritonclient` from its metadata alone, over HTTP (JSON and binary
+//! tensors) and gRPC (tests/kserve_client.py `--generic`), as generic Open Inference Protocol tooling would.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::{TestServer, config, copy_dir};
-use serde_json::Value;
+use recserve::config::Config;
+use serde_json::{Value, json};
 
 /// The bound for FP32, held for INT8 too: the server runs the same ONNX Runtime library at the same
 /// optimisation level on the same gathered rows.
@@ -108,16 +113,35 @@ fn same(got: &Value, want: &Value) -> bool {
     }
 }
 
+/// The server as scripts/run-demo.sh starts it: `--repository models/demo --config models/demo/recserve.toml`.
+fn demo_config() -> Config {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run_demo = std::fs::read_to_string(root.join("scripts/run-demo.sh")).expect("run-demo.sh");
+    let line = run_demo
+        .lines()
+        .find(|l| l.contains("recserve -- serve"))
+        .expect("scripts/run-demo.sh runs recserve serve");
+    let flag = |name: &str| {
+        let rest = &line[line
+            .find(name)
+            .unwrap_or_else(|| panic!("run-demo.sh passes {name}"))
+            + name.len()..];
+        root.join(rest.split_whitespace().next().expect("a value"))
+    };
+    let (repository, file) = (flag("--repository "), flag("--config "));
+    assert_eq!(
+        repository,
+        root.join("models/demo"),
+        "scripts/run-demo.sh serves models/demo"
+    );
+    config(&repository, |a| a.config = Some(file))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_quick_start_answers_as_shown() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let run_demo = std::fs::read_to_string(root.join("scripts/run-demo.sh")).expect("run-demo.sh");
-    assert!(
-        run_demo.contains("--repository models/demo"),
-        "scripts/run-demo.sh serves models/demo"
-    );
-    let server = TestServer::start(config(&root.join("models/demo"), |_| {})).await;
+    let server = TestServer::start(demo_config()).await;
     let lines: Vec<&str> = readme.lines().collect();
     let mut checked = 0;
     for (i, line) in lines.iter().enumerate() {
@@ -150,8 +174,148 @@ async fn the_readme_quick_start_answers_as_shown() {
         checked += 1;
     }
     assert!(
-        checked >= 2,
-        "the README shows the rank and recall examples"
+        checked >= 3,
+        "the README shows the rank, recall and recommend examples"
     );
+    assert!(
+        readme.contains("curl -s localhost:8000/v1/recommend/demo -d "),
+        "the README shows the demo pipeline"
+    );
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Runs tests/kserve_client.py `--generic` (the real tritonclient) on `models`.
+async fn generic_tritonclient(server: &TestServer, models: &[String]) -> Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("generic.json");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kserve_client.py");
+    let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
+    let mut command = std::process::Command::new(&python);
+    command
+        .arg(script)
+        .args(["--http", &server.addr.to_string()])
+        .args(["--grpc", &server.grpc_addr.to_string()])
+        .args(["--generic", &models.join(",")])
+        .arg("--out")
+        .arg(&out);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("python task")
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {python:?} ({e}): source scripts/env.sh (the .venv has tritonclient)"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "tests/kserve_client.py --generic failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&out).expect("results")).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritonclient_calls_every_demo_model_from_its_metadata_alone() {
+    let server = TestServer::start(demo_config()).await;
+    let (status, listing) = server.get("/v1/models").await;
+    assert_eq!(status, 200);
+    let listing: Value = serde_json::from_str(&listing).expect("JSON");
+    let models: Vec<String> = listing["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .map(|m| m["name"].as_str().expect("name").to_owned())
+        .collect();
+    assert!(models.len() >= 4, "the demo serves {models:?}");
+    let results = generic_tritonclient(&server, &models).await;
+    for model in &models {
+        let kind = listing["models"]
+            .as_array()
+            .and_then(|all| all.iter().find(|m| m["name"] == model.as_str()))
+            .map(|m| m["kind"].as_str().expect("kind").to_owned())
+            .expect("listed");
+        let calls = results["generic"][model]["calls"]
+            .as_array()
+            .expect("calls");
+        assert_eq!(calls.len(), 9, "{model}: 3 requests over 3 transports");
+        // Calls with the same inputs answer the same over every transport.
+        let mut by_inputs: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+        for call in calls {
+            by_inputs
+                .entry(call["inputs"].to_string())
+                .or_default()
+                .push(call);
+        }
+        for same in by_inputs.values() {
+            for call in same {
+                assert_eq!(
+                    call["outputs"], same[0]["outputs"],
+                    "{model}: {} vs {}",
+                    call["transport"], same[0]["transport"]
+                );
+            }
+        }
+        for call in calls {
+            let what = format!("{model} {} {}", call["transport"], call["variant"]);
+            let inputs = call["inputs"].as_object().expect("inputs");
+            let names: Vec<&String> = inputs.keys().collect();
+            if kind == "lightgcn" {
+                let users = &inputs["user_id"]["values"];
+                let k = match inputs.get("k") {
+                    Some(k) => k["values"][0].as_u64().expect("k") as usize,
+                    None => {
+                        let properties =
+                            &results["generic"][model]["metadata"]["http"]["properties"];
+                        properties["k.default"]
+                            .as_str()
+                            .expect("k.default")
+                            .parse()
+                            .expect("k")
+                    }
+                };
+                let ids = &call["outputs"]["item_ids"];
+                assert_eq!(ids["shape"], json!([2, k]), "{what}");
+                for (row, user) in users.as_array().expect("users").iter().enumerate() {
+                    let (status, v1) = server
+                        .post(
+                            &format!("/v1/models/{model}/recall"),
+                            &json!({"user_id": user, "k": k}),
+                        )
+                        .await;
+                    assert_eq!(status, 200, "{what}: {v1}");
+                    let expected: Vec<&Value> = v1["items"]
+                        .as_array()
+                        .expect("items")
+                        .iter()
+                        .map(|i| &i["id"])
+                        .collect();
+                    let got: Vec<&Value> = ids["values"].as_array().expect("ids")
+                        [row * k..(row + 1) * k]
+                        .iter()
+                        .collect();
+                    assert_eq!(got, expected, "{what}: user {user} as /v1 answers");
+                }
+                eprintln!(
+                    "{what}: inputs {names:?}, item_ids {} = /v1 recall",
+                    ids["shape"]
+                );
+            } else {
+                let scores = &call["outputs"]["probability"];
+                assert_eq!(scores["shape"], json!([2, 1]), "{what}");
+                let values: Vec<f64> = scores["values"]
+                    .as_array()
+                    .expect("values")
+                    .iter()
+                    .map(|v| v.as_f64().expect("f"))
+                    .collect();
+                assert!(
+                    values.iter().all(|p| *p > 0.0 && *p < 1.0),
+                    "{what}: {values:?}"
+                );
+                eprintln!("{what}: inputs {names:?}, probability {values:?}");
+            }
+        }
+    }
     server.stop().await.expect("clean shutdown");
 }

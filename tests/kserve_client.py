@@ -1,6 +1,22 @@
-"""Drives a running recserve with the real `tritonclient` package, for the end-to-end test `tests/kserve.rs`.
+"""Drives a running recserve with the real `tritonclient` package, for the end-to-end tests `tests/kserve.rs` and
+`tests/demo_models.rs`.
 
     python tests/kserve_client.py --http HOST:PORT --grpc HOST:PORT --jobs JOBS.json --out RESULTS.json
+    python tests/kserve_client.py --http HOST:PORT --grpc HOST:PORT --generic MODEL,MODEL --out RESULTS.json
+
+`--generic` calls each model as generic Open Inference Protocol tooling does, knowing nothing but what the model
+metadata says: over each transport (HTTP with JSON tensors, HTTP with binary tensors, gRPC) it reads the
+metadata through that transport's client and builds, from the inputs' names, datatypes and shapes alone (-1 is a
+batch of `GENERIC_ROWS`), every element of row `r` set to `r + 1` (valid in any table of more than
+`GENERIC_ROWS` rows, and as any count), three requests:
+
+- "required": the inputs the metadata's `properties` do not list in `optional_inputs`;
+- "all": every input; an optional one holds its `<name>.default` property when the metadata has one, else the
+  fill (tritonclient's gRPC client, built on Triton's proto, does not show `properties`);
+- "all_int32": as "all", with optional integer inputs sent as `INT32`.
+
+RESULTS.json: {"generic": {MODEL: {"metadata": {TRANSPORT: metadata}, "calls": [{"transport", "variant",
+"inputs": {name: {"datatype", "shape", "values"}}, "outputs": {name: {"dtype", "shape", "values"}}}]}}}.
 
 JOBS.json: {"model": NAME, "jobs": [{"model", "categorical": [[int]], "dense": [[float]] | null, "output"}]}.
 RESULTS.json records what the clients saw; the Rust test compares it with `/v1` and with the contract:
@@ -149,13 +165,89 @@ def server_facts(http: Any, grpc: Any, model: str) -> dict[str, Any]:
     }
 
 
+GENERIC_ROWS = 2
+TRANSPORTS = ("http_json", "http_binary", "grpc")
+NUMPY = {"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}
+
+
+def generic_inputs(metadata: dict[str, Any], variant: str) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, values) of the inputs of one generic request, from the metadata alone."""
+    properties = metadata.get("properties", {})
+    optional = {name for name in properties.get("optional_inputs", "").split(",") if name}
+    out = []
+    for tensor in metadata["inputs"]:
+        name, datatype = tensor["name"], tensor["datatype"]
+        if variant == "required" and name in optional:
+            continue
+        shape = [GENERIC_ROWS if int(d) == -1 else int(d) for d in tensor["shape"]]
+        rows = np.arange(1, shape[0] + 1).reshape([shape[0]] + [1] * (len(shape) - 1)) if shape else np.array(1)
+        values = np.broadcast_to(rows, shape)
+        if name in optional and f"{name}.default" in properties:
+            values = np.full(shape, int(properties[f"{name}.default"]))
+        if variant == "all_int32" and name in optional and datatype == "INT64":
+            datatype = "INT32"
+        out.append((name, datatype, np.ascontiguousarray(values, dtype=NUMPY[datatype])))
+    return out
+
+
+def generic_call(http: Any, grpc: Any, model: str, transport: str, metadata: dict[str, Any], variant: str) -> dict:
+    inputs = generic_inputs(metadata, variant)
+    outputs = [t["name"] for t in metadata["outputs"]]
+    if transport == "grpc":
+        tensors = [grpcclient.InferInput(name, list(values.shape), datatype) for name, datatype, values in inputs]
+        for t, (_, _, values) in zip(tensors, inputs, strict=True):
+            t.set_data_from_numpy(values)
+        result = grpc.infer(model, tensors, client_timeout=60.0)
+    else:
+        binary = transport == "http_binary"
+        tensors = [httpclient.InferInput(name, list(values.shape), datatype) for name, datatype, values in inputs]
+        for t, (_, _, values) in zip(tensors, inputs, strict=True):
+            t.set_data_from_numpy(values, binary_data=binary)
+        requested = [httpclient.InferRequestedOutput(name, binary_data=binary) for name in outputs]
+        result = http.infer(model, tensors, outputs=requested)
+    return {
+        "transport": transport,
+        "variant": variant,
+        "inputs": {
+            name: {"datatype": datatype, "shape": list(values.shape), "values": values.reshape(-1).tolist()}
+            for name, datatype, values in inputs
+        },
+        "outputs": {name: tensor(result, name) for name in outputs},
+    }
+
+
+def generic(http: Any, grpc: Any, models: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model in models:
+        metadata = {
+            "http": http.get_model_metadata(model),
+            "grpc": grpc.get_model_metadata(model, as_json=True),
+        }
+        calls = []
+        for transport in TRANSPORTS:
+            seen = metadata["grpc" if transport == "grpc" else "http"]
+            for variant in ("required", "all", "all_int32"):
+                calls.append(generic_call(http, grpc, model, transport, seen, variant))
+        out[model] = {"metadata": metadata, "calls": calls}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", required=True, help="HOST:PORT of the HTTP API")
     parser.add_argument("--grpc", required=True, help="HOST:PORT of the gRPC API")
-    parser.add_argument("--jobs", required=True)
+    parser.add_argument("--jobs")
+    parser.add_argument("--generic", help="comma-separated models to call from their metadata alone")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if (args.jobs is None) == (args.generic is None):
+        parser.error("give --jobs or --generic")
+    if args.generic is not None:
+        http = httpclient.InferenceServerClient(args.http, network_timeout=120.0)
+        grpc = grpcclient.InferenceServerClient(args.grpc)
+        with open(args.out, "w") as f:
+            json.dump({"generic": generic(http, grpc, args.generic.split(","))}, f)
+        return 0
 
     with open(args.jobs) as f:
         spec = json.load(f)

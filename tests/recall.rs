@@ -260,13 +260,6 @@ fn bad_requests() -> Vec<(&'static str, String, String, u16, &'static str)> {
             "k: invalid value: integer `-3`",
         ),
         (
-            "missing k",
-            lightgcn.clone(),
-            body(json!({"user_id": 1})),
-            400,
-            "missing field `k`",
-        ),
-        (
             "user id and history",
             lightgcn.clone(),
             body(json!({"user_id": 1, "history": [2], "k": 3})),

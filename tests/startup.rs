@@ -183,6 +183,19 @@ async fn health_turns_ready_and_metrics_pass_promtool() {
             "{family} missing"
         );
     }
+    // The request's candidates are observed once (the dashboard's rows per request).
+    let candidates = request["candidates"].as_array().expect("candidates").len();
+    assert_eq!(
+        common::metric_sample(
+            &metrics,
+            "recserve_request_rows_count{model=\"deepfm-int8\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        common::metric_sample(&metrics, "recserve_request_rows_sum{model=\"deepfm-int8\"}"),
+        candidates as f64
+    );
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

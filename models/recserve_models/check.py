@@ -49,7 +49,16 @@ import onnxruntime as ort
 from . import criteo, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
-from .repository import MODEL_TOML, Table, TableError, gather, load_tables, read_popularity, values
+from .repository import (
+    MODEL_TOML,
+    Table,
+    TableError,
+    gather,
+    load_tables,
+    read_item_features,
+    read_popularity,
+    values,
+)
 
 MAX_CANDIDATES = 1000  # the server's default --max-candidates: its warm-up runs a batch of this size
 VOCABULARY = "vocabulary.json"
@@ -239,6 +248,10 @@ def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Vers
         except TableError as e:
             raise CheckError(str(e)) from e
         return Version(directory, model, tables, None)
+    try:
+        read_item_features(directory, model)
+    except TableError as e:
+        raise CheckError(str(e)) from e
     session = open_graph(directory, model)
     _warm_up(directory / model.dense_graph.file, session, model, tables, sorted({1, max_candidates}))
     return Version(directory, model, tables, session)

@@ -10,9 +10,13 @@ runs), and the held-out rank requests drawn from its data (`heldout_requests`).
    result does not depend on the machine's speed);
 3. `export` / `quantize` into `work/repo`: `deepfm-fp32` (fp32 tables and graph), `deepfm` (int8 tables, INT8 QDQ
    graph calibrated on training rows), `lightgcn-fp32` (fp32 tables) and `lightgcn` (int8 tables);
-4. `check` on the held-out rows and the Gowalla test split;
-5. copies `deepfm`, `deepfm-fp32` and `lightgcn` into `--out`, with `quality.json` (all the figures) and an example
-   rank request, and renders `--report` (docs/model-quality.md) from `quality.json`.
+4. the Gowalla ranker for the recall → rank pipeline (`gowalla_rank`, `RANKER`): trained from the LightGCN run on
+   the same interactions, exported as `deepfm-gowalla-fp32` and quantized into `deepfm-gowalla` (int8 tables,
+   fp32 graph, the item feature table);
+5. `check` on the held-out rows and the Gowalla test split, and the pipeline's quality (`PIPELINE_CANDIDATES`);
+6. copies `deepfm`, `deepfm-fp32`, `lightgcn` and `deepfm-gowalla` into `--out`, with `quality.json` (all the
+   figures), an example rank request and the server config `recserve.toml` with `[pipelines.demo]` (`PIPELINE`),
+   and renders `--report` (docs/model-quality.md) from `quality.json`.
 
 Each step whose output already exists in the work directory with the same parameters is reused (data files by
 their `.json` description, training runs by their `training.json`), so a second run only re-exports. Everything is
@@ -35,10 +39,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, lightgcn, model_toml, report, train_deepfm
+from . import criteo, gowalla_rank, lightgcn, model_toml, report, train_deepfm
 from .check import VOCABULARY, Validation, compare_deepfm, compare_lightgcn, validate
 from .export import export_deepfm, export_lightgcn, quantize_version
 from .model_toml import DeepFMToml
+from .progress import to_stderr
 from .repository import MODEL_TOML
 
 TRAIN_ROWS = 500_000
@@ -48,11 +53,19 @@ DEEPFM = train_deepfm.TrainConfig(epochs=2, min_count=20)
 LIGHTGCN = lightgcn.TrainConfig(epochs=40, batch=16384, lr=0.01)
 LIGHTGCN_EVAL_EVERY = 10
 ITEM_ID_FIELD = "C21"
+RANKER = gowalla_rank.RankConfig()
+RANKER_NAME = "deepfm-gowalla"
+# The demo's recommend pipeline (docs/api.md), served by scripts/run-demo.sh:
+# `recserve serve --repository models/demo --config models/demo/recserve.toml`.
+PIPELINE = {"name": "demo", "recall_model": "lightgcn", "ranking_model": RANKER_NAME, "candidates": 100, "k": 10}
+PIPELINE_CANDIDATES = (100, 500)  # the N of "recall N → rank → top 20" measured for the report
+CONFIG_FILE = "recserve.toml"
 COMMAND = "nice -n 10 python -m recserve_models demo --out models/demo --report docs/model-quality.md"
 COMMITTED = {
     "deepfm": "DeepFM, int8 tables, INT8 QDQ dense graph",
     "deepfm-fp32": "DeepFM, fp32 tables, fp32 dense graph",
     "lightgcn": "LightGCN on Gowalla, int8 user, item and history tables",
+    RANKER_NAME: "DeepFM ranking the Gowalla items (pipeline demo), int8 tables, fp32 dense graph, item features",
 }
 
 
@@ -115,6 +128,28 @@ def _lightgcn_run(work: Path, gowalla: Path) -> lightgcn.LightGCNRun:
     return lightgcn.run_training(gowalla, directory, LIGHTGCN, LIGHTGCN_EVAL_EVERY)
 
 
+def _ranker_run(work: Path, run: lightgcn.LightGCNRun, data: lightgcn.Interactions) -> gowalla_rank.RankRun:
+    directory = work / "ranker-run"
+    info = _run_info(directory)
+    same_lightgcn = info is not None and _same(info.get("lightgcn"), run.info["config"])
+    if info is not None and same_lightgcn and _same(info.get("config"), asdict(RANKER)):
+        _log(f"reusing the Gowalla ranker run in {directory}")
+        return gowalla_rank.RankRun.load(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    _log("training the Gowalla ranker")
+    return gowalla_rank.run_training(run, data, directory, RANKER, to_stderr("train-ranker"))
+
+
+def _pipeline_config() -> str:
+    lines = [
+        "# The demo's recall → rank pipeline (written by `python -m recserve_models demo`):",
+        "#   recserve serve --repository models/demo --config models/demo/recserve.toml",
+        f"[pipelines.{PIPELINE['name']}]",
+    ]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in PIPELINE.items() if key != "name"]
+    return "\n".join(lines) + "\n"
+
+
 def _portable(info: dict[str, Any], *keys: str) -> dict[str, Any]:
     """`info` with the data paths under `keys` made relative to the working directory."""
     data = dict(info["data"])
@@ -141,6 +176,8 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     test_data = _generated(test_file, "test", TEST_ROWS)
     deepfm_run = _deepfm_run(work, train_file, test_file)
     lightgcn_run = _lightgcn_run(work, gowalla)
+    interactions = lightgcn.read_interactions(gowalla / "train.txt", gowalla / "test.txt")
+    ranker_run = _ranker_run(work, lightgcn_run, interactions)
 
     repo = work / "repo"
     shutil.rmtree(repo, ignore_errors=True)
@@ -166,13 +203,34 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
         graph_precision=None,
         description=f"{gowalla_description}, int8 tables",
     )
+    ranker_description = "DeepFM ranking the Gowalla items, started from the LightGCN run (recserve demo pipeline)"
+    ranker_fp32 = repo / f"{RANKER_NAME}-fp32" / "1"
+    gowalla_rank.export(ranker_run, interactions, ranker_fp32, "fp32", f"{ranker_description}, fp32")
+    quantize_version(
+        ranker_fp32,
+        repo / RANKER_NAME / "1",
+        tables_storage="int8",
+        graph_precision=None,
+        description=f"{ranker_description}, int8 tables",
+    )
 
     _log("checking and comparing precisions (check)")
     validation: Validation = validate(repo)
     if validation.errors:
         raise SystemExit(f"demo: the work repository does not pass check: {validation.errors[0]}")
-    deepfm_rows = compare_deepfm(validation, test_file)
+    rankers = {RANKER_NAME, f"{RANKER_NAME}-fp32"}
+    criteo_models = Validation(
+        [m for m in validation.models if m.name not in rankers],
+        {name: v for name, v in validation.versions.items() if name not in rankers},
+    )
+    deepfm_rows = compare_deepfm(criteo_models, test_file)
     lightgcn_rows = compare_lightgcn(validation, gowalla)
+    _log(f"measuring the pipeline: recall N → rank → top 20 for N in {PIPELINE_CANDIDATES}")
+    recall_model, ranker = validation.served("lightgcn"), validation.served(RANKER_NAME)
+    assert recall_model is not None and ranker is not None
+    pipeline_rows = gowalla_rank.pipeline_quality(
+        recall_model, ranker, interactions, PIPELINE_CANDIDATES, to_stderr("demo")
+    )
 
     _log(f"writing {out}")
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +246,7 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
         "deepfm": {"training": _portable(deepfm_run.info, "train", "test")},
         "lightgcn": {"training": _portable(lightgcn_run.info, "directory")},
         "check": {"deepfm": deepfm_rows, "lightgcn": lightgcn_rows},
+        "ranker": {"training": ranker_run.info, "pipeline": PIPELINE, "quality": pipeline_rows},
         "table_bytes": {
             "fp32": _table_bytes(repo / "deepfm-fp32" / "1"),
             "int8": _table_bytes(repo / "deepfm" / "1"),
@@ -196,6 +255,7 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     }
     (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
     (out / "rank-request.json").write_text(json.dumps(_example_request(out), indent=2) + "\n", encoding="utf-8")
+    (out / CONFIG_FILE).write_text(_pipeline_config(), encoding="utf-8")
     if report_path is not None:
         report_path.write_text(report.render(quality), encoding="utf-8")
         _log(f"wrote {report_path}")

@@ -42,6 +42,7 @@ from .repository import (
     encode_table,
     gather,
     load_tables,
+    read_item_features,
     read_popularity,
     values,
     write_deepfm_version,
@@ -201,6 +202,7 @@ def quantize_version(
         model.dense_graph,
         model.ranking,
         model.description if description is None else description,
+        model.item_features,
     )
     if graph_precision == "int8" and precision != "int8":
         if calibration is None:
@@ -221,8 +223,9 @@ def quantize_version(
         DenseGraphSpec(spec.file, precision, spec.embeddings_input, spec.dense_input, spec.output),
         new_model.ranking,
         new_model.description,
+        new_model.item_features,
     )
-    write_deepfm_version(out, new_model, floats, graph)
+    write_deepfm_version(out, new_model, floats, graph, read_item_features(source, model))
     if (source / VOCABULARY).is_file():
         shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
     check_version(out)

@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from safetensors.numpy import load_file, save_file
 
 from .optim import Adam
+from .progress import Progress
 
 RUN_TENSORS = "lightgcn.safetensors"
 FEW_STEPS = 1000  # fewer Adam steps in a run than this draws a warning (models/README.md)
@@ -374,6 +375,7 @@ def train(
     keys = np.sort(train_users * data.items + train_items)
     history: list[dict[str, float]] = []
     started = time.perf_counter()
+    steps = Progress("steps", steps_per_epoch(data, config) * config.epochs, progress, every=30.0)
     for epoch in range(1, config.epochs + 1):
         order = rng.permutation(data.train_pairs)
         loss_sum = 0.0
@@ -386,6 +388,7 @@ def train(
             loss_sum += loss * len(pick)
             adam.step("users", users0, g_users)
             adam.step("items", items0, g_items)
+            steps.advance(note=f"epoch {epoch}/{config.epochs}")
         record = {"epoch": epoch, "loss": loss_sum / data.train_pairs, "seconds": time.perf_counter() - started}
         if evaluate_every and (epoch % evaluate_every == 0 or epoch == config.epochs):
             m = evaluate(*final_embeddings(graph, users0, items0, config.layers), data)
@@ -398,7 +401,7 @@ def train(
                 if "recall@20" in record
                 else ""
             )
-            + f" ({record['seconds']:.0f} s)"
+            + f" ({steps.line()})"
         )
     return TrainResult(users0=users0, items0=items0, history=history, seconds=time.perf_counter() - started)
 

@@ -21,6 +21,8 @@ STORAGES = ("fp32", "fp16", "int8")
 OOV_POLICIES = ("default", "reject")
 SIDES = ("user", "item")
 PRECISIONS = ("fp32", "int8")
+# The server's `k` for a recall request without one when `[recall] default_k` is absent (src/repository/spec.rs).
+DEFAULT_K = 100
 
 
 class ModelTomlError(ValueError):
@@ -79,6 +81,16 @@ class RankingSpec:
 
 
 @dataclass(frozen=True)
+class ItemFeaturesSpec:
+    """The `[item_features]` table: the I64 tensor `tensor` [items, len(fields)] in `file`, one column per item-side
+    field (the `item_id_field` may be left out: it then takes the item's id)."""
+
+    file: str
+    fields: tuple[str, ...]
+    tensor: str = "item_features"
+
+
+@dataclass(frozen=True)
 class DeepFMToml:
     """A whole DeepFM `model.toml`; `fields` is in the order of the graph's F axis."""
 
@@ -87,6 +99,7 @@ class DeepFMToml:
     dense_graph: DenseGraphSpec
     ranking: RankingSpec = field(default_factory=RankingSpec)
     description: str = ""
+    item_features: ItemFeaturesSpec | None = None
 
     def table(self, name: str) -> TableSpec:
         """The table called `name`."""
@@ -123,6 +136,9 @@ class RecallSpec:
     # The int64 [items] tensor in the item table's file counting each item's training interactions: the popularity
     # order a history without signal falls back on (docs/model-repository.md).
     popularity: str | None = None
+    # Items per query of a request that gives no `k` (1 to the catalogue); None: DEFAULT_K, or the whole catalogue
+    # when it is smaller.
+    default_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,8 @@ def to_toml(model: ModelToml) -> str:
             recall.append(("history_table", model.recall.history_table))
         if model.recall.popularity is not None:
             recall.append(("popularity", model.recall.popularity))
+        if model.recall.default_k is not None:
+            recall.append(("default_k", model.recall.default_k))
         sections.append(_section("[recall]", recall))
         sections += [_table_section(t) for t in model.tables]
         return "\n".join(sections)
@@ -192,6 +210,12 @@ def to_toml(model: ModelToml) -> str:
     keys = ("file", "precision", "embeddings_input", "dense_input", "output")
     changed = [key for key in keys if key in ("file", "precision") or getattr(graph, key) != getattr(defaults, key)]
     sections.append(_section("[dense_graph]", [(key, getattr(graph, key)) for key in changed]))
+    features = model.item_features
+    if features is not None:
+        pairs_f: list[tuple[str, object]] = [("file", features.file), ("fields", features.fields)]
+        if features.tensor != "item_features":
+            pairs_f.append(("tensor", features.tensor))
+        sections.append(_section("[item_features]", pairs_f))
     sections += [_table_section(t) for t in model.tables]
     for f in model.fields:
         pairs: list[tuple[str, object]] = [("name", f.name), ("side", f.side)]
@@ -259,7 +283,9 @@ def read(path: Path) -> ModelToml:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ModelTomlError(f"{path}: {e}") from e
     top = _Reader(path, "", doc)
-    top.only("format_version", "kind", "description", "tables", "fields", "ranking", "dense_graph", "recall")
+    top.only(
+        "format_version", "kind", "description", "tables", "fields", "ranking", "dense_graph", "recall", "item_features"
+    )
     if top.get("format_version", int) != FORMAT_VERSION:
         top.fail("format_version", f"must be {FORMAT_VERSION}")
     kind = top.get("kind", str, choices=("deepfm", "lightgcn"))
@@ -295,18 +321,22 @@ def read(path: Path) -> ModelToml:
         fields.append(FieldSpec(name=name, side=f.get("side", str, choices=SIDES), table=f.name("table", name)))
 
     if kind == "lightgcn":
-        for key in ("dense_graph", "ranking", "fields"):
+        for key in ("dense_graph", "ranking", "fields", "item_features"):
             if key in doc:
                 top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
         r = _Reader(path, "recall", top.get("recall", dict))
-        r.only("user_table", "item_table", "history_table", "popularity")
+        r.only("user_table", "item_table", "history_table", "popularity", "default_k")
         popularity = r.get("popularity", str, None)
         if popularity == "":
             r.fail("popularity", "must name a tensor in the item table's file")
         model_l = LightGCNToml(
             tables=tuple(tables),
             recall=RecallSpec(
-                r.get("user_table", str), r.get("item_table", str), r.get("history_table", str, None), popularity
+                r.get("user_table", str),
+                r.get("item_table", str),
+                r.get("history_table", str, None),
+                popularity,
+                r.get("default_k", int, None),
             ),
             description=description,
         )
@@ -335,12 +365,21 @@ def read(path: Path) -> ModelToml:
         output=g.get("output", str, "probability"),
     )
 
+    item_features = None
+    if "item_features" in doc:
+        f = _Reader(path, "item_features", top.get("item_features", dict))
+        f.only("file", "tensor", "fields")
+        columns = f.get("fields", list)
+        if not all(isinstance(name, str) for name in columns):
+            f.fail("fields", "must be an array of strings")
+        item_features = ItemFeaturesSpec(f.relative_file("file"), tuple(columns), f.name("tensor", "item_features"))
     model = DeepFMToml(
         tables=tuple(tables),
         fields=tuple(fields),
         dense_graph=graph,
         ranking=ranking,
         description=description,
+        item_features=item_features,
     )
     _check_references(path, model)
     return model
@@ -368,6 +407,11 @@ def _check_recall(path: Path, model: LightGCNToml) -> None:
                 f"{path}: recall.{key} {name!r} has dim {tables[name].dim}, but item_table {item.name!r} has dim "
                 f"{item.dim}"
             )
+    if recall.default_k is not None and not 1 <= recall.default_k <= item.rows:
+        raise ModelTomlError(
+            f"{path}: recall.default_k = {recall.default_k} must be from 1 to the {item.rows} items of item_table "
+            f"{item.name!r}"
+        )
     if recall.history_table is not None and tables[recall.history_table].rows != item.rows:
         raise ModelTomlError(
             f"{path}: recall.history_table {recall.history_table!r} has {tables[recall.history_table].rows} rows, "
@@ -400,6 +444,22 @@ def _check_references(path: Path, model: DeepFMToml) -> None:
     item_id = model.ranking.item_id_field
     if item_id is not None and item_id not in {f.name for f in model.fields_on("item")}:
         fail(f'ranking.item_id_field {item_id!r} is not a side = "item" field')
+    features = model.item_features
+    if features is not None:
+        sides = {f.name: f.side for f in model.fields}
+        for i, name in enumerate(features.fields):
+            if name not in sides:
+                fail(f"item_features.fields: {name!r} is not a declared field")
+            if sides[name] != "item":
+                fail(f'item_features.fields: {name!r} is a side = "user" field; the table holds item-side fields only')
+            if name in features.fields[:i]:
+                fail(f"item_features.fields: {name!r} is listed twice")
+        for f in model.fields_on("item"):
+            if f.name != item_id and f.name not in features.fields:
+                fail(
+                    f"item_features.fields does not list item-side field {f.name!r}: recalled items need a value for "
+                    "every item-side field (only ranking.item_id_field may be left out, it then takes the item id)"
+                )
 
 
 def read_deepfm(path: Path) -> DeepFMToml:

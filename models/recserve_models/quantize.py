@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from .onnx_export import DENSE, EMBEDDINGS
+from .progress import Progress, to_stderr
 
 INT8_TRAILER = 8  # bytes after the codes of a fused int8 row: scale f32 LE, bias f32 LE
 
@@ -84,7 +85,8 @@ def _check_table(name: str, table: np.ndarray) -> None:
 class _Samples(CalibrationDataReader):
     """Feeds the calibration samples to the quantizer in batches."""
 
-    def __init__(self, embeddings: np.ndarray, dense: np.ndarray, batch: int) -> None:
+    def __init__(self, embeddings: np.ndarray, dense: np.ndarray, batch: int, progress: Progress) -> None:
+        self._progress = progress
         feeds = []
         for start in range(0, len(embeddings), batch):
             feed = {EMBEDDINGS: embeddings[start : start + batch]}
@@ -94,7 +96,10 @@ class _Samples(CalibrationDataReader):
         self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._feeds, None)
+        feed = next(self._feeds, None)
+        if feed is not None:
+            self._progress.advance(len(feed[EMBEDDINGS]), note="calibrating the INT8 graph")
+        return feed
 
 
 def quantize_dense_graph(
@@ -103,6 +108,7 @@ def quantize_dense_graph(
     dense: np.ndarray,
     *,
     batch: int = 256,
+    progress: Callable[[str], None] = to_stderr("quantize"),
 ) -> onnx.ModelProto:
     """The INT8 QDQ version of the fp32 DeepFM `model`.
 
@@ -125,7 +131,7 @@ def quantize_dense_graph(
             quantize_static(
                 source,
                 Path(scratch, "int8.onnx"),
-                _Samples(embeddings, dense, batch),
+                _Samples(embeddings, dense, batch, Progress("calibration rows", len(embeddings), progress)),
                 quant_format=QuantFormat.QDQ,
                 nodes_to_quantize=gemms,
                 per_channel=True,

@@ -55,14 +55,27 @@ def write_deepfm_version(
     model: DeepFMToml,
     tables: Mapping[str, np.ndarray],
     graph: onnx.ModelProto,
+    item_features: np.ndarray | None = None,
 ) -> None:
-    """Write a complete version directory: every table of `model` from its float32 `tables` entry, the dense
-    graph, then `model.toml`. `directory` must not exist yet."""
+    """Write a complete version directory: every table of `model` from its float32 `tables` entry, the item feature
+    table (int64 [items, columns], when `model` has `[item_features]`), the dense graph, then `model.toml`.
+    `directory` must not exist yet."""
     missing = [spec.name for spec in model.tables if spec.name not in tables]
     if missing:
         raise ValueError(f"no values given for table {missing[0]!r}")
+    features = model.item_features
+    if (features is None) != (item_features is None):
+        raise ValueError("item_features values are given exactly when model.toml has [item_features]")
+    extra = {}
+    if features is not None and item_features is not None:
+        if item_features.dtype != np.int64 or item_features.ndim != 2 or item_features.shape[1] != len(features.fields):
+            raise ValueError(
+                f"item_features is {item_features.dtype} {list(item_features.shape)}, but [item_features] needs int64 "
+                f"[items, {len(features.fields)}]"
+            )
+        extra[features.file] = {features.tensor: np.ascontiguousarray(item_features)}
     directory.mkdir(parents=True)
-    _write_tables(directory, model, tables)
+    _write_tables(directory, model, tables, extra)
     save_onnx(graph, directory / model.dense_graph.file)
     (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
 
@@ -118,6 +131,41 @@ def read_popularity(directory: Path, model: LightGCNToml) -> np.ndarray | None:
     return counts
 
 
+def read_item_features(directory: Path, model: DeepFMToml) -> np.ndarray | None:
+    """The item feature table of a DeepFM version (`[item_features]`), checked as the server checks it (int64
+    [items, columns], at least one item, every id of a `reject` table's column inside it), or None when it has
+    none. Raises `TableError`."""
+    features = model.item_features
+    if features is None:
+        return None
+    path = directory / features.file
+    try:
+        with safe_open(path, framework="numpy") as f:
+            if features.tensor not in f.keys():
+                raise TableError(f"{path}: no tensor named {features.tensor!r} ([item_features] in {MODEL_TOML})")
+            values = f.get_tensor(features.tensor)
+    except (OSError, SafetensorError) as e:
+        raise TableError(f"{path}: cannot read [item_features] {features.tensor!r}: {e}") from e
+    if values.dtype != np.int64 or values.ndim != 2 or values.shape[1] != len(features.fields) or not len(values):
+        raise TableError(
+            f"{path}: tensor {features.tensor!r} is {values.dtype} {list(values.shape)}, but [item_features] needs "
+            f"int64 [items, {len(features.fields)}] (one column per entry of item_features.fields, at least one item)"
+        )
+    tables = {f.name: model.table(f.table) for f in model.fields}
+    for column, name in enumerate(features.fields):
+        table = tables[name]
+        if table.oov != "reject":
+            continue
+        outside = np.flatnonzero((values[:, column] < 0) | (values[:, column] >= table.rows))
+        if len(outside):
+            row = int(outside[0])
+            raise TableError(
+                f"{path}: tensor {features.tensor!r} row {row}, column {name!r}: id {values[row, column]} is outside "
+                f"table {table.name!r} ({id_range(table.rows)}), which rejects unknown ids"
+            )
+    return values
+
+
 def _write_tables(
     directory: Path,
     model: ModelToml,
@@ -128,7 +176,7 @@ def _write_tables(
     for spec in model.tables:
         files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
     for file, tensors in (extra or {}).items():
-        files[file] |= tensors
+        files.setdefault(file, {}).update(tensors)
     for file, tensors in files.items():
         (directory / file).write_bytes(save(tensors))
 

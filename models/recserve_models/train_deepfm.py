@@ -36,6 +36,7 @@ from . import criteo, deepfm
 from .deepfm import DeepFMParams, Layer
 from .metrics import auc, log_loss
 from .optim import Adam
+from .progress import Progress
 
 RUN_TENSORS = "deepfm.safetensors"
 RUN_JSON = "training.json"
@@ -224,6 +225,7 @@ def train(
     history = []
     seconds = 0.0
     steps_per_epoch = -(-len(data) // config.batch)
+    steps = Progress("steps", steps_per_epoch * config.epochs, progress)
     for epoch in range(1, config.epochs + 1):
         started = time.perf_counter()
         order = rng.permutation(len(data))
@@ -243,9 +245,8 @@ def train(
                 if config.l2:
                     g = g + np.float32(config.l2) * tables[name][rows]
                 adam.step_rows(f"table.{name}", tables[name], rows, g)
-            if step % 200 == 0 or step == steps_per_epoch:
-                seen = min(start + config.batch, len(data))
-                progress(f"epoch {epoch}/{config.epochs}: step {step}/{steps_per_epoch}, loss {loss_sum / seen:.4f}")
+            seen = min(start + config.batch, len(data))
+            steps.advance(note=f"epoch {epoch}/{config.epochs}, step {step}/{steps_per_epoch}, loss {loss_sum / seen:.4f}")
         seconds += time.perf_counter() - started
         record: dict[str, float] = {"epoch": epoch, "train_log_loss": loss_sum / len(data), "seconds": seconds}
         if heldout is not None:

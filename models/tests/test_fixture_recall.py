@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from recserve_models.model_toml import DEFAULT_K
 from recserve_models.quantize import dequantize_rowwise_int8
 from recserve_models.testing import fixture_recall
 
@@ -53,7 +55,8 @@ def test_recall_answers_follow_from_the_tables_in_float64(out: Path, cases: dict
         excluded = set(request.get("exclude", []))
         allowed = [i for i in range(len(scores)) if i not in excluded]
         expected = case["expected"]
-        assert len(expected) == min(request["k"], len(allowed)), case["what"]
+        default_k = fixture_recall.LIGHTGCN_DEFAULT_K if model == "lightgcn" else DEFAULT_K
+        assert len(expected) == min(request.get("k", default_k), len(allowed)), case["what"]
         for rank, item in enumerate(expected):
             assert item["id"] in allowed
             assert abs(item["score"] - scores[item["id"]]) <= 1e-5, case["what"]
@@ -113,9 +116,26 @@ def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
         "item_table": "item",
         "history_table": "history",
         "popularity": "item_popularity",
+        "default_k": fixture_recall.LIGHTGCN_DEFAULT_K,
     }
     config = tomllib.loads((out / fixture_recall.CONFIG_FILE).read_text())
     pipeline = dict(fixture_recall.PIPELINE)
     assert config["pipelines"] == {pipeline.pop("name"): pipeline}
     assert len(cases["recommend_cases"]) >= 5
     assert any(not c["expected"] for c in cases["recommend_cases"]), "a case where everything is excluded"
+
+
+def test_check_validates_the_item_feature_table_as_the_server_does(out: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from recserve_models import check
+
+    source = out / "repo" / fixture_recall.RANKING / "1"
+    assert check.check_version(source).model.item_features.fields == fixture_recall.ITEM_FEATURE_COLUMNS
+    broken = tmp_path / "1"
+    shutil.copytree(source, broken)
+    features = load_file(broken / "item_features.safetensors")["item_features"]
+    features[17, 0] = 12  # category rejects unknown ids: rows 0 to 11
+    save_file({"item_features": features}, broken / "item_features.safetensors")
+    with pytest.raises(check.CheckError, match="row 17, column 'category': id 12 is outside table 'category'"):
+        check.check_version(broken)

@@ -86,3 +86,37 @@ def test_strings_are_escaped(tmp_path: Path) -> None:
     model = read(tmp_path, VALID)
     tricky = model_toml.DeepFMToml(model.tables, model.fields, model.dense_graph, model.ranking, 'a "q"\\ \n\t\x7f é')
     assert read(tmp_path, model_toml.to_toml(tricky)).description == tricky.description
+
+
+ITEM_FEATURES = VALID + """
+[[tables]]
+name = "C3"
+file = "tables.safetensors"
+rows = 4
+dim = 9
+storage = "fp32"
+
+[[fields]]
+name = "C3"
+side = "item"
+
+[item_features]
+file = "item_features.safetensors"
+fields = ["C3"]
+"""
+
+
+def test_item_features_are_read_checked_and_written(tmp_path: Path) -> None:
+    model = read(tmp_path, ITEM_FEATURES)
+    assert model.item_features == model_toml.ItemFeaturesSpec("item_features.safetensors", ("C3",))
+    assert read(tmp_path, model_toml.to_toml(model)) == model
+    for old, new, message in [
+        ('fields = ["C3"]', "fields = []", "does not list item-side field 'C3'"),
+        ('fields = ["C3"]', 'fields = ["C3", "C3"]', "'C3' is listed twice"),
+        ('fields = ["C3"]', 'fields = ["C1", "C3"]', "'C1' is a side = \"user\" field"),
+        ('fields = ["C3"]', 'fields = ["C9", "C3"]', "'C9' is not a declared field"),
+        ('file = "item_features.safetensors"', 'file = "/x"', "item_features.file must be a path"),
+        ('fields = ["C3"]', 'fields = ["C3"]\ncolour = 1', "item_features.colour is not a known key"),
+    ]:
+        with pytest.raises(model_toml.ModelTomlError, match=message):
+            read(tmp_path, ITEM_FEATURES.replace(old, new, 1))

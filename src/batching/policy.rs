@@ -106,6 +106,9 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every value of [`Refusal::reason`], the `reason` label of `recserve_rejected_total`.
+    pub const REASONS: [&'static str; 3] = ["queue_full", "predicted_late", "shutting_down"];
+
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::QueueFull { .. } => "queue_full",

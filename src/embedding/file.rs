@@ -1,11 +1,14 @@
 //! Opening embedding tables: safetensors files memory-mapped once each, every table's tensor checked against its
-//! `model.toml` entry (present, dtype, shape) before anything is served.
+//! `model.toml` entry (present, dtype, shape) before anything is served. Every page is read in at load, so the
+//! first requests pay no page faults; a file of [`PROGRESS_BYTES`] or more is read in steps with a log line of
+//! the bytes read so far and the rate, so a load of many gigabytes says how far it has got.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use memmap2::{Mmap, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
@@ -61,15 +64,7 @@ pub fn open_tables(dir: &Path, entries: &[TableEntry]) -> Result<Vec<TableBytes>
         let map = match maps.get(entry.file.as_str()) {
             Some(map) => Arc::clone(map),
             None => {
-                let file = File::open(&path)
-                    .map_err(|e| LoadError::new(&path, format!("cannot open table file: {e}")))?;
-                // SAFETY: the map is read-only and the model repository is not modified while it is served
-                // (new versions go into new directories). `populate` pre-faults the pages so the first requests
-                // do not pay for page faults.
-                let map = unsafe { MmapOptions::new().populate().map(&file) }.map_err(|e| {
-                    LoadError::new(&path, format!("cannot memory-map table file: {e}"))
-                })?;
-                let map = Arc::new(map);
+                let map = Arc::new(map_table_file(&path, PROGRESS_BYTES)?);
                 maps.insert(&entry.file, Arc::clone(&map));
                 map
             }
@@ -135,6 +130,83 @@ pub fn open_tables(dir: &Path, entries: &[TableEntry]) -> Result<Vec<TableBytes>
     Ok(out)
 }
 
+/// Files at least this large are read in with progress lines.
+pub const PROGRESS_BYTES: u64 = 1 << 30;
+/// Bytes read in per step of a large file.
+const STEP_BYTES: usize = 256 << 20;
+/// The least time between two progress lines of one file.
+const REPORT_EVERY: Duration = Duration::from_secs(2);
+
+/// Maps a table file read-only with every page read in: by the kernel in one call (`MAP_POPULATE`) below
+/// `progress_from` bytes, else step by step with a progress line in the log every [`REPORT_EVERY`].
+fn map_table_file(path: &Path, progress_from: u64) -> Result<Mmap, LoadError> {
+    let file = File::open(path)
+        .map_err(|e| LoadError::new(path, format!("cannot open table file: {e}")))?;
+    let len = file
+        .metadata()
+        .map_err(|e| LoadError::new(path, format!("cannot read the table file's size: {e}")))?
+        .len();
+    let mut options = MmapOptions::new();
+    if len < progress_from {
+        options.populate();
+    }
+    // SAFETY: the map is read-only and the model repository is not modified while it is served (new versions go
+    // into new directories).
+    let map = unsafe { options.map(&file) }
+        .map_err(|e| LoadError::new(path, format!("cannot memory-map table file: {e}")))?;
+    if len >= progress_from {
+        let started = Instant::now();
+        let mut reported = started;
+        tracing::info!(file = %path.display(), bytes = len, "reading in a large table file");
+        read_in(&map, STEP_BYTES, |done| {
+            let now = Instant::now();
+            if done == map.len() || now - reported >= REPORT_EVERY {
+                reported = now;
+                tracing::info!(
+                    file = %path.display(),
+                    bytes = done,
+                    "{}",
+                    progress_line(done, map.len(), now - started)
+                );
+            }
+        });
+    }
+    Ok(map)
+}
+
+/// Reads every page of `map` in, `step` bytes at a time, calling `after(bytes read so far)` after each step.
+fn read_in(map: &Mmap, step: usize, mut after: impl FnMut(usize)) {
+    let mut done = 0;
+    while done < map.len() {
+        let len = step.min(map.len() - done);
+        #[cfg(target_os = "linux")]
+        let populated = map
+            .advise_range(memmap2::Advice::PopulateRead, done, len)
+            .is_ok();
+        #[cfg(not(target_os = "linux"))]
+        let populated = false;
+        if !populated {
+            // Kernels before 5.14 have no MADV_POPULATE_READ: fault each page in by reading one byte of it.
+            let pages = map[done..done + len].iter().step_by(4096);
+            std::hint::black_box(pages.fold(0u8, |acc, &b| acc ^ b));
+        }
+        done += len;
+        after(done);
+    }
+}
+
+/// `1.25 of 4.00 GiB (31%), 812 MB/s`.
+fn progress_line(done: usize, total: usize, elapsed: Duration) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let rate = done as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
+    format!(
+        "{:.2} of {:.2} GiB ({:.0}%), {rate:.0} MB/s",
+        done as f64 / GIB,
+        total as f64 / GIB,
+        100.0 * done as f64 / total.max(1) as f64
+    )
+}
+
 /// An I64 tensor of the model repository that is not a table (`[item_features]`, a recall model's popularity
 /// order): its values and shape. `what` names what the tensor is for, in messages.
 pub fn read_i64_tensor(
@@ -183,4 +255,38 @@ pub fn read_i64_tensor(
         .map(|b| i64::from_le_bytes(*b))
         .collect();
     Ok((values, view.shape().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_large_file_is_read_in_step_by_step_with_the_same_bytes() {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        file.write_all(&bytes).expect("write");
+        for progress_from in [0, u64::MAX] {
+            let map = map_table_file(file.path(), progress_from).expect("map");
+            assert_eq!(&map[..], &bytes[..]);
+        }
+        let map = map_table_file(file.path(), u64::MAX).expect("map");
+        let mut steps = Vec::new();
+        read_in(&map, 4096, |done| steps.push(done));
+        assert_eq!(steps, vec![4096, 8192, 12288, 12388]);
+    }
+
+    #[test]
+    fn progress_lines_say_bytes_share_and_rate() {
+        assert_eq!(
+            progress_line(1 << 30, 4 << 30, Duration::from_secs(2)),
+            "1.00 of 4.00 GiB (25%), 537 MB/s"
+        );
+        assert_eq!(
+            progress_line(0, 0, Duration::ZERO),
+            "0.00 of 0.00 GiB (0%), 0 MB/s"
+        );
+    }
 }

@@ -8,6 +8,8 @@ mod item_features;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::Histogram;
+
 pub use contract::{RankContract, RankInput, best_first};
 pub use item_features::ItemFeatures;
 
@@ -88,6 +90,8 @@ pub struct RankingModel {
     batcher: Batcher<RankWork>,
     batching: BatchConfig,
     default_deadline: Duration,
+    /// `recserve_request_rows`: candidates per scoring call (a rank request, or a pipeline's rank stage).
+    request_rows: Histogram,
 }
 
 impl RankingModel {
@@ -148,6 +152,7 @@ impl RankingModel {
         let estimator = Estimator::new(&batching.buckets);
         let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
         let metrics = ctx.metrics.model(&mv.name, store.device());
+        let request_rows = metrics.request_rows.clone();
         let graph_path = mv.dir.join(&graph_spec.file);
         let mut executors = Vec::with_capacity(ctx.executors);
         let mut warm_up = Duration::ZERO;
@@ -186,6 +191,7 @@ impl RankingModel {
             batcher,
             batching,
             default_deadline,
+            request_rows,
         })
     }
 
@@ -229,6 +235,7 @@ impl RankingModel {
         input: RankInput,
         deadline: Instant,
     ) -> Result<Vec<f32>, ServiceError> {
+        self.request_rows.observe(input.rows as f64);
         let (fields, dense) = (self.contract.fields(), self.contract.dense_features);
         let ranges = split_rows(input.rows, self.batching.max_batch_rows);
         if ranges.len() == 1 {

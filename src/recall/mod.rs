@@ -83,6 +83,8 @@ pub struct RecallContract {
     pub user_table: TableSpec,
     pub item_table: TableSpec,
     pub history_table: Option<TableSpec>,
+    /// The `k` of a request that gives none (`[recall] default_k`, 1 to the catalogue size).
+    pub default_k: usize,
     /// `max_history` and `max_exclude` bound a query; `max_candidates` is the most queries (users) of one
     /// KServe v2 request, the per-request row limit.
     pub limits: RequestLimits,
@@ -460,6 +462,7 @@ impl RecallModel {
             user_table: spec.tables[recall.user_table].spec.clone(),
             history_table: recall.history_table.map(|h| spec.tables[h].spec.clone()),
             item_table: item.spec,
+            default_k: recall.default_k,
             limits: ctx.limits,
         };
         let tables = Arc::new(Tables {

@@ -354,6 +354,7 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
         user_table: table("user", 10, OovPolicy::Reject),
         item_table: table("item", 50, item_oov),
         history_table: Some(table("history", 50, OovPolicy::Reject)),
+        default_k: 20,
         limits: RequestLimits {
             max_history: 3,
             max_exclude: 5,

@@ -118,7 +118,14 @@ pub struct RecallSpec {
     /// The I64 `[items]` tensor, in the item table's file, counting each item's training interactions: the
     /// popularity order a history without signal falls back on.
     pub popularity: Option<String>,
+    /// Items per query when a request gives no `k`: `default_k` of the file (1 to the catalogue size), else
+    /// [`DEFAULT_K`] or the whole catalogue when it is smaller.
+    pub default_k: usize,
 }
+
+/// The `k` of a recall request that gives none, unless `[recall] default_k` says otherwise: generic Open
+/// Inference Protocol clients send only what the model metadata lists, and need an answer without it.
+pub const DEFAULT_K: usize = 100;
 
 /// `[item_features]`: one row per catalogue item, one column per item-side field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,6 +272,7 @@ struct RawRecall {
     item_table: String,
     history_table: Option<String>,
     popularity: Option<String>,
+    default_k: Option<usize>,
 }
 
 /// A file name inside the version directory: relative, no `..`, not empty.
@@ -535,6 +543,17 @@ impl RawModel {
                         tables[item_table].spec.rows
                     ));
                 }
+                let items = tables[item_table].spec.rows;
+                let default_k = match recall.default_k {
+                    None => DEFAULT_K.min(usize::try_from(items).unwrap_or(usize::MAX)),
+                    Some(k) if u64::try_from(k).is_ok_and(|k| (1..=items).contains(&k)) => k,
+                    Some(k) => {
+                        return Err(format!(
+                            "recall.default_k = {k} must be from 1 to the {items} items of item_table {:?}",
+                            tables[item_table].spec.name
+                        ));
+                    }
+                };
                 ModelSpec {
                     kind: self.kind,
                     description: self.description,
@@ -548,6 +567,7 @@ impl RawModel {
                         item_table,
                         history_table,
                         popularity: recall.popularity,
+                        default_k,
                     }),
                     batching: self.batching,
                 }
@@ -748,6 +768,21 @@ storage = "fp32"
             (0, 1, Some(2))
         );
         assert_eq!(recall.popularity.as_deref(), Some("item_popularity"));
+        // Without default_k: DEFAULT_K, or the whole catalogue of 5 items when that is smaller.
+        assert_eq!(recall.default_k, 5);
+        let with_k =
+            |k: &str| text.replace("popularity = ", &format!("default_k = {k}\npopularity = "));
+        let three = ModelSpec::parse(&with_k("3")).expect("valid");
+        assert_eq!(three.recall.expect("recall").default_k, 3);
+        for bad in ["0", "6"] {
+            let err = parse_err(&with_k(bad));
+            assert!(
+                err.contains(&format!(
+                    "recall.default_k = {bad} must be from 1 to the 5 items of item_table \"item\""
+                )),
+                "{err}"
+            );
+        }
         let err = parse_err(&text.replace("popularity = \"item_popularity\"", "popularity = \"\""));
         assert!(
             err.contains("recall.popularity must name a tensor"),

@@ -416,6 +416,27 @@ def _cases() -> list[Case]:
             MODEL_TOML,
             lambda v: (shutil.rmtree(v), _write_lightgcn(v, user_dim=5)),
         ),
+        Case(
+            "lightgcn-default-k",
+            "lightgcn",
+            "load",
+            "",
+            lambda v: _edit(v, 'history_table = "history"\n', 'history_table = "history"\ndefault_k = 5\n'),
+        ),
+        Case(
+            "lightgcn-default-k-zero",
+            "lightgcn",
+            "refuse",
+            MODEL_TOML,
+            lambda v: _edit(v, 'history_table = "history"\n', 'history_table = "history"\ndefault_k = 0\n'),
+        ),
+        Case(
+            "lightgcn-default-k-beyond-catalogue",
+            "lightgcn",
+            "refuse",
+            MODEL_TOML,
+            lambda v: _edit(v, 'history_table = "history"\n', 'history_table = "history"\ndefault_k = 6\n'),
+        ),
         Case("lightgcn-tensor-shape", "lightgcn", "refuse", TABLES, lambda v: _edit(v, "rows = 3", "rows = 4")),
     ]
 

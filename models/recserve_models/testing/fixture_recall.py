@@ -4,9 +4,9 @@ a pipeline joining them, and the answers the server must give (`python -m recser
 
 Written into the fixture directory `DIR`:
 
-- `DIR/repo/lightgcn/1/`: a tiny LightGCN (48 users, 300 items, dim 24, K = 2 layers) trained on nothing: random
-  interactions and random layer-0 vectors, propagated exactly as LightGCN does, so its `user`, `item` and
-  `history` tables (fp32, `oov = "reject"`) obey the documented identity: the history embedding of a user's
+- `DIR/repo/lightgcn/1/`: a tiny LightGCN (48 users, 300 items, dim 24, K = 2 layers, `default_k = 12`) trained
+  on nothing: random interactions and random layer-0 vectors, propagated exactly as LightGCN does, so its `user`,
+  `item` and `history` tables (fp32, `oov = "reject"`) obey the documented identity: the history embedding of a user's
   full training history is `e_u − e_u^(0) / (K + 1)`. Items 7, 123 and 200 have identical item vectors (exact
   score ties), and some items have no interactions (`h_i = 0`).
 - `DIR/repo/lightgcn-int8/1/`: 40 users, 257 items, dim 16, random vectors: an int8 item table with
@@ -45,7 +45,7 @@ import onnxruntime as ort
 from safetensors.numpy import save
 
 from .. import deepfm
-from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
+from ..model_toml import DEFAULT_K, DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from ..onnx_export import DENSE, EMBEDDINGS, build_graph
 from ..rank_request import rank_inputs
 from ..repository import MODEL_TOML, POPULARITY, Table, encode_table, load_tables, write_deepfm_version
@@ -61,6 +61,7 @@ LIGHTGCN_INT8 = "lightgcn-int8"
 RANKING = "deepfm-items"
 PIPELINE = {"name": "fixture", "recall_model": LIGHTGCN, "ranking_model": RANKING, "candidates": 20, "k": 5}
 USERS, ITEMS, DIM, LAYERS = 48, 300, 24, 2
+LIGHTGCN_DEFAULT_K = 12  # `[recall] default_k` of `lightgcn`; `lightgcn-int8` has none, so DEFAULT_K applies
 TIED_ITEMS = (7, 123, 200)
 INT8_USERS, INT8_ITEMS, INT8_DIM, INT8_DEFAULT_USER = 40, 257, 16, 5
 RANK_TOLERANCE = 1e-5
@@ -187,7 +188,13 @@ def _write_lightgcn(repo: Path, rng: np.random.Generator) -> dict[str, Any]:
     text = _lightgcn_toml(
         "test fixture: tiny LightGCN (random interactions, K = 2), fp32 tables with history vectors",
         specs,
-        {"user_table": "user", "item_table": "item", "history_table": "history", "popularity": POPULARITY},
+        {
+            "user_table": "user",
+            "item_table": "item",
+            "history_table": "history",
+            "popularity": POPULARITY,
+            "default_k": LIGHTGCN_DEFAULT_K,
+        },
     )
     (directory / MODEL_TOML).write_text(text, encoding="utf-8")
     return model
@@ -264,6 +271,7 @@ def _recall_cases(lgcn: dict[str, Any], int8: dict[str, Any]) -> list[dict[str, 
 
     add = cases.append
     add((LIGHTGCN, "user 0, k = 10", {"user_id": 0, "k": 10}, by_user(0)))
+    add((LIGHTGCN, f"user 2, no k: the model's default_k ({LIGHTGCN_DEFAULT_K})", {"user_id": 2}, by_user(2)))
     add((LIGHTGCN, f"last user ({USERS - 1}), k = 1", {"user_id": USERS - 1, "k": 1}, by_user(USERS - 1)))
     add((LIGHTGCN, "user 5, k = the whole catalogue (items 7, 123, 200 tie)", {"user_id": 5, "k": ITEMS}, by_user(5)))
     add(
@@ -349,16 +357,19 @@ def _recall_cases(lgcn: dict[str, Any], int8: dict[str, Any]) -> list[dict[str, 
         )
     )
     add((LIGHTGCN_INT8, "user 39, k = 1", {"user_id": 39, "k": 1}, int8_user(39)))
+    add((LIGHTGCN_INT8, f"user 8, no k and no default_k: {DEFAULT_K}", {"user_id": 8}, int8_user(8)))
+    default_k = {LIGHTGCN: LIGHTGCN_DEFAULT_K, LIGHTGCN_INT8: DEFAULT_K}
 
     out = []
     for model, what, request, scores in cases:
         exclude = [i for i in request.get("exclude", []) if 0 <= i < len(scores)]
-        case = {"model": model, "what": what, "request": request, "expected": top_k(scores, request["k"], exclude)}
+        k = request.get("k", default_k[model])
+        case = {"model": model, "what": what, "request": request, "expected": top_k(scores, k, exclude)}
         if "history" in request:
             # The items with a history vector (training interactions); none: the popularity order, every score 0.
             case["history_used"] = sum(1 for i in set(request["history"]) if lgcn["degree"][i] > 0)
             if case["history_used"] == 0:
-                case["expected"] = top_k(lgcn["degree"].astype(np.float64), request["k"], exclude)
+                case["expected"] = top_k(lgcn["degree"].astype(np.float64), k, exclude)
                 for item in case["expected"]:
                     item["score"] = 0.0
                 case["fallback"] = "popularity"

@@ -368,6 +368,7 @@ impl GrpcInferenceService for Inference {
             platform: m.platform,
             inputs: tensors(m.inputs),
             outputs: tensors(m.outputs),
+            properties: m.properties.into_iter().collect(),
         }))
     }
 

@@ -2,6 +2,7 @@
 //! the binary tensor data extension (`Inference-Header-Content-Length`, `binary_data_size`, `binary_data`,
 //! `binary_data_output`) in both directions. Decoding and encoding only: the rest is [`super::infer`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Router;
@@ -66,7 +67,7 @@ async fn ready(State(service): State<Arc<Service>>) -> Response {
 }
 
 /// Model metadata as JSON. `columns` is a recserve addition that clients unaware of it ignore: what each position
-/// of the last axis holds.
+/// of the last axis holds. `properties` is the protocol's (optional, omitted when empty).
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct MetadataJson {
     pub name: String,
@@ -74,6 +75,8 @@ pub struct MetadataJson {
     pub platform: String,
     pub inputs: Vec<TensorMetadataJson>,
     pub outputs: Vec<TensorMetadataJson>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -104,6 +107,7 @@ impl From<ModelMetadata> for MetadataJson {
             platform: m.platform,
             inputs: tensors(m.inputs),
             outputs: tensors(m.outputs),
+            properties: m.properties,
         }
     }
 }

@@ -1,8 +1,11 @@
 //! The tensor contract of LightGCN recall models over the Open Inference Protocol: `user_id` INT64 `[B]` (rows of
-//! the user table) and the request parameter `k` in; `item_ids` INT64 `[B, k]` and `scores` FP32 `[B, k]` out,
-//! each row best first (equal scores by lower id), exactly what `/v1` recall answers for each user. The `B`
-//! queries are queued together, so they share passes over the catalogue. `history` and `exclude`, whose lengths
-//! vary per user, are `/v1` only.
+//! the user table) in, and the number of items per user `k`, which is optional: an INT32 or INT64 input `[1]`, or
+//! the request parameter `k`, else the model's `[recall] default_k`; `item_ids` INT64 `[B, k]` and `scores` FP32
+//! `[B, k]` out, each row best first (equal scores by lower id), exactly what `/v1` recall answers for each user.
+//! The metadata lists `k` among the inputs and says in its `properties` that it is optional and what it defaults
+//! to, so a client that builds its request from the metadata alone gets an answer. The `B` queries are queued
+//! together, so they share passes over the catalogue. `history` and `exclude`, whose lengths vary per user, are
+//! `/v1` only.
 
 use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameter, Parameters, TensorContract,
@@ -19,7 +22,7 @@ pub const USER_ID: &str = "user_id";
 pub const ITEM_IDS: &str = "item_ids";
 /// The output holding their scores.
 pub const SCORES: &str = "scores";
-/// The request parameter holding the number of items per user.
+/// The optional input (or request parameter) holding the number of items per user.
 pub const K: &str = "k";
 
 /// The LightGCN contract of one served model.
@@ -47,6 +50,87 @@ impl<'a> LightGcn<'a> {
     }
 }
 
+/// The metadata `properties` of a recall model: which inputs may be left out, and `k`'s default and range.
+fn properties(contract: &RecallContract) -> Vec<(String, String)> {
+    vec![
+        ("optional_inputs".to_owned(), K.to_owned()),
+        (format!("{K}.default"), contract.default_k.to_string()),
+        (format!("{K}.min"), "1".to_owned()),
+        (format!("{K}.max"), contract.items().to_string()),
+    ]
+}
+
+/// `k` from the input tensor `k` (INT32 or INT64, one element), or the request parameter `k`, else the model's
+/// default; 1 to the catalogue size.
+fn k_of(
+    contract: &RecallContract,
+    tensor: Option<InputTensor>,
+    parameters: &Parameters,
+) -> Result<usize, ServiceError> {
+    let items = contract.items();
+    let (what, k) = match (tensor, parameters.get(K)) {
+        (Some(_), Some(_)) => {
+            return Err(ServiceError::invalid(
+                K,
+                format!("is given both as an input tensor and as parameters.{K}: send one of them"),
+            ));
+        }
+        (None, None) => return Ok(contract.default_k),
+        (None, Some(parameter)) => {
+            let k = match parameter {
+                Parameter::Int64(k) => Some(*k),
+                Parameter::Uint64(k) => i64::try_from(*k).ok().or(Some(i64::MAX)),
+                Parameter::Bool(_) | Parameter::Double(_) | Parameter::String(_) => None,
+            };
+            let k = k.ok_or_else(|| {
+                ServiceError::invalid(
+                    format!("parameters.{K}"),
+                    format!(
+                        "must be an integer from 1 to {items} (the catalogue), got {parameter:?}"
+                    ),
+                )
+            })?;
+            (format!("parameters.{K}"), k)
+        }
+        (Some(tensor), None) => {
+            if tensor.shape.iter().product::<i64>() != 1 || tensor.shape.len() > 1 {
+                return Err(ServiceError::invalid(
+                    K,
+                    format!(
+                        "shape {:?} is not [1] (one k for every user of the request)",
+                        tensor.shape
+                    ),
+                ));
+            }
+            let k = match Datatype::parse(&tensor.datatype) {
+                Some(Datatype::Int32) => tensor.into_i32()?.first().map(|&k| i64::from(k)),
+                _ => {
+                    tensor.expect_datatype(Datatype::Int64).map_err(|_| {
+                        ServiceError::invalid(
+                            K,
+                            format!(
+                                "datatype {}, but the model takes INT32 or INT64",
+                                tensor.datatype
+                            ),
+                        )
+                    })?;
+                    tensor.into_i64()?.first().copied()
+                }
+            };
+            (K.to_owned(), k.unwrap_or_default())
+        }
+    };
+    usize::try_from(k)
+        .ok()
+        .filter(|k| (1..=items).contains(k))
+        .ok_or_else(|| {
+            ServiceError::invalid(
+                what,
+                format!("must be an integer from 1 to {items} (the catalogue), got {k}"),
+            )
+        })
+}
+
 /// The decoding of [`LightGcn`]: `model` names the model in messages.
 fn decode_inputs(
     model: &str,
@@ -54,44 +138,27 @@ fn decode_inputs(
     inputs: Vec<InputTensor>,
     parameters: &Parameters,
 ) -> Result<Vec<RecallInput>, ServiceError> {
-    let items = contract.items();
-    let k = match parameters.get(K) {
-        Some(Parameter::Int64(k)) => usize::try_from(*k).ok(),
-        Some(Parameter::Uint64(k)) => usize::try_from(*k).ok(),
-        Some(_) => None,
-        None => {
-            return Err(ServiceError::invalid(
-                format!("parameters.{K}"),
-                format!("is required: the number of items to recall per user (1 to {items})"),
-            ));
-        }
-    }
-    .filter(|k| (1..=items).contains(k))
-    .ok_or_else(|| {
-        ServiceError::invalid(
-            format!("parameters.{K}"),
-            format!(
-                "must be an integer from 1 to {items} (the catalogue), got {:?}",
-                parameters.get(K)
-            ),
-        )
-    })?;
-    let mut user_ids = None;
+    let (mut user_ids, mut k_tensor) = (None, None);
     for input in inputs {
-        if input.name != USER_ID {
-            return Err(ServiceError::invalid(
-                &input.name,
-                format!(
-                    "is not an input of model {model:?} (inputs: {USER_ID} INT64 [-1]; history and exclude are \
-                         /v1 only)"
-                ),
-            ));
+        let slot = match input.name.as_str() {
+            USER_ID => &mut user_ids,
+            K => &mut k_tensor,
+            _ => {
+                return Err(ServiceError::invalid(
+                    &input.name,
+                    format!(
+                        "is not an input of model {model:?} (inputs: {USER_ID} INT64 [-1], optional {K} INT64 \
+                         [1]; history and exclude are /v1 only)"
+                    ),
+                ));
+            }
+        };
+        if slot.is_some() {
+            return Err(ServiceError::invalid(&input.name, "is given twice"));
         }
-        if user_ids.is_some() {
-            return Err(ServiceError::invalid(USER_ID, "is given twice"));
-        }
-        user_ids = Some(input);
+        *slot = Some(input);
     }
+    let k = k_of(contract, k_tensor, parameters)?;
     let user_ids = user_ids.ok_or_else(|| {
         ServiceError::invalid(
             USER_ID,
@@ -137,12 +204,24 @@ fn decode_inputs(
 
 impl TensorContract for LightGcn<'_> {
     fn inputs(&self) -> Vec<TensorSpec> {
-        vec![TensorSpec {
-            name: USER_ID.to_owned(),
-            datatype: Datatype::Int64,
-            shape: vec![-1],
-            columns: Vec::new(),
-        }]
+        vec![
+            TensorSpec {
+                name: USER_ID.to_owned(),
+                datatype: Datatype::Int64,
+                shape: vec![-1],
+                columns: Vec::new(),
+            },
+            TensorSpec {
+                name: K.to_owned(),
+                datatype: Datatype::Int64,
+                shape: vec![1],
+                columns: Vec::new(),
+            },
+        ]
+    }
+
+    fn properties(&self) -> Vec<(String, String)> {
+        properties(self.contract)
     }
 
     fn outputs(&self) -> Vec<TensorSpec> {
@@ -224,6 +303,7 @@ mod tests {
             user_table: table("user", 10, OovPolicy::Reject),
             item_table: table("item", 50, OovPolicy::Reject),
             history_table: None,
+            default_k: 20,
             limits: RequestLimits {
                 max_history: 5,
                 max_exclude: 5,
@@ -246,6 +326,111 @@ mod tests {
         Parameters::from([(K.to_owned(), Parameter::Int64(value))])
     }
 
+    fn k_tensor(datatype: &str, shape: &[i64], data: serde_json::Value) -> InputTensor {
+        InputTensor {
+            name: K.to_owned(),
+            datatype: datatype.to_owned(),
+            shape: shape.to_vec(),
+            data: TensorData::Json(data),
+        }
+    }
+
+    fn ks(inputs: Vec<InputTensor>, parameters: Parameters) -> Vec<usize> {
+        decode(inputs, parameters)
+            .expect("valid")
+            .iter()
+            .map(|i| i.k)
+            .collect()
+    }
+
+    #[test]
+    fn k_is_an_optional_input_or_parameter_with_the_models_default() {
+        let two = || users(&[2], json!([3, 9]));
+        assert_eq!(
+            ks(vec![two()], Parameters::new()),
+            vec![20, 20],
+            "default_k"
+        );
+        assert_eq!(ks(vec![two()], k(7)), vec![7, 7]);
+        assert_eq!(
+            ks(
+                vec![two(), k_tensor("INT64", &[1], json!([5]))],
+                Parameters::new()
+            ),
+            vec![5, 5]
+        );
+        assert_eq!(
+            ks(
+                vec![k_tensor("INT32", &[1], json!([50])), two()],
+                Parameters::new()
+            ),
+            vec![50, 50],
+            "INT32, in any input order"
+        );
+        assert_eq!(
+            ks(
+                vec![two(), k_tensor("INT64", &[], json!(4))],
+                Parameters::new()
+            ),
+            vec![4, 4],
+            "a scalar"
+        );
+        let raw = InputTensor {
+            data: TensorData::Raw(axum::body::Bytes::from(9i32.to_le_bytes().to_vec())),
+            ..k_tensor("INT32", &[1], json!(null))
+        };
+        assert_eq!(
+            ks(vec![two(), raw], Parameters::new()),
+            vec![9, 9],
+            "binary INT32"
+        );
+        let cases: Vec<(Vec<InputTensor>, Parameters, &str)> = vec![
+            (
+                vec![two(), k_tensor("INT64", &[1], json!([3]))],
+                k(3),
+                "k: is given both as an input tensor and as parameters.k: send one of them",
+            ),
+            (
+                vec![two(), k_tensor("INT64", &[2], json!([3, 3]))],
+                Parameters::new(),
+                "k: shape [2] is not [1] (one k for every user of the request)",
+            ),
+            (
+                vec![two(), k_tensor("FP32", &[1], json!([3.0]))],
+                Parameters::new(),
+                "k: datatype FP32, but the model takes INT32 or INT64",
+            ),
+            (
+                vec![two(), k_tensor("INT32", &[1], json!([0]))],
+                Parameters::new(),
+                "k: must be an integer from 1 to 50 (the catalogue), got 0",
+            ),
+            (
+                vec![two(), k_tensor("INT64", &[1], json!([51]))],
+                Parameters::new(),
+                "k: must be an integer from 1 to 50 (the catalogue), got 51",
+            ),
+            (
+                vec![two(), k_tensor("INT32", &[1], json!([1, 2]))],
+                Parameters::new(),
+                "k: shape [1] holds 1 elements, but the data holds 2",
+            ),
+            (
+                vec![
+                    two(),
+                    k_tensor("INT64", &[1], json!([1])),
+                    k_tensor("INT64", &[1], json!([1])),
+                ],
+                Parameters::new(),
+                "k: is given twice",
+            ),
+        ];
+        for (inputs, parameters, expected) in cases {
+            let got = decode(inputs, parameters).expect_err(expected).to_string();
+            assert!(got.contains(expected), "expected {expected:?} in {got:?}");
+        }
+    }
+
     #[test]
     fn decodes_users_and_k() {
         let got = decode(vec![users(&[2], json!([3, 9]))], k(7)).expect("valid");
@@ -254,11 +439,6 @@ mod tests {
             vec![(&RecallQuery::UserId(3), 7), (&RecallQuery::UserId(9), 7)]
         );
         let cases: Vec<(Vec<InputTensor>, Parameters, &str)> = vec![
-            (
-                vec![users(&[1], json!([1]))],
-                Parameters::new(),
-                "parameters.k: is required",
-            ),
             (
                 vec![users(&[1], json!([1]))],
                 k(0),

@@ -81,6 +81,9 @@ pub struct ModelMetadata {
     pub platform: String,
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
+    /// The protocol's optional model `properties`: what the tensor shapes cannot say (an optional input, its
+    /// default), by name.
+    pub properties: BTreeMap<String, String>,
 }
 
 /// The outputs of one call of a kind's service function.
@@ -92,6 +95,10 @@ pub type Outputs<'a> =
 pub trait TensorContract: Send + Sync {
     fn inputs(&self) -> Vec<TensorSpec>;
     fn outputs(&self) -> Vec<TensorSpec>;
+    /// The metadata's `properties`: none unless the kind has something the tensors cannot say.
+    fn properties(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Decodes `inputs` into the kind's typed input (every problem a client error naming the tensor), runs it
     /// through `call` and returns every output of the model.
     fn run<'a>(
@@ -119,6 +126,7 @@ pub fn metadata(model: &ServedModel) -> ModelMetadata {
         platform: format!("recserve_{}", model.spec.kind.as_str()),
         inputs: contract.inputs(),
         outputs: contract.outputs(),
+        properties: contract.properties().into_iter().collect(),
     }
 }
 

@@ -211,6 +211,21 @@ impl InputTensor {
         })
     }
 
+    /// The tensor's values as INT32 (call [`InputTensor::expect_datatype`] first), row-major; their number must be
+    /// what the shape declares.
+    pub fn into_i32(self) -> Result<Vec<i32>, ServiceError> {
+        self.into_values(Element {
+            datatype: Datatype::Int32,
+            field: "int_contents",
+            from_le: i32::from_le_bytes,
+            from_json: |v| v.as_i64().and_then(|x| i32::try_from(x).ok()),
+            typed: |t| match t {
+                Typed::Int(values) => Ok(values),
+                other => Err(other),
+            },
+        })
+    }
+
     /// The tensor's values as FP32 (call [`InputTensor::expect_datatype`] first), row-major; their number must be
     /// what the shape declares. JSON numbers are rounded to the nearest `f32` (out of range: ±inf).
     pub fn into_f32(self) -> Result<Vec<f32>, ServiceError> {

@@ -35,7 +35,8 @@ async fn recall(
     service
         .model_call(request, |call| async move {
             let body = body_bytes(body, max_body_bytes)?;
-            let input = recall_input(parse_json(&body)?)?;
+            let default_k = call.recall_model()?.contract.default_k;
+            let input = recall_input(parse_json(&body)?, default_k)?;
             let mut answers = call.recall(vec![input]).await?;
             let answer = answers.pop().ok_or_else(|| {
                 ServiceError::Internal("recall: a query without an answer".to_owned())
@@ -59,7 +60,9 @@ pub struct RecallRequest {
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<i64>>,
-    pub k: usize,
+    /// Items to return; without it, the model's `[recall] default_k`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<i64>,
 }
@@ -102,11 +105,11 @@ pub(super) fn recall_query(
     }
 }
 
-/// Decodes a recall request; the model checks the ids, `k` and the lengths.
-pub fn recall_input(request: RecallRequest) -> Result<RecallInput, ServiceError> {
+/// Decodes a recall request (`default_k` when it gives no `k`); the model checks the ids, `k` and the lengths.
+pub fn recall_input(request: RecallRequest, default_k: usize) -> Result<RecallInput, ServiceError> {
     Ok(RecallInput {
         query: recall_query(request.user_id, request.history)?,
-        k: request.k,
+        k: request.k.unwrap_or(default_k),
         exclude: request.exclude,
     })
 }
@@ -134,7 +137,7 @@ mod tests {
     use crate::api::envelope::parse_json;
 
     fn decode(body: &str) -> Result<RecallInput, ServiceError> {
-        recall_input(parse_json(body.as_bytes())?)
+        recall_input(parse_json(body.as_bytes())?, 20)
     }
 
     #[test]
@@ -155,13 +158,17 @@ mod tests {
                 exclude: vec![]
             }
         );
+        assert_eq!(
+            decode(r#"{"user_id": 3}"#).expect("valid").k,
+            20,
+            "without k: the model's default_k"
+        );
         let cases = [
             (r#"{"k": 5}"#, "user_id: is missing: send user_id"),
             (
                 r#"{"user_id": 1, "history": [1], "k": 5}"#,
                 "history: cannot be sent together with user_id",
             ),
-            (r#"{"user_id": 1}"#, "missing field `k`"),
             (
                 r#"{"user_id": 1, "k": -1}"#,
                 "k: invalid value: integer `-1`",
