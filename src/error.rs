@@ -16,6 +16,16 @@ pub const ECHO_CHARS: usize = 100;
 /// delimits.
 pub const MESSAGE_CHARS: usize = 1000;
 
+/// A duration in milliseconds with microsecond resolution, as messages give them: `3.214 ms`.
+#[derive(Clone, Copy, Debug)]
+pub struct Millis(pub Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3} ms", self.0.as_secs_f64() * 1e3)
+    }
+}
+
 /// Client text as an error message repeats it: `{}` writes it as it is, `{:?}` quoted, each cut to
 /// [`ECHO_CHARS`] characters with a note of its length when longer (`"mmm…"… (first 100 of 50000 characters)`).
 #[derive(Clone, Copy)]
@@ -175,6 +185,22 @@ pub enum ServiceError {
         model: String,
         retry_after: Duration,
     },
+    /// The request's deadline is shorter than its own execution is predicted to take with nothing queued ahead:
+    /// the same request would be refused again, however idle the server.
+    #[error(
+        "model {model:?}: the request's deadline is too short: executing it is predicted to take {} even with \
+         nothing queued ahead, and its deadline leaves {}, of which admission plans on at most {}; retrying the \
+         same request will not help: give it a longer deadline or send fewer rows",
+        Millis(*.predicted),
+        Millis(*.left),
+        Millis(*.budget)
+    )]
+    DeadlineTooShort {
+        model: String,
+        predicted: Duration,
+        left: Duration,
+        budget: Duration,
+    },
     /// The request's deadline passed before it could be executed; it was dropped unexecuted.
     #[error("model {model:?}: the request's deadline passed before it could be executed")]
     DeadlineExceeded { model: String },
@@ -212,6 +238,8 @@ impl ServiceError {
             ServiceError::InvalidInput { .. }
             | ServiceError::Malformed(_)
             | ServiceError::WrongKind { .. } => 400,
+            // The request itself, not the load, decides it: a client error (docs/api.md).
+            ServiceError::DeadlineTooShort { .. } => 400,
             ServiceError::PayloadTooLarge { .. } => 413,
             ServiceError::ModelNotFound { .. }
             | ServiceError::VersionNotFound { .. }
@@ -234,6 +262,7 @@ impl ServiceError {
             ServiceError::PipelineNotFound { .. } => "pipeline_not_found",
             ServiceError::WrongKind { .. } => "wrong_kind",
             ServiceError::Overloaded { .. } => "overloaded",
+            ServiceError::DeadlineTooShort { .. } => "deadline_too_short",
             ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",
             ServiceError::Unavailable(_) => "unavailable",
             ServiceError::Internal(_) => "internal",

@@ -108,6 +108,18 @@ impl Pipeline {
                 config.candidates, config.recall_model
             ));
         }
+        // Each request ranks all its candidates at once: a pipeline whose candidates the ranking model's queue
+        // cannot hold would refuse every request.
+        ranking
+            .contract
+            .queue
+            .check(config.candidates, "candidates")
+            .map_err(|problem| {
+                format!(
+                    "candidates = {}: the ranking model {:?} {problem}",
+                    config.candidates, config.ranking_model
+                )
+            })?;
         Ok(Pipeline {
             name: name.to_owned(),
             config: config.clone(),

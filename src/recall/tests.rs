@@ -359,6 +359,7 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
             max_exclude: 5,
             max_candidates: 8,
         },
+        queue: crate::batching::QueueFit::UNBOUNDED,
     }
 }
 

@@ -120,6 +120,10 @@ fn decode_inputs(
             ),
         ));
     }
+    contract
+        .queue
+        .check(ids.len(), "users")
+        .map_err(|problem| ServiceError::invalid(USER_ID, problem))?;
     ids.iter()
         .enumerate()
         .map(|(i, &id)| {
@@ -203,6 +207,7 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
+    use crate::batching::QueueFit;
     use crate::registry::RequestLimits;
     use crate::repository::{OovPolicy, Storage, TableSpec};
 
@@ -228,6 +233,10 @@ mod tests {
                 max_history: 5,
                 max_exclude: 5,
                 max_candidates: 3,
+            },
+            queue: QueueFit {
+                max_batch_rows: 64,
+                queue_capacity: 256,
             },
         };
         decode_inputs("m", &contract, inputs, &parameters)

@@ -309,7 +309,7 @@ impl<'de> Visitor<'de> for Dense<'_, '_> {
     }
 }
 
-/// `candidates`: at most `max_candidates` of them, each decoded into its row.
+/// `candidates`: at most [`RankContract::max_rows`] of them, each decoded into its row.
 struct Candidates<'a, 'c>(&'a mut Decoder<'c>);
 
 impl<'de> DeserializeSeed<'de> for Candidates<'_, '_> {
@@ -326,7 +326,7 @@ impl<'de> Visitor<'de> for Candidates<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let d = self.0;
-        let max = d.contract.max_candidates;
+        let max = d.contract.max_rows();
         let mut candidate_ids = Vec::new();
         loop {
             let i = candidate_ids.len();
