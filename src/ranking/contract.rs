@@ -123,6 +123,31 @@ impl RankContract {
         }
     }
 
+    /// Checks that a request has a `user` object when the model takes a user side (user fields or dense
+    /// features): without one, say that it is missing rather than what its parts lack.
+    pub fn check_user_given(&self, given: bool) -> Result<(), ServiceError> {
+        let mut takes = Vec::new();
+        if !self.user_fields.is_empty() {
+            takes.push(format!(
+                "{} user-side fields in user.fields",
+                self.user_fields.len()
+            ));
+        }
+        if self.dense_features > 0 {
+            takes.push(format!(
+                "{} dense features in user.dense",
+                self.dense_features
+            ));
+        }
+        if given || takes.is_empty() {
+            return Ok(());
+        }
+        Err(ServiceError::invalid(
+            "user",
+            format!("is missing: the model takes {}", takes.join(" and ")),
+        ))
+    }
+
     /// Checks the number of dense values the request gave (at `user.dense`).
     pub fn check_dense_len(&self, len: usize) -> Result<(), ServiceError> {
         if len == self.dense_features {

@@ -599,6 +599,16 @@ mod tests {
             ),
             (headers(None), Bytes::from("{"), "malformed request body"),
             (
+                headers(None),
+                Bytes::from(one(r#", "data": [1, Infinity]"#)),
+                "inputs[0].data[1]: Infinity is not a number JSON can carry",
+            ),
+            (
+                headers(None),
+                Bytes::from(r#"{"inputs": [], "parameters": {"timeout": 1e400}}"#),
+                "parameters.timeout: 1e400 is beyond the range of 64-bit floating point",
+            ),
+            (
                 {
                     let mut h = headers(Some(sized.len()));
                     h.append(HEADER_LENGTH, HeaderValue::from(5));

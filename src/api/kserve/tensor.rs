@@ -300,10 +300,20 @@ impl InputTensor {
                     .enumerate()
                     .map(|(i, v)| {
                         (e.from_json)(v).ok_or_else(|| {
-                            self.invalid(format!(
-                                "data[{i}] is {v}, which is not an {} value",
-                                e.datatype.as_str()
-                            ))
+                            let datatype = e.datatype.as_str();
+                            // JSON reads an integer beyond 64 bits as a float: say that it is out of range,
+                            // not that it is not an integer.
+                            let beyond = e.datatype == Datatype::Int64
+                                && v.as_f64().is_some_and(|x| x.fract() == 0.0);
+                            self.invalid(if beyond {
+                                format!(
+                                    "data[{i}] is {v}, an integer beyond the range of {datatype} ({} to {})",
+                                    i64::MIN,
+                                    i64::MAX
+                                )
+                            } else {
+                                format!("data[{i}] is {v}, which is not an {datatype} value")
+                            })
                         })
                     })
                     .collect()
@@ -442,6 +452,13 @@ mod tests {
             (
                 message(input(&[2], TensorData::Json(json!([1, 2.5]))).into_i64()),
                 "t: data[1] is 2.5, which is not an INT64 value",
+            ),
+            (
+                message(
+                    input(&[2], TensorData::Json(json!([1, 18446744073709551616.0]))).into_i64(),
+                ),
+                "t: data[1] is 1.8446744073709552e+19, an integer beyond the range of INT64 \
+                 (-9223372036854775808 to 9223372036854775807)",
             ),
             (
                 message(input(&[1], TensorData::Json(json!(["1"]))).into_i64()),

@@ -182,6 +182,22 @@ mod tests {
                 r#"{"user_id": 1, "k": 1, "top_k": 3}"#,
                 "unknown field `top_k`",
             ),
+            (
+                r#"{"user_id": 1, "k": NaN}"#,
+                "k: NaN is not a number JSON can carry",
+            ),
+            (
+                r#"{"user_id": -9223372036854775809, "k": 1}"#,
+                "user_id: the integer -9223372036854775809 does not fit in 64 bits (expected i64)",
+            ),
+            (
+                r#"{"user_id": 1, "k": 18446744073709551616}"#,
+                "k: the integer 18446744073709551616 does not fit in 64 bits (expected usize)",
+            ),
+            (
+                r#"{"history": [1, 1e400], "k": 1}"#,
+                "history[1]: 1e400 is beyond the range of 64-bit floating point",
+            ),
         ];
         for (body, expected) in cases {
             let got = decode(body).expect_err(body).to_string();
