@@ -120,6 +120,13 @@ impl Pipeline {
                     config.candidates, config.ranking_model
                 )
             })?;
+        let max_reply = recall.contract.limits.max_reply_items;
+        if config.k > max_reply {
+            return Err(format!(
+                "k = {} is more items than one reply may hold ({max_reply}, --max-reply-items)",
+                config.k
+            ));
+        }
         Ok(Pipeline {
             name: name.to_owned(),
             config: config.clone(),
@@ -151,6 +158,7 @@ impl Pipeline {
             }
             Some(k) => k,
         };
+        recall.contract.check_reply(1, k, "k")?;
         let features: &Arc<ItemFeatures> = ranking.item_features().ok_or_else(|| {
             ServiceError::Internal(format!(
                 "pipeline {:?}: the ranking model has no item feature table",

@@ -85,7 +85,7 @@ pub struct RecallContract {
     pub item_table: TableSpec,
     pub history_table: Option<TableSpec>,
     /// `max_history` and `max_exclude` bound a query; `max_candidates` is the most queries (users) of one
-    /// KServe v2 request, the per-request row limit.
+    /// KServe v2 request, the per-request row limit; `max_reply_items` bounds queries × `k` of one reply.
     pub limits: RequestLimits,
     /// How many queries of one request the model's queue can hold.
     pub queue: QueueFit,
@@ -120,6 +120,25 @@ impl RecallContract {
     /// The catalogue size: valid `k` is `1..=items`.
     pub fn items(&self) -> usize {
         self.item_table.rows as usize
+    }
+
+    /// Checks that a reply of `queries` lists of `k` items stays within `--max-reply-items`; `field` is where the
+    /// request sets `k`.
+    pub fn check_reply(&self, queries: usize, k: usize, field: &str) -> Result<(), ServiceError> {
+        let max = self.limits.max_reply_items;
+        let items = queries.saturating_mul(k);
+        if items <= max {
+            return Ok(());
+        }
+        let problem = if queries == 1 {
+            format!("is {k}, more items than one reply may hold ({max}, --max-reply-items)")
+        } else {
+            format!(
+                "is {k} for {queries} users: {items} items, more than one reply may hold ({max}, \
+                 --max-reply-items); ask for fewer users or a smaller k"
+            )
+        };
+        Err(ServiceError::invalid(field, problem))
     }
 
     pub fn supports_history(&self) -> bool {

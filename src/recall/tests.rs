@@ -358,6 +358,7 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
             max_history: 3,
             max_exclude: 5,
             max_candidates: 8,
+            max_reply_items: 100,
         },
         queue: crate::batching::QueueFit::UNBOUNDED,
     }
@@ -439,5 +440,28 @@ fn the_contract_dedups_and_applies_each_tables_policy() {
     assert!(
         got.starts_with("history: is not supported by this model"),
         "{got}"
+    );
+}
+
+#[test]
+fn a_reply_holds_at_most_max_reply_items() {
+    let c = contract(OovPolicy::Reject);
+    c.check_reply(1, 100, "k")
+        .expect("100 items fit a limit of 100");
+    c.check_reply(4, 25, "parameters.k").expect("4 × 25 too");
+    assert_eq!(
+        c.check_reply(1, 101, "k").expect_err("over").to_string(),
+        "k: is 101, more items than one reply may hold (100, --max-reply-items)"
+    );
+    assert_eq!(
+        c.check_reply(4, 26, "parameters.k")
+            .expect_err("over")
+            .to_string(),
+        "parameters.k: is 26 for 4 users: 104 items, more than one reply may hold (100, --max-reply-items); ask \
+         for fewer users or a smaller k"
+    );
+    assert!(
+        c.check_reply(usize::MAX, 2, "k").is_err(),
+        "the product saturates"
     );
 }

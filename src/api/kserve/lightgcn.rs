@@ -124,6 +124,7 @@ fn decode_inputs(
         .queue
         .check(ids.len(), "users")
         .map_err(|problem| ServiceError::invalid(USER_ID, problem))?;
+    contract.check_reply(ids.len(), k, &format!("parameters.{K}"))?;
     ids.iter()
         .enumerate()
         .map(|(i, &id)| {
@@ -233,6 +234,7 @@ mod tests {
                 max_history: 5,
                 max_exclude: 5,
                 max_candidates: 3,
+                max_reply_items: 100,
             },
             queue: QueueFit {
                 max_batch_rows: 64,
@@ -307,6 +309,12 @@ mod tests {
                 vec![users(&[1], json!([1])), users(&[1], json!([2]))],
                 k(1),
                 "user_id: is given twice",
+            ),
+            (
+                vec![users(&[3], json!([1, 2, 3]))],
+                k(34),
+                "parameters.k: is 34 for 3 users: 102 items, more than one reply may hold (100, \
+                 --max-reply-items); ask for fewer users or a smaller k",
             ),
         ];
         for (inputs, parameters, expected) in cases {

@@ -36,6 +36,7 @@ async fn recall(
         .model_call(request, |call| async move {
             let body = body_bytes(body, max_body_bytes)?;
             let input = recall_input(parse_json(&body)?)?;
+            call.recall_model()?.contract.check_reply(1, input.k, "k")?;
             let mut answers = call.recall(vec![input]).await?;
             let answer = answers.pop().ok_or_else(|| {
                 ServiceError::Internal("recall: a query without an answer".to_owned())
