@@ -465,3 +465,37 @@ fn a_reply_holds_at_most_max_reply_items() {
         "the product saturates"
     );
 }
+
+#[test]
+fn fuzz_recall_contract_checks_every_query() {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    let id = |valid: i64| prop_oneof![20 => 0..valid, 1 => -3i64..60, 1 => any::<i64>()];
+    let query = prop_oneof![
+        id(10).prop_map(RecallQuery::UserId),
+        prop_oneof![8 => vec(id(50), 1..4), 1 => vec(id(50), 0..6)].prop_map(RecallQuery::History),
+    ];
+    let k = prop_oneof![20 => 1usize..50, 1 => 0usize..60, 1 => any::<usize>()];
+    let exclude = prop_oneof![8 => vec(id(50), 0..5), 1 => vec(id(50), 0..8)];
+    let inputs =
+        (query, k, exclude).prop_map(|(query, k, exclude)| RecallInput { query, k, exclude });
+    let strict = contract(OovPolicy::Reject);
+    let lenient = contract(OovPolicy::Default { row: 0 });
+    crate::fuzz::run("recall contract", inputs, |input| {
+        let mut outcome = crate::fuzz::Outcome::Refused;
+        for c in [&strict, &lenient] {
+            match c.prepare(input.clone()) {
+                Ok(p) => {
+                    prop_assert!((1..=c.items()).contains(&p.k));
+                    prop_assert!(p.exclude.windows(2).all(|w| w[0] < w[1]));
+                    prop_assert!(p.exclude.iter().all(|&e| (e as usize) < c.items()));
+                    outcome = crate::fuzz::Outcome::Accepted;
+                }
+                Err(e) => {
+                    crate::fuzz::clear(&e)?;
+                }
+            }
+        }
+        Ok(outcome)
+    });
+}

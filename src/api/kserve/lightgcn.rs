@@ -48,7 +48,7 @@ impl<'a> LightGcn<'a> {
 }
 
 /// The decoding of [`LightGcn`]: `model` names the model in messages.
-fn decode_inputs(
+pub(crate) fn decode_inputs(
     model: &str,
     contract: &RecallContract,
     inputs: Vec<InputTensor>,
