@@ -3,9 +3,128 @@
 //! one exhaustive `match` ([`ServiceError::http_status`] for HTTP and the metrics, one for gRPC), so a new variant
 //! cannot be forgotten.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Most characters of one piece of client text (a model name, a key, a header value, a string value) that an error
+/// message repeats; longer text is cut there, and the message says so and how long it was.
+pub const ECHO_CHARS: usize = 100;
+
+/// Most characters of a client error's field path or problem: the last guard, for client text that no quoting
+/// delimits.
+pub const MESSAGE_CHARS: usize = 1000;
+
+/// A duration in milliseconds with microsecond resolution, as messages give them: `3.214 ms`.
+#[derive(Clone, Copy, Debug)]
+pub struct Millis(pub Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3} ms", self.0.as_secs_f64() * 1e3)
+    }
+}
+
+/// Client text as an error message repeats it: `{}` writes it as it is, `{:?}` quoted, each cut to
+/// [`ECHO_CHARS`] characters with a note of its length when longer (`"mmm…"… (first 100 of 50000 characters)`).
+#[derive(Clone, Copy)]
+pub struct Echo<'a>(pub &'a str);
+
+impl Echo<'_> {
+    /// The text up to [`ECHO_CHARS`] characters, and its length in characters when that cut it.
+    fn cut(&self) -> (&str, Option<usize>) {
+        match self.0.char_indices().nth(ECHO_CHARS) {
+            None => (self.0, None),
+            Some((end, _)) => (&self.0[..end], Some(self.0.chars().count())),
+        }
+    }
+}
+
+fn cut_note(f: &mut fmt::Formatter<'_>, chars: Option<usize>) -> fmt::Result {
+    match chars {
+        Some(n) => write!(f, "… (first {ECHO_CHARS} of {n} characters)"),
+        None => Ok(()),
+    }
+}
+
+impl fmt::Display for Echo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (text, chars) = self.cut();
+        f.write_str(text)?;
+        cut_note(f, chars)
+    }
+}
+
+impl fmt::Debug for Echo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (text, chars) = self.cut();
+        write!(f, "{text:?}")?;
+        cut_note(f, chars)
+    }
+}
+
+/// `message` with every quoted run longer than [`ECHO_CHARS`] characters cut as [`Echo`] cuts it: the client text
+/// that messages of serde and of this server repeat is quoted (`"…"`, with backslash escapes, or `` `…` ``). Then
+/// the whole is cut to `limit` characters, for client text that is not quoted.
+pub fn elide(message: &str, limit: usize) -> Cow<'_, str> {
+    if message.len() <= ECHO_CHARS.min(limit) {
+        return Cow::Borrowed(message);
+    }
+    let mut out = String::with_capacity(message.len().min(4 * limit));
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        let quote = rest.as_bytes()[open];
+        let inner = &rest[open + 1..];
+        let Some(close) = closing(inner, quote) else {
+            break;
+        };
+        out.push_str(&rest[..=open]);
+        let quoted = &inner[..close];
+        match quoted.char_indices().nth(ECHO_CHARS) {
+            None => out.push_str(quoted),
+            Some((end, _)) => {
+                // A cut must not leave half of an escape before the closing quote.
+                let kept = quoted[..end].trim_end_matches('\\');
+                out.push_str(kept);
+                out.push(char::from(quote));
+                out.push_str(&format!(
+                    "… (first {ECHO_CHARS} of {} characters)",
+                    quoted.chars().count()
+                ));
+                rest = &inner[close + 1..];
+                continue;
+            }
+        }
+        out.push(char::from(quote));
+        rest = &inner[close + 1..];
+    }
+    out.push_str(rest);
+    match out.char_indices().nth(limit) {
+        None if out == message => Cow::Borrowed(message),
+        None => Cow::Owned(out),
+        Some((end, _)) => {
+            let chars = out.chars().count();
+            out.truncate(end);
+            out.push_str(&format!("… (first {limit} of {chars} characters)"));
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// The offset in `text` of the quote that closes a run opened by `quote` (`"` runs skip backslash escapes).
+fn closing(text: &str, quote: u8) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if quote == b'"' => i += 2,
+            b if b == quote => return Some(i),
+            _ => i += 1,
+        }
+    }
+    None
+}
 
 /// A model that cannot be loaded: the file, and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +163,7 @@ pub enum ServiceError {
     Malformed(String),
     #[error("the body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
-    #[error("model {model:?} is not served (served models: {served})")]
+    #[error("model {:?} is not served (served models: {served})", Echo(.model))]
     ModelNotFound { model: String, served: String },
     #[error("model {model:?} version {version} is not served (serving version {serving})")]
     VersionNotFound {
@@ -52,7 +171,7 @@ pub enum ServiceError {
         version: u64,
         serving: u64,
     },
-    #[error("pipeline {pipeline:?} is not configured (pipelines: {served})")]
+    #[error("pipeline {:?} is not configured (pipelines: {served})", Echo(.pipeline))]
     PipelineNotFound { pipeline: String, served: String },
     #[error("model {model:?} is a {kind} model and does not support {operation}")]
     WrongKind {
@@ -65,6 +184,22 @@ pub enum ServiceError {
     Overloaded {
         model: String,
         retry_after: Duration,
+    },
+    /// The request's deadline is shorter than its own execution is predicted to take with nothing queued ahead:
+    /// the same request would be refused again, however idle the server.
+    #[error(
+        "model {model:?}: the request's deadline is too short: executing it is predicted to take {} even with \
+         nothing queued ahead, and its deadline leaves {}, of which admission plans on at most {}; retrying the \
+         same request will not help: give it a longer deadline or send fewer rows",
+        Millis(*.predicted),
+        Millis(*.left),
+        Millis(*.budget)
+    )]
+    DeadlineTooShort {
+        model: String,
+        predicted: Duration,
+        left: Duration,
+        budget: Duration,
     },
     /// The request's deadline passed before it could be executed; it was dropped unexecuted.
     #[error("model {model:?}: the request's deadline passed before it could be executed")]
@@ -91,10 +226,20 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
+    /// A client error at `field`. Client text in either is cut ([`elide`]): `field` as a whole to
+    /// [`ECHO_CHARS`] (paths are short unless a client's key is in them), quoted runs of `problem` to
+    /// [`ECHO_CHARS`] and the whole to [`MESSAGE_CHARS`].
     pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ServiceError {
+        let (field, problem) = (field.into(), problem.into());
         ServiceError::InvalidInput {
-            field: field.into(),
-            problem: problem.into(),
+            field: match elide(&field, ECHO_CHARS) {
+                Cow::Borrowed(_) => field,
+                Cow::Owned(cut) => cut,
+            },
+            problem: match elide(&problem, MESSAGE_CHARS) {
+                Cow::Borrowed(_) => problem,
+                Cow::Owned(cut) => cut,
+            },
         }
     }
 
@@ -106,6 +251,8 @@ impl ServiceError {
             ServiceError::InvalidInput { .. }
             | ServiceError::Malformed(_)
             | ServiceError::WrongKind { .. } => 400,
+            // The request itself, not the load, decides it: a client error (docs/api.md).
+            ServiceError::DeadlineTooShort { .. } => 400,
             ServiceError::PayloadTooLarge { .. } => 413,
             ServiceError::ModelNotFound { .. }
             | ServiceError::VersionNotFound { .. }
@@ -132,6 +279,7 @@ impl ServiceError {
             ServiceError::PipelineNotFound { .. } => "pipeline_not_found",
             ServiceError::WrongKind { .. } => "wrong_kind",
             ServiceError::Overloaded { .. } => "overloaded",
+            ServiceError::DeadlineTooShort { .. } => "deadline_too_short",
             ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",
             ServiceError::Unavailable(_) => "unavailable",
             ServiceError::Unauthenticated(_) => "unauthenticated",
@@ -140,5 +288,76 @@ impl ServiceError {
             ServiceError::LoadFailed { .. } => "load_failed",
             ServiceError::Internal(_) => "internal",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoed_client_text_is_cut_and_says_so() {
+        assert_eq!(format!("{:?}", Echo("short")), "\"short\"");
+        let long = "m".repeat(50_000);
+        let cut = format!("{:?}", Echo(&long));
+        assert_eq!(
+            cut,
+            format!("\"{}\"… (first 100 of 50000 characters)", "m".repeat(100))
+        );
+        assert_eq!(
+            format!("{}", Echo(&"é".repeat(101))),
+            format!("{}… (first 100 of 101 characters)", "é".repeat(100)),
+            "characters, not bytes"
+        );
+        let not_found = ServiceError::ModelNotFound {
+            model: long,
+            served: "a, b".to_owned(),
+        };
+        assert!(not_found.to_string().len() < 250, "{not_found}");
+    }
+
+    #[test]
+    fn quoted_runs_of_messages_are_cut_and_the_whole_bounded() {
+        assert_eq!(elide("short", 10), "short");
+        let key = "k".repeat(10_000);
+        let message = format!("unknown field `{key}`, expected `fields` or `dense`");
+        assert_eq!(
+            elide(&message, MESSAGE_CHARS),
+            format!(
+                "unknown field `{}`… (first 100 of 10000 characters), expected `fields` or `dense`",
+                "k".repeat(100)
+            )
+        );
+        // Escaped quotes do not close a run, and a cut does not leave half of an escape.
+        let value = format!(
+            "invalid type: string \"{}\\\"{}\", expected i64",
+            "a".repeat(99),
+            "b".repeat(200)
+        );
+        let cut = elide(&value, MESSAGE_CHARS);
+        assert_eq!(
+            cut,
+            format!(
+                "invalid type: string \"{}\"… (first 100 of 301 characters), expected i64",
+                "a".repeat(99)
+            )
+        );
+        // Unquoted client text: the whole is bounded.
+        let field = format!("user.fields.{key}");
+        let error = ServiceError::invalid(&field, format!("is {key}"));
+        let ServiceError::InvalidInput { field, problem } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(
+            field,
+            &format!(
+                "user.fields.{}… (first 100 of 10012 characters)",
+                "k".repeat(88)
+            )
+        );
+        assert!(
+            problem.ends_with("… (first 1000 of 10003 characters)"),
+            "{problem}"
+        );
     }
 }

@@ -6,6 +6,8 @@ pub mod config;
 pub mod embedding;
 pub mod error;
 pub mod executor;
+#[cfg(test)]
+mod fuzz;
 pub mod gpu;
 pub mod metrics;
 pub mod pipeline;

@@ -122,6 +122,25 @@ impl Pipeline {
                 config.candidates, config.recall_model
             ));
         }
+        // Each request ranks all its candidates at once: a pipeline whose candidates the ranking model's queue
+        // cannot hold would refuse every request.
+        ranking
+            .contract
+            .queue
+            .check(config.candidates, "candidates")
+            .map_err(|problem| {
+                format!(
+                    "candidates = {}: the ranking model {:?} {problem}",
+                    config.candidates, config.ranking_model
+                )
+            })?;
+        let max_reply = recall.contract.limits.max_reply_items;
+        if config.k > max_reply {
+            return Err(format!(
+                "k = {} is more items than one reply may hold ({max_reply}, --max-reply-items)",
+                config.k
+            ));
+        }
         Ok(())
     }
 
@@ -149,6 +168,7 @@ impl Pipeline {
             }
             Some(k) => k,
         };
+        recall.contract.check_reply(1, k, "k")?;
         let features: &Arc<ItemFeatures> = ranking.item_features().ok_or_else(|| {
             ServiceError::Internal(format!(
                 "pipeline {:?}: the ranking model has no item feature table",

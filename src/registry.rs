@@ -51,6 +51,8 @@ pub struct RequestLimits {
     pub max_history: usize,
     /// Item ids in a recall request's `exclude` (`--max-exclude`).
     pub max_exclude: usize,
+    /// Items of one reply: users × `k` of a recall request, `k` of a recommend request (`--max-reply-items`).
+    pub max_reply_items: usize,
 }
 
 impl LoadContext {
@@ -76,6 +78,7 @@ impl LoadContext {
                 max_candidates: config.max_candidates,
                 max_history: config.max_history,
                 max_exclude: config.max_exclude,
+                max_reply_items: config.max_reply_items,
             },
             batching: BatchSettings {
                 enabled: config.batching == Switch::On,

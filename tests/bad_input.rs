@@ -209,7 +209,13 @@ fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
     let nan = good
         .to_string()
         .replacen("\"dense\":[", "\"dense\":[NaN,", 1);
-    push("NaN dense value", &rank, nan, 400, "malformed request body");
+    push(
+        "NaN dense value",
+        &rank,
+        nan,
+        400,
+        "user.dense[0]: NaN is not a number JSON can carry (JSON has no NaN or Infinity)",
+    );
     let inf = good
         .to_string()
         .replacen("\"dense\":[", "\"dense\":[Infinity,", 1);
@@ -218,7 +224,7 @@ fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
         &rank,
         inf,
         400,
-        "malformed request body",
+        "user.dense[0]: Infinity is not a number JSON can carry",
     );
     let mut v = good.clone();
     set(&mut v, "/user/dense", json!([1.0, 2.0]));

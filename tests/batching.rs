@@ -1,7 +1,8 @@
 //! End to end: dynamic batching under concurrency. Many clients send random subsets of a fixture case's candidates
 //! at once (sizes 1..=200, so some are split across batches), some with deadlines too tight to meet; every 200
 //! carries exactly its own rows' reference scores, and every other answer is a clean refusal (429 with
-//! Retry-After) or a deadline miss (504). Nothing is lost, nothing is mixed up.
+//! Retry-After, or 400 for a deadline shorter than the request's own execution) or a deadline miss (504). Nothing is
+//! lost, nothing is mixed up.
 
 mod common;
 
@@ -104,6 +105,12 @@ async fn concurrent_requests_get_exactly_their_own_rows_or_a_clean_refusal() {
                         assert!(retry_after.is_some(), "429 carries Retry-After");
                         assert!(answer["error"].as_str().expect("error").contains("overloaded"), "{answer}");
                     }
+                    // A deadline shorter than the request's own execution: refused as such, with no retry.
+                    400 => {
+                        assert!(tight, "only requests with a 1 ms deadline may be refused as too short: {answer}");
+                        assert!(retry_after.is_none(), "no retry invited: {answer}");
+                        assert!(answer["error"].as_str().expect("error").contains("deadline is too short"), "{answer}");
+                    }
                     504 => {
                         assert!(tight, "only requests with a 1 ms deadline may miss it: {answer}");
                         assert!(answer["error"].as_str().expect("error").contains("deadline passed"), "{answer}");
@@ -153,8 +160,8 @@ async fn concurrent_requests_get_exactly_their_own_rows_or_a_clean_refusal() {
     let expired = value("recserve_expired_total{model=\"deepfm-int8\"");
     assert_eq!(
         rejected as usize,
-        total.get(&429).copied().unwrap_or(0),
-        "every 429 is counted in recserve_rejected_total"
+        total.get(&429).copied().unwrap_or(0) + total.get(&400).copied().unwrap_or(0),
+        "every 429, and every deadline refused as too short (400), is counted in recserve_rejected_total"
     );
     assert_eq!(
         expired as usize,

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::error::ServiceError;
+use crate::error::{Echo, ServiceError};
 use crate::service::{ModelRequest, Operation, Protocol};
 
 /// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
@@ -134,7 +134,7 @@ pub fn require_object(body: &[u8]) -> Result<(), ServiceError> {
     }
 }
 
-/// Parses a JSON object body, naming the path of the first problem.
+/// Parses a JSON object body, naming the path of the first problem ([`json_error`]).
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
     require_object(body)?;
     // Valid bodies take the plain parser; only a failed parse is repeated with path tracking, which costs a
@@ -145,14 +145,100 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || inner.is_syntax() || inner.is_eof() {
-            ServiceError::Malformed(inner.to_string())
-        } else {
-            ServiceError::invalid(path, inner.to_string())
-        }
+        json_error(body, Some(path), e.inner())
     })?;
     de.end()
         .map_err(|e| ServiceError::Malformed(e.to_string()))?;
     Ok(value)
+}
+
+/// The client error for a JSON body that serde_json refused with `e`, while reading the field at `path` (`None`
+/// or `.`: outside every field). A number that JSON cannot carry (NaN, Infinity) or that no 64-bit type holds
+/// (`1e400`, an integer beyond 64 bits) is described as that, at its field; other type errors name the field
+/// with serde's words; syntax errors and a body cut short are malformed bodies.
+pub fn json_error(body: &[u8], path: Option<String>, e: &serde_json::Error) -> ServiceError {
+    let path = path.filter(|p| !p.is_empty() && p != ".");
+    match path {
+        Some(path) if !e.is_eof() => match number_problem(body, e) {
+            Some(problem) => ServiceError::invalid(path, problem),
+            None if e.is_data() => ServiceError::invalid(path, e.to_string()),
+            None => ServiceError::Malformed(e.to_string()),
+        },
+        _ => ServiceError::Malformed(e.to_string()),
+    }
+}
+
+/// What is wrong with the number serde_json stopped at, when that is the problem.
+fn number_problem(body: &[u8], e: &serde_json::Error) -> Option<String> {
+    let token = token_at(body, e.line(), e.column())?;
+    let unsigned = token.trim_start_matches(['-', '+']);
+    if ["nan", "inf", "infinity"]
+        .iter()
+        .any(|name| unsigned.eq_ignore_ascii_case(name))
+    {
+        return Some(format!(
+            "{} is not a number JSON can carry (JSON has no NaN or Infinity): send a finite number",
+            Echo(token)
+        ));
+    }
+    let digits = token.strip_prefix('-').unwrap_or(token);
+    let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    let number = digits.starts_with(|c: char| c.is_ascii_digit())
+        && digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'));
+    let message = e.to_string();
+    if number && message.starts_with("number out of range") {
+        return Some(if integer {
+            format!(
+                "the integer {} is beyond the range of every 64-bit number, integer or floating point",
+                Echo(token)
+            )
+        } else {
+            format!(
+                "{} is beyond the range of 64-bit floating point (about ±1.8e308)",
+                Echo(token)
+            )
+        });
+    }
+    if integer && message.starts_with("invalid type: floating point") {
+        let expected = message.split_once(", expected ").map_or("", |(_, rest)| {
+            rest.split(" at line ").next().unwrap_or(rest)
+        });
+        return Some(format!(
+            "the integer {} does not fit in 64 bits (expected {expected})",
+            Echo(token)
+        ));
+    }
+    None
+}
+
+/// The word of `body` (letters, digits, `+`, `-`, `.`) around the byte a serde_json error at `line` and `column`
+/// points at: for a number, its last character (type errors) or its first (syntax errors).
+fn token_at(body: &[u8], line: usize, column: usize) -> Option<&str> {
+    let line_start = match line {
+        0 | 1 => 0,
+        n => {
+            body.iter()
+                .enumerate()
+                .filter(|&(_, &b)| b == b'\n')
+                .nth(n - 2)?
+                .0
+                + 1
+        }
+    };
+    let at = (line_start + column).checked_sub(1)?;
+    let word = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.');
+    if !word(body.get(at)?) {
+        return None;
+    }
+    let start = body[..at]
+        .iter()
+        .rposition(|b| !word(b))
+        .map_or(0, |i| i + 1);
+    let end = body[at..]
+        .iter()
+        .position(|b| !word(b))
+        .map_or(body.len(), |i| at + i);
+    std::str::from_utf8(&body[start..end]).ok()
 }

@@ -20,7 +20,7 @@ use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 use crate::error::ServiceError;
 pub use estimator::Estimator;
 pub use job::{Answer, ExecError, Job, Work, catch_panic};
-pub use policy::{Batch, BatchConfig, CloseReason, Entry, Refusal, split_rows};
+pub use policy::{Batch, BatchConfig, CloseReason, Entry, QueueFit, Refusal, split_rows};
 use policy::{Decision, Policy};
 
 /// Closer than this to a wake-up time, the batcher spins instead of parking (parking overshoots by tens of µs).
@@ -250,7 +250,8 @@ impl<W: Work> Batcher<W> {
     }
 
     /// Queues the chunks of one request (all or none), waits for their answers and returns them in chunk order.
-    /// A refusal is counted and answered at once (429 when overloaded, 503 while shutting down); a failed chunk
+    /// A refusal is counted and answered at once (429 when overloaded, 400 when no wait would help, 503 while
+    /// shutting down, [`Refusal::into_error`]); a failed chunk
     /// fails the request. Once every answer is in hand, how late it is against admission's prediction teaches
     /// admission its margin.
     pub async fn run(

@@ -44,6 +44,14 @@ pub struct BatchConfig {
 }
 
 impl BatchConfig {
+    /// How many rows of one request the queue can ever hold.
+    pub fn fit(&self) -> QueueFit {
+        QueueFit {
+            max_batch_rows: self.max_batch_rows,
+            queue_capacity: self.queue_capacity,
+        }
+    }
+
     /// The bucket a batch of `rows` rows is padded to.
     pub fn bucket(&self, rows: usize) -> usize {
         self.buckets
@@ -51,6 +59,43 @@ impl BatchConfig {
             .copied()
             .find(|&b| b >= rows)
             .unwrap_or(self.max_batch_rows)
+    }
+}
+
+/// The most rows one request may hold: it is queued in chunks of `max_batch_rows` rows, all at once, and the queue
+/// holds `queue_capacity` chunks, so a larger request could never be admitted, however idle the server. The
+/// contracts check it while decoding, to name the field; admission refuses what gets past them
+/// ([`Refusal::TooLarge`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueFit {
+    pub max_batch_rows: usize,
+    pub queue_capacity: usize,
+}
+
+impl QueueFit {
+    /// No bound: for contracts built without a queue (tests, tools).
+    pub const UNBOUNDED: QueueFit = QueueFit {
+        max_batch_rows: usize::MAX,
+        queue_capacity: 1,
+    };
+
+    pub fn rows(&self) -> usize {
+        self.max_batch_rows.saturating_mul(self.queue_capacity)
+    }
+
+    /// Checks that a request of `rows` `what` (candidates, users) can be queued.
+    pub fn check(&self, rows: usize, what: &str) -> Result<(), String> {
+        if rows <= self.rows() {
+            return Ok(());
+        }
+        Err(format!(
+            "holds {rows} {what}, more than the model's queue can ever hold for one request: {} chunks \
+             (--queue-capacity) of {} rows (max_batch_rows), {} {what}; send at most {} per request",
+            self.queue_capacity,
+            self.max_batch_rows,
+            self.rows(),
+            self.rows()
+        ))
     }
 }
 
@@ -101,6 +146,18 @@ pub enum Refusal {
         /// `ADMISSION_SHARE` of the time left to the deadline.
         budget: Duration,
     },
+    /// Even with nothing queued or running ahead of it, its own execution would end after its deadline: the same
+    /// request would be refused again, however idle the server.
+    DeadlineTooShort {
+        /// Its predicted execution on an idle queue.
+        predicted: Duration,
+        /// The time left to its deadline.
+        left: Duration,
+        /// `ADMISSION_SHARE` of it.
+        budget: Duration,
+    },
+    /// It is split into more chunks than the whole queue holds, so it can never be admitted.
+    TooLarge { chunks: usize, capacity: usize },
     /// The server is shutting down.
     ShuttingDown,
 }
@@ -113,11 +170,15 @@ impl Refusal {
         match self {
             Refusal::QueueFull { .. } => "queue_full",
             Refusal::PredictedLate { .. } => "predicted_late",
+            Refusal::DeadlineTooShort { .. } => "deadline_too_short",
+            Refusal::TooLarge { .. } => "too_large",
             Refusal::ShuttingDown => "shutting_down",
         }
     }
 
-    /// The error the client gets: 429 (with `retry_after`) when overloaded, 503 while shutting down.
+    /// The error the client gets: 429 (with `retry_after`) when overloaded, 400 for a request that would be
+    /// refused again however idle the server (a deadline shorter than its own execution, more chunks than the
+    /// queue holds), 503 while shutting down.
     pub fn into_error(self, model: &str) -> ServiceError {
         match self {
             Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
@@ -125,10 +186,27 @@ impl Refusal {
                 model: model.to_owned(),
                 retry_after: self.retry_after(),
             },
+            Refusal::DeadlineTooShort {
+                predicted,
+                left,
+                budget,
+            } => ServiceError::DeadlineTooShort {
+                model: model.to_owned(),
+                predicted,
+                left,
+                budget,
+            },
+            Refusal::TooLarge { chunks, capacity } => ServiceError::invalid(
+                "request",
+                format!(
+                    "is queued in {chunks} chunks, more than the {capacity} the queue of model {model:?} holds \
+                     (--queue-capacity): send fewer rows per request"
+                ),
+            ),
         }
     }
 
-    /// When retrying has a chance.
+    /// When retrying has a chance (for the refusals that are answered 429).
     pub fn retry_after(&self) -> Duration {
         match *self {
             Refusal::QueueFull { retry_after } => retry_after,
@@ -136,7 +214,9 @@ impl Refusal {
                 predicted_wait,
                 budget,
             } => predicted_wait.saturating_sub(budget),
-            Refusal::ShuttingDown => Duration::from_secs(1),
+            Refusal::DeadlineTooShort { .. } | Refusal::TooLarge { .. } | Refusal::ShuttingDown => {
+                Duration::from_secs(1)
+            }
         }
     }
 }
@@ -250,19 +330,59 @@ impl<J> Policy<J> {
     }
 
     /// The wait predicted for a request of `rows` rows arriving now: the running batches and the full batches
-    /// queued ahead of it, spread over the executors at the speed of full batches, plus the execution of the
-    /// batch it will be in.
+    /// queued ahead of its last chunk (its own earlier chunks too), spread over the executors at the speed of
+    /// full batches, plus the execution of the batch its last chunk will be in.
     pub fn predicted_wait(&self, rows: usize, estimator: &Estimator) -> Duration {
+        self.wait_behind(self.queued_rows, self.in_flight_rows, rows, estimator)
+    }
+
+    /// The wait predicted for a request of `rows` rows with nothing queued or running ahead of it: what its own
+    /// execution takes.
+    pub fn predicted_alone(&self, rows: usize, estimator: &Estimator) -> Duration {
+        self.wait_behind(0, 0, rows, estimator)
+    }
+
+    fn wait_behind(
+        &self,
+        queued_rows: usize,
+        in_flight_rows: usize,
+        rows: usize,
+        estimator: &Estimator,
+    ) -> Duration {
         let full = self.config.max_batch_rows;
         let per_full_batch = estimator.estimate(full);
-        // The queue leaves FIFO in full batches; the request rides in the batch after the full ones ahead of it,
-        // together with the rows left over before it, so that batch's size, not the request's own, is what it
+        // The request's chunks but the last are full (`split_rows`): they go ahead of its last chunk.
+        let own_full = rows.saturating_sub(1) / full * full;
+        let ahead_rows = queued_rows + own_full;
+        // The queue leaves FIFO in full batches; the last chunk rides in the batch after the full ones ahead of
+        // it, together with the rows left over before it, so that batch's size, not the chunk's own, is what it
         // waits for (under load, a full batch; on an idle server, its own bucket).
-        let full_batches_ahead = self.queued_rows / full;
-        let last_batch = (self.queued_rows % full + rows).min(full);
-        let ahead = (self.in_flight_rows as f64 / full as f64 + full_batches_ahead as f64)
+        let full_batches_ahead = ahead_rows / full;
+        let last_batch = (ahead_rows % full + (rows - own_full)).min(full);
+        let ahead = (in_flight_rows as f64 / full as f64 + full_batches_ahead as f64)
             / self.executors as f64;
         per_full_batch.mul_f64(ahead) + estimator.estimate(self.config.bucket(last_batch))
+    }
+
+    /// Refuses a request of `rows` rows whose deadline its own execution would miss even on an idle queue.
+    fn check_deadline(
+        &self,
+        rows: usize,
+        deadline: Instant,
+        now: Instant,
+        estimator: &Estimator,
+    ) -> Result<(), Refusal> {
+        let left = deadline.saturating_duration_since(now);
+        let (budget, _) = self.budget(deadline, now);
+        let predicted = self.predicted_alone(rows, estimator);
+        if predicted > budget {
+            return Err(Refusal::DeadlineTooShort {
+                predicted,
+                left,
+                budget,
+            });
+        }
+        Ok(())
     }
 
     /// What admission may plan to fill of a request's remaining time (`ADMISSION_SHARE` of it), and the margin it
@@ -275,15 +395,17 @@ impl<J> Policy<J> {
         )
     }
 
-    /// Whether a request with this deadline would be refused whatever its size: the queue is full, or the work
-    /// already queued and running ahead of it plus the smallest batch would end after the deadline. Cheap, so a
-    /// transport can ask before it decodes the body; anything refused here, `admit` refuses too.
+    /// Whether a request with this deadline would be refused whatever its size: a deadline that even the smallest
+    /// batch on an idle queue would miss, a full queue, or the work already queued and running ahead of it plus
+    /// the smallest batch would end after the deadline. Cheap, so a transport can ask before it decodes the body;
+    /// anything refused here, `admit` refuses too.
     pub fn precheck(
         &self,
         deadline: Instant,
         now: Instant,
         estimator: &Estimator,
     ) -> Result<(), Refusal> {
+        self.check_deadline(1, deadline, now, estimator)?;
         if self.queue.len() >= self.config.queue_capacity {
             let retry_after = self
                 .predicted_wait(1, estimator)
@@ -301,8 +423,10 @@ impl<J> Policy<J> {
         Ok(())
     }
 
-    /// Admits the chunks of one request (all or none) or refuses it at once. Admitted, it returns when the
-    /// request is predicted to be answered: report the answer's time with [`Self::answered`].
+    /// Admits the chunks of one request (all or none) or refuses it at once. What would be refused however idle
+    /// the server is refused as such (more chunks than the queue holds, a deadline shorter than its own
+    /// execution), before what waiting could change (a full queue, the work ahead). Admitted, it returns when
+    /// the request is predicted to be answered: report the answer's time with [`Self::answered`].
     pub fn admit(
         &mut self,
         chunks: Vec<(J, usize)>,
@@ -311,6 +435,16 @@ impl<J> Policy<J> {
         estimator: &Estimator,
     ) -> Result<Instant, (Refusal, Vec<(J, usize)>)> {
         let rows: usize = chunks.iter().map(|(_, r)| r).sum();
+        if chunks.len() > self.config.queue_capacity {
+            let refusal = Refusal::TooLarge {
+                chunks: chunks.len(),
+                capacity: self.config.queue_capacity,
+            };
+            return Err((refusal, chunks));
+        }
+        if let Err(refusal) = self.check_deadline(rows, deadline, now, estimator) {
+            return Err((refusal, chunks));
+        }
         if self.queue.len() + chunks.len() > self.config.queue_capacity {
             let retry_after = self
                 .predicted_wait(rows, estimator)
@@ -809,7 +943,8 @@ mod tests {
         let (t0, e) = (Instant::now(), proportional());
         let mut p = Policy::new(config(), 1);
         for request in 0..32 {
-            // Predicted at 30 ms (three full batches); 45 ms later no chunk can end within 50 ms.
+            // Predicted at 25 ms (its last chunk behind its two full ones); 45 ms later no chunk can end within
+            // 50 ms.
             p.admit(chunks(3 * request, 250), t0 + 50 * MS, t0, &e)
                 .expect("three chunks fit");
             let dropped = p.drop_dead(t0 + 45 * MS, &e, |_| false);
@@ -826,8 +961,8 @@ mod tests {
         }
         assert_eq!(p.margin(), MS * 99 / 2);
 
-        // An abandoned request too is one request, however many chunks.
-        p.admit(chunks(300, 250), t0 + 50 * MS, t0, &e)
+        // An abandoned request too is one request, however many chunks (25 ms predicted, 25 ms of margin).
+        p.admit(chunks(300, 250), t0 + 100 * MS, t0, &e)
             .expect("three chunks fit");
         let dropped = p.drop_dead(t0 + MS, &e, |_| true);
         assert_eq!(
@@ -835,6 +970,123 @@ mod tests {
             (3, 1)
         );
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_request_of_more_chunks_than_the_queue_holds_is_too_large_even_when_idle() {
+        let (t0, e) = (Instant::now(), one_ms());
+        let mut c = config();
+        c.queue_capacity = 3;
+        let mut p = Policy::new(c.clone(), 1);
+        let (refusal, back) = p
+            .admit(chunks(0, 301), t0 + 50 * MS, t0, &e)
+            .expect_err("four chunks never fit in three places");
+        assert_eq!(
+            refusal,
+            Refusal::TooLarge {
+                chunks: 4,
+                capacity: 3
+            }
+        );
+        assert_eq!(back.len(), 4, "handed back");
+        assert_eq!(refusal.reason(), "too_large");
+        let error = refusal.into_error("m");
+        assert_eq!(error.http_status(), 400);
+        assert_eq!(
+            error.to_string(),
+            "request: is queued in 4 chunks, more than the 3 the queue of model \"m\" holds (--queue-capacity): \
+             send fewer rows per request"
+        );
+        // Three chunks fit an idle queue; behind one queued request they wait for room (429), they are not too
+        // large.
+        p.admit(chunks(0, 300), t0 + 50 * MS, t0, &e)
+            .expect("three chunks fit in three places");
+        let mut p = Policy::new(c.clone(), 1);
+        admit(&mut p, 9, 1, t0 + 50 * MS, t0, &e);
+        let (refusal, _) = p
+            .admit(chunks(0, 300), t0 + 50 * MS, t0, &e)
+            .expect_err("no room now");
+        assert_eq!(refusal.reason(), "queue_full");
+        assert_eq!(refusal.into_error("m").http_status(), 429);
+
+        // The contracts' bound is the same: 3 chunks of 100 rows.
+        let fit = c.fit();
+        assert_eq!(fit.rows(), 300);
+        assert_eq!(fit.check(300, "candidates"), Ok(()));
+        assert_eq!(
+            fit.check(301, "candidates").expect_err("too many"),
+            "holds 301 candidates, more than the model's queue can ever hold for one request: 3 chunks \
+             (--queue-capacity) of 100 rows (max_batch_rows), 300 candidates; send at most 300 per request"
+        );
+        assert_eq!(QueueFit::UNBOUNDED.check(usize::MAX, "rows"), Ok(()));
+    }
+
+    #[test]
+    fn a_deadline_its_own_execution_would_miss_on_an_idle_queue_is_too_short() {
+        let (t0, e) = (Instant::now(), proportional());
+        let mut p = Policy::new(config(), 1);
+        // A full batch takes 10 ms: with 5 ms left nothing queued ahead matters.
+        let (refusal, _) = p
+            .admit(vec![(1, 100)], t0 + 5 * MS, t0, &e)
+            .expect_err("too short");
+        assert_eq!(
+            refusal,
+            Refusal::DeadlineTooShort {
+                predicted: 10 * MS,
+                left: 5 * MS,
+                budget: (5 * MS).mul_f64(ADMISSION_SHARE),
+            }
+        );
+        assert_eq!(refusal.reason(), "deadline_too_short");
+        let error = refusal.into_error("m");
+        assert_eq!(error.http_status(), 400);
+        assert_eq!(
+            error.to_string(),
+            "model \"m\": the request's deadline is too short: executing it is predicted to take 10.000 ms even \
+             with nothing queued ahead, and its deadline leaves 5.000 ms, of which admission plans on at most \
+             4.500 ms; retrying the same request will not help: give it a longer deadline or send fewer rows"
+        );
+        // The smallest batch (1 ms) misses a 1 ms deadline: precheck says so before the body is read, and a
+        // deadline already passed is too short as well.
+        assert!(matches!(
+            p.precheck(t0 + MS, t0, &e),
+            Err(Refusal::DeadlineTooShort { .. })
+        ));
+        assert!(matches!(
+            p.precheck(t0, t0 + MS, &e),
+            Err(Refusal::DeadlineTooShort { left, .. }) if left.is_zero()
+        ));
+        // A request of three chunks runs them one after the other: 10 + 10 + 5 ms alone, half that for the full
+        // ones with two executors.
+        assert_eq!(p.predicted_alone(250, &e), 25 * MS);
+        assert!(matches!(
+            p.admit(chunks(0, 250), t0 + 25 * MS, t0, &e),
+            Err((Refusal::DeadlineTooShort { predicted, .. }, _)) if predicted == 25 * MS
+        ));
+        assert_eq!(
+            Policy::<u32>::new(config(), 2).predicted_alone(250, &e),
+            15 * MS
+        );
+
+        // Late only because of the work ahead: overloaded (429), with a time to retry.
+        for job in 0..3 {
+            admit(&mut p, job, 100, t0 + 500 * MS, t0, &e);
+        }
+        let (refusal, _) = p
+            .admit(vec![(9, 10)], t0 + 20 * MS, t0, &e)
+            .expect_err("late behind three full batches");
+        assert_eq!(
+            refusal,
+            Refusal::PredictedLate {
+                predicted_wait: 31 * MS,
+                budget: (20 * MS).mul_f64(ADMISSION_SHARE)
+            }
+        );
+        assert_eq!(refusal.into_error("m").http_status(), 429);
+        assert!(matches!(
+            p.precheck(t0 + 20 * MS, t0, &e),
+            Err(Refusal::PredictedLate { .. })
+        ));
     }
 
     #[test]

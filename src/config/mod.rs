@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use settings::{
     DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR, EXECUTOR_NICENESS,
     EXECUTORS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
-    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, QUEUE_CAPACITY, REPOSITORY_POLL_S,
-    SHARDS, SHUTDOWN_TIMEOUT_S,
+    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY,
+    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
@@ -95,6 +95,7 @@ pub struct Config {
     pub max_candidates: usize,
     pub max_history: usize,
     pub max_exclude: usize,
+    pub max_reply_items: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
     pub executor_niceness: u8,
@@ -252,6 +253,7 @@ impl ServeArgs {
             max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
             max_history: MAX_HISTORY.resolve(self.max_history)?,
             max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
+            max_reply_items: MAX_REPLY_ITEMS.resolve(self.max_reply_items)?,
             max_body_bytes: MAX_BODY_BYTES.resolve(self.max_body_bytes)?,
             queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
             executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
@@ -405,6 +407,7 @@ mod tests {
             (1, 1, 1, 1000)
         );
         assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.max_reply_items, 100_000);
     }
 
     #[test]
@@ -661,6 +664,14 @@ mod tests {
         assert!(
             err.0
                 .contains("--max-exclude (RECSERVE_MAX_EXCLUDE) must be between 1 and 1000000"),
+            "{}",
+            err.0
+        );
+        let err = parse(&["--repository", "r", "--max-reply-items", "0"]).expect_err("0");
+        assert!(
+            err.0.contains(
+                "--max-reply-items (RECSERVE_MAX_REPLY_ITEMS) must be between 1 and 100000000"
+            ),
             "{}",
             err.0
         );

@@ -92,6 +92,14 @@ pub const MAX_EXCLUDE: Setting<usize> = Setting {
     min: 1,
     max: 1_000_000,
 };
+/// Users × `k` of a KServe recall request is 200 × a 40,981-item catalogue = 8.2 M items (134 MB of JSON) without
+/// it; 100,000 items is about 2.5 MB of JSON, e.g. 1,000 users × top 100.
+pub const MAX_REPLY_ITEMS: Setting<usize> = Setting {
+    flag: "--max-reply-items",
+    default: 100_000,
+    min: 1,
+    max: 100_000_000,
+};
 pub const MAX_BODY_BYTES: Setting<usize> = Setting {
     flag: "--max-body-bytes",
     default: 4 << 20,
@@ -198,6 +206,11 @@ pub struct ServeArgs {
     /// Most item ids in a recall or recommend request's `exclude` [default: 10000].
     #[arg(long, env = "RECSERVE_MAX_EXCLUDE")]
     pub max_exclude: Option<usize>,
+
+    /// Most items one reply may hold: users × k of a recall request (k for /v1 recall), k of a recommend request;
+    /// larger requests are refused with 400 [default: 100000].
+    #[arg(long, env = "RECSERVE_MAX_REPLY_ITEMS")]
+    pub max_reply_items: Option<usize>,
 
     /// Largest request body accepted, in bytes [default: 4194304].
     #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]

@@ -6,6 +6,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::batching::QueueFit;
 use crate::error::ServiceError;
 use crate::repository::{ModelSpec, OovPolicy, Side};
 
@@ -29,6 +30,8 @@ pub struct RankContract {
     pub dense_features: usize,
     field_by_name: HashMap<String, usize>,
     pub max_candidates: usize,
+    /// How many rows of one request the model's queue can hold (unbounded until [`RankContract::with_queue`]).
+    pub queue: QueueFit,
 }
 
 impl RankContract {
@@ -55,8 +58,20 @@ impl RankContract {
                 .map(|(i, f)| (f.name.clone(), i))
                 .collect(),
             max_candidates,
+            queue: QueueFit::UNBOUNDED,
             spec,
         }
+    }
+
+    /// The contract of a model whose queue holds what `queue` says: larger requests are refused as such.
+    pub fn with_queue(mut self, queue: QueueFit) -> RankContract {
+        self.queue = queue;
+        self
+    }
+
+    /// The most rows (candidates) one request may hold: `--max-candidates`, or fewer when the queue holds fewer.
+    pub fn max_rows(&self) -> usize {
+        self.max_candidates.min(self.queue.rows())
     }
 
     pub fn fields(&self) -> usize {
@@ -94,7 +109,7 @@ impl RankContract {
         }
     }
 
-    /// Checks the number of rows of a request.
+    /// Checks the number of rows of a request: at least one, at most `--max-candidates` and what the queue holds.
     pub fn check_rows(&self, rows: usize) -> Result<(), String> {
         if rows == 0 {
             Err("must hold at least one candidate".to_owned())
@@ -104,8 +119,33 @@ impl RankContract {
                 self.max_candidates
             ))
         } else {
-            Ok(())
+            self.queue.check(rows, "candidates")
         }
+    }
+
+    /// Checks that a request has a `user` object when the model takes a user side (user fields or dense
+    /// features): without one, say that it is missing rather than what its parts lack.
+    pub fn check_user_given(&self, given: bool) -> Result<(), ServiceError> {
+        let mut takes = Vec::new();
+        if !self.user_fields.is_empty() {
+            takes.push(format!(
+                "{} user-side fields in user.fields",
+                self.user_fields.len()
+            ));
+        }
+        if self.dense_features > 0 {
+            takes.push(format!(
+                "{} dense features in user.dense",
+                self.dense_features
+            ));
+        }
+        if given || takes.is_empty() {
+            return Ok(());
+        }
+        Err(ServiceError::invalid(
+            "user",
+            format!("is missing: the model takes {}", takes.join(" and ")),
+        ))
     }
 
     /// Checks the number of dense values the request gave (at `user.dense`).

@@ -142,13 +142,14 @@ impl RankingModel {
         }
 
         let item_features = ItemFeatures::open(&mv.dir, &spec)?.map(Arc::new);
-        let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates);
+        let (batching, default_deadline) = ctx.batching.resolve(&spec.batching);
+        let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates)
+            .with_queue(batching.fit());
         let shape = GraphShape {
             fields: contract.fields(),
             dim: spec.field_dim(),
             dense: contract.dense_features,
         };
-        let (batching, default_deadline) = ctx.batching.resolve(&spec.batching);
         let estimator = Estimator::new(&batching.buckets);
         let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
         let metrics = ctx.metrics.model(&mv.name, store.device());

@@ -30,7 +30,8 @@ pub use signal::Fallback;
 use signal::Popularity;
 
 use crate::batching::{
-    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, ExecError, Job, Work, catch_panic,
+    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, ExecError, Job, QueueFit, Work,
+    catch_panic,
 };
 use crate::embedding::{CpuStore, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
@@ -86,8 +87,10 @@ pub struct RecallContract {
     /// The `k` of a request that gives none (`[recall] default_k`, 1 to the catalogue size).
     pub default_k: usize,
     /// `max_history` and `max_exclude` bound a query; `max_candidates` is the most queries (users) of one
-    /// KServe v2 request, the per-request row limit.
+    /// KServe v2 request, the per-request row limit; `max_reply_items` bounds queries × `k` of one reply.
     pub limits: RequestLimits,
+    /// How many queries of one request the model's queue can hold.
+    pub queue: QueueFit,
 }
 
 /// A validated query, ready to queue.
@@ -119,6 +122,25 @@ impl RecallContract {
     /// The catalogue size: valid `k` is `1..=items`.
     pub fn items(&self) -> usize {
         self.item_table.rows as usize
+    }
+
+    /// Checks that a reply of `queries` lists of `k` items stays within `--max-reply-items`; `field` is where the
+    /// request sets `k`.
+    pub fn check_reply(&self, queries: usize, k: usize, field: &str) -> Result<(), ServiceError> {
+        let max = self.limits.max_reply_items;
+        let items = queries.saturating_mul(k);
+        if items <= max {
+            return Ok(());
+        }
+        let problem = if queries == 1 {
+            format!("is {k}, more items than one reply may hold ({max}, --max-reply-items)")
+        } else {
+            format!(
+                "is {k} for {queries} users: {items} items, more than one reply may hold ({max}, \
+                 --max-reply-items); ask for fewer users or a smaller k"
+            )
+        };
+        Err(ServiceError::invalid(field, problem))
     }
 
     pub fn supports_history(&self) -> bool {
@@ -230,7 +252,7 @@ impl RecallContract {
 
 /// One query to score.
 #[derive(Debug)]
-pub struct RecallWork {
+struct Query {
     source: Source,
     k: usize,
     exclude: Vec<u32>,
@@ -238,9 +260,16 @@ pub struct RecallWork {
     history_used: Option<usize>,
 }
 
+/// The queries of one request, or of one chunk (at most `max_batch_rows` queries) of a request the model split:
+/// one place in the queue, however many queries, as a ranking request's rows.
+#[derive(Debug)]
+pub struct RecallWork {
+    queries: Vec<Query>,
+}
+
 impl Work for RecallWork {
-    /// The query's `k` best items, best first.
-    type Output = Recalled;
+    /// Each query's `k` best items, best first, in query order.
+    type Output = Vec<Recalled>;
 }
 
 /// What every executor of one model reads.
@@ -305,24 +334,24 @@ struct RecallExecutor {
 }
 
 impl RecallExecutor {
-    /// Answers every job of `jobs`.
+    /// Answers every job of `jobs`: their queries are scored together, and a job fails if one of its queries does.
     fn answer(&mut self, jobs: Vec<Job<RecallWork>>) {
         let dim = self.tables.dim;
-        self.vectors.resize(jobs.len() * dim, 0.0);
-        let mut failed: Vec<Option<ExecError>> = Vec::with_capacity(jobs.len());
-        for (job, out) in jobs.iter().zip(self.vectors.chunks_exact_mut(dim)) {
+        let all = || jobs.iter().flat_map(|job| &job.work.queries);
+        self.vectors.resize(all().count() * dim, 0.0);
+        let mut failed: Vec<Option<ExecError>> = Vec::with_capacity(all().count());
+        for (query, out) in all().zip(self.vectors.chunks_exact_mut(dim)) {
             let (tables, rows) = (&self.tables, &mut self.rows);
-            failed.push(catch_panic(|| tables.embed(&job.work.source, rows, out)).err());
+            failed.push(catch_panic(|| tables.embed(&query.source, rows, out)).err());
         }
-        let queries: Vec<SearchQuery<'_>> = jobs
-            .iter()
+        let queries: Vec<SearchQuery<'_>> = all()
             .zip(self.vectors.chunks_exact(dim))
             .zip(&failed)
             .filter(|(_, failure)| failure.is_none())
-            .map(|((job, vector), _)| SearchQuery {
+            .map(|((query, vector), _)| SearchQuery {
                 vector,
-                k: job.work.k,
-                exclude: &job.work.exclude,
+                k: query.k,
+                exclude: &query.exclude,
             })
             .collect();
         let (tables, scratch) = (&self.tables, &mut self.scratch);
@@ -346,22 +375,35 @@ impl RecallExecutor {
             }
         }
         .into_iter();
-        for (job, failure) in jobs.into_iter().zip(failed) {
-            let answer = match failure {
-                Some(e) => {
-                    tracing::error!(error = %e, "recall query failed");
-                    Err(e)
+        let mut failed = failed.into_iter();
+        for job in jobs {
+            let mut answers = Vec::with_capacity(job.work.queries.len());
+            let mut error = None;
+            for query in &job.work.queries {
+                let items = match failed.next().flatten() {
+                    Some(e) => {
+                        tracing::error!(error = %e, "recall query failed");
+                        Err(e)
+                    }
+                    None => results.next().unwrap_or(Err(ExecError::Panicked(
+                        "a search result is missing".to_owned(),
+                    ))),
+                };
+                match items {
+                    Ok(items) => answers.push(Recalled {
+                        items,
+                        history_used: query.history_used,
+                        fallback: None,
+                    }),
+                    Err(e) => {
+                        error.get_or_insert(e);
+                    }
                 }
-                None => results.next().unwrap_or(Err(ExecError::Panicked(
-                    "a search result is missing".to_owned(),
-                ))),
-            };
-            let history_used = job.work.history_used;
-            job.answer(answer.map(|items| Recalled {
-                items,
-                history_used,
-                fallback: None,
-            }));
+            }
+            job.answer(match error {
+                Some(e) => Err(e),
+                None => Ok(answers),
+            });
         }
     }
 }
@@ -458,12 +500,14 @@ impl RecallModel {
                 bytes,
             );
         }
+        let (batching, default_deadline) = batch_config(ctx, &spec.batching);
         let contract = RecallContract {
             user_table: spec.tables[recall.user_table].spec.clone(),
             history_table: recall.history_table.map(|h| spec.tables[h].spec.clone()),
             item_table: item.spec,
             default_k: recall.default_k,
             limits: ctx.limits,
+            queue: batching.fit(),
         };
         let tables = Arc::new(Tables {
             dim: catalogue.dim(),
@@ -473,7 +517,6 @@ impl RecallModel {
             popularity,
         });
 
-        let (batching, default_deadline) = batch_config(ctx, &spec.batching);
         let estimator = Estimator::new(&batching.buckets);
         let metrics = ctx.metrics.recall(&mv.name);
         let mut executors: Vec<RecallExecutor> = (0..ctx.executors)
@@ -560,15 +603,16 @@ impl RecallModel {
     }
 
     /// Several queries of one request, checked first (the first problem refuses the request), then queued
-    /// together (all or none), so they usually share one pass over the catalogue. A history without signal is
-    /// answered without a pass ([`signal`]). Answers in input order.
+    /// together (all or none) in chunks of at most `max_batch_rows` queries, each one place in the queue, so
+    /// they usually share passes over the catalogue. A history without signal is answered without a pass
+    /// ([`signal`]). Answers in input order.
     pub async fn recall_many(
         &self,
         inputs: Vec<RecallInput>,
         deadline: Instant,
     ) -> Result<Vec<Recalled>, ServiceError> {
         let mut answers = Vec::with_capacity(inputs.len());
-        let mut chunks = Vec::with_capacity(inputs.len());
+        let mut queries = Vec::with_capacity(inputs.len());
         for input in inputs {
             let p = self.contract.prepare(input)?;
             let history_used = self.history_used(&p.source);
@@ -587,20 +631,30 @@ impl RecallModel {
                 continue;
             }
             answers.push(None);
-            let work = RecallWork {
+            queries.push(Query {
                 source: p.source,
                 k: p.k,
                 exclude: p.exclude,
                 history_used,
-            };
-            chunks.push((work, 1));
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut queries = queries.into_iter().peekable();
+        while queries.peek().is_some() {
+            let chunk: Vec<Query> = queries
+                .by_ref()
+                .take(self.batching.max_batch_rows)
+                .collect();
+            let rows = chunk.len();
+            chunks.push((RecallWork { queries: chunk }, rows));
         }
         let mut searched = if chunks.is_empty() {
             Vec::new()
         } else {
             self.batcher.run(chunks, deadline).await?
         }
-        .into_iter();
+        .into_iter()
+        .flatten();
         answers
             .into_iter()
             .map(|answer| match answer {
@@ -653,28 +707,23 @@ fn warm_up(
     let mut size = 1;
     loop {
         let size_now = size.min(batching.max_batch_rows);
-        let mut answers = Vec::with_capacity(size_now);
-        let jobs = (0..size_now)
-            .map(|_| {
-                let (job, answer) = Job::new(RecallWork {
-                    source: Source::User(0),
-                    k,
-                    exclude: Vec::new(),
-                    history_used: None,
-                });
-                answers.push(answer);
-                job
+        let queries = (0..size_now)
+            .map(|_| Query {
+                source: Source::User(0),
+                k,
+                exclude: Vec::new(),
+                history_used: None,
             })
             .collect();
+        let (job, mut answer) = Job::new(RecallWork { queries });
         let started = Instant::now();
-        executor.answer(jobs);
+        executor.answer(vec![job]);
         let took = started.elapsed();
-        for mut answer in answers {
-            match answer.try_recv() {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("warm-up query failed: {e}")),
-                Err(_) => return Err("warm-up query got no answer".to_owned()),
-            }
+        match answer.try_recv() {
+            Ok(Ok(answers)) if answers.len() == size_now => {}
+            Ok(Ok(_)) => return Err("a warm-up query got no answer".to_owned()),
+            Ok(Err(e)) => return Err(format!("warm-up query failed: {e}")),
+            Err(_) => return Err("warm-up query got no answer".to_owned()),
         }
         estimator.observe(size_now, took);
         if size_now >= batching.max_batch_rows || took > WARM_UP_BUDGET {

@@ -359,7 +359,9 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
             max_history: 3,
             max_exclude: 5,
             max_candidates: 8,
+            max_reply_items: 100,
         },
+        queue: crate::batching::QueueFit::UNBOUNDED,
     }
 }
 
@@ -440,4 +442,61 @@ fn the_contract_dedups_and_applies_each_tables_policy() {
         got.starts_with("history: is not supported by this model"),
         "{got}"
     );
+}
+
+#[test]
+fn a_reply_holds_at_most_max_reply_items() {
+    let c = contract(OovPolicy::Reject);
+    c.check_reply(1, 100, "k")
+        .expect("100 items fit a limit of 100");
+    c.check_reply(4, 25, "parameters.k").expect("4 × 25 too");
+    assert_eq!(
+        c.check_reply(1, 101, "k").expect_err("over").to_string(),
+        "k: is 101, more items than one reply may hold (100, --max-reply-items)"
+    );
+    assert_eq!(
+        c.check_reply(4, 26, "parameters.k")
+            .expect_err("over")
+            .to_string(),
+        "parameters.k: is 26 for 4 users: 104 items, more than one reply may hold (100, --max-reply-items); ask \
+         for fewer users or a smaller k"
+    );
+    assert!(
+        c.check_reply(usize::MAX, 2, "k").is_err(),
+        "the product saturates"
+    );
+}
+
+#[test]
+fn fuzz_recall_contract_checks_every_query() {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    let id = |valid: i64| prop_oneof![20 => 0..valid, 1 => -3i64..60, 1 => any::<i64>()];
+    let query = prop_oneof![
+        id(10).prop_map(RecallQuery::UserId),
+        prop_oneof![8 => vec(id(50), 1..4), 1 => vec(id(50), 0..6)].prop_map(RecallQuery::History),
+    ];
+    let k = prop_oneof![20 => 1usize..50, 1 => 0usize..60, 1 => any::<usize>()];
+    let exclude = prop_oneof![8 => vec(id(50), 0..5), 1 => vec(id(50), 0..8)];
+    let inputs =
+        (query, k, exclude).prop_map(|(query, k, exclude)| RecallInput { query, k, exclude });
+    let strict = contract(OovPolicy::Reject);
+    let lenient = contract(OovPolicy::Default { row: 0 });
+    crate::fuzz::run("recall contract", inputs, |input| {
+        let mut outcome = crate::fuzz::Outcome::Refused;
+        for c in [&strict, &lenient] {
+            match c.prepare(input.clone()) {
+                Ok(p) => {
+                    prop_assert!((1..=c.items()).contains(&p.k));
+                    prop_assert!(p.exclude.windows(2).all(|w| w[0] < w[1]));
+                    prop_assert!(p.exclude.iter().all(|&e| (e as usize) < c.items()));
+                    outcome = crate::fuzz::Outcome::Accepted;
+                }
+                Err(e) => {
+                    crate::fuzz::clear(&e)?;
+                }
+            }
+        }
+        Ok(outcome)
+    });
 }

@@ -18,7 +18,7 @@ use crate::repository::Side;
 #[serde(deny_unknown_fields)]
 pub struct RankRequest {
     #[serde(default)]
-    pub user: UserSide,
+    pub user: Option<UserSide>,
     pub candidates: Vec<Candidate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
@@ -42,13 +42,21 @@ fn rank_input(contract: &RankContract, req: &RankRequest) -> Result<RankInput, S
     if req.top_k == Some(0) {
         return Err(ServiceError::invalid("top_k", "must be at least 1"));
     }
-    contract.check_dense_values(&req.user.dense)?;
+    contract.check_user_given(req.user.is_some())?;
+    let user = req
+        .user
+        .as_ref()
+        .map_or_else(UserSide::default, |u| UserSide {
+            fields: u.fields.clone(),
+            dense: u.dense.clone(),
+        });
+    contract.check_dense_values(&user.dense)?;
 
     let nf = contract.fields();
     let mut user_row = vec![0i64; nf];
     contract.fill_fields(
         "user.fields",
-        &req.user.fields,
+        &user.fields,
         &contract.user_fields,
         |name| contract.misplaced_field(name, Side::User),
         &mut user_row,
@@ -83,7 +91,7 @@ fn rank_input(contract: &RankContract, req: &RankRequest) -> Result<RankInput, S
             row[f] = id;
         }
     }
-    let dense = req.user.dense.repeat(rows);
+    let dense = user.dense.repeat(rows);
     Ok(RankInput { rows, ids, dense })
 }
 

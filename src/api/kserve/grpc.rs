@@ -41,6 +41,8 @@ pub fn code_of(error: &ServiceError) -> Code {
         ServiceError::InvalidInput { .. }
         | ServiceError::Malformed(_)
         | ServiceError::WrongKind { .. } => Code::InvalidArgument,
+        // As HTTP's 400: the request itself, not the load, decides it, so no retry of it can succeed.
+        ServiceError::DeadlineTooShort { .. } => Code::InvalidArgument,
         ServiceError::PayloadTooLarge { .. } | ServiceError::Overloaded { .. } => {
             Code::ResourceExhausted
         }

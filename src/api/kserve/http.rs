@@ -226,8 +226,16 @@ fn flag(parameters: &Parameters, path: &str, key: &str) -> Result<Option<bool>, 
     }
 }
 
-/// Splits a body into its JSON header and the binary tensor data after it.
+/// Splits a body into its JSON header and the binary tensor data after it. The header must be given once: two
+/// lengths would split the body two ways.
 fn split_body(headers: &HeaderMap, body: Bytes) -> Result<(Bytes, Bytes), ServiceError> {
+    let given = headers.get_all(HEADER_LENGTH).iter().count();
+    if given > 1 {
+        return Err(ServiceError::invalid(
+            "Inference-Header-Content-Length",
+            format!("is given {given} times: send it once"),
+        ));
+    }
     let Some(value) = headers.get(HEADER_LENGTH) else {
         return Ok((body, Bytes::new()));
     };
@@ -594,6 +602,25 @@ mod tests {
                 "input: unknown field `input`",
             ),
             (headers(None), Bytes::from("{"), "malformed request body"),
+            (
+                headers(None),
+                Bytes::from(one(r#", "data": [1, Infinity]"#)),
+                "inputs[0].data[1]: Infinity is not a number JSON can carry",
+            ),
+            (
+                headers(None),
+                Bytes::from(r#"{"inputs": [], "parameters": {"timeout": 1e400}}"#),
+                "parameters.timeout: 1e400 is beyond the range of 64-bit floating point",
+            ),
+            (
+                {
+                    let mut h = headers(Some(sized.len()));
+                    h.append(HEADER_LENGTH, HeaderValue::from(5));
+                    h
+                },
+                Bytes::from(sized.clone()),
+                "Inference-Header-Content-Length: is given 2 times: send it once",
+            ),
         ];
         for (h, body, expected) in cases {
             let got = message(decode(&h, body));

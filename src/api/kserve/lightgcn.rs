@@ -132,7 +132,7 @@ fn k_of(
 }
 
 /// The decoding of [`LightGcn`]: `model` names the model in messages.
-fn decode_inputs(
+pub(crate) fn decode_inputs(
     model: &str,
     contract: &RecallContract,
     inputs: Vec<InputTensor>,
@@ -187,6 +187,11 @@ fn decode_inputs(
             ),
         ));
     }
+    contract
+        .queue
+        .check(ids.len(), "users")
+        .map_err(|problem| ServiceError::invalid(USER_ID, problem))?;
+    contract.check_reply(ids.len(), k, &format!("parameters.{K}"))?;
     ids.iter()
         .enumerate()
         .map(|(i, &id)| {
@@ -282,6 +287,7 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
+    use crate::batching::QueueFit;
     use crate::registry::RequestLimits;
     use crate::repository::{OovPolicy, Storage, TableSpec};
 
@@ -308,6 +314,11 @@ mod tests {
                 max_history: 5,
                 max_exclude: 5,
                 max_candidates: 3,
+                max_reply_items: 100,
+            },
+            queue: QueueFit {
+                max_batch_rows: 64,
+                queue_capacity: 256,
             },
         };
         decode_inputs("m", &contract, inputs, &parameters)
@@ -478,6 +489,12 @@ mod tests {
                 vec![users(&[1], json!([1])), users(&[1], json!([2]))],
                 k(1),
                 "user_id: is given twice",
+            ),
+            (
+                vec![users(&[3], json!([1, 2, 3]))],
+                k(34),
+                "parameters.k: is 34 for 3 users: 102 items, more than one reply may hold (100, \
+                 --max-reply-items); ask for fewer users or a smaller k",
             ),
         ];
         for (inputs, parameters, expected) in cases {

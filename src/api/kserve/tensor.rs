@@ -188,6 +188,63 @@ impl InputTensor {
         }
     }
 
+    /// The values of JSON `data`, row-major. Flat data (an array of values; a lone value is one element) may
+    /// hold the shape's elements in any nesting of the shape's; nested data must follow the shape exactly: each
+    /// array as long as its dimension, values only at the innermost level.
+    fn leaves<'a>(&self, data: &'a Value) -> Result<Vec<&'a Value>, ServiceError> {
+        match data {
+            Value::Array(items) if items.iter().any(Value::is_array) => {
+                let mut out = Vec::new();
+                self.nested(data, 0, &mut "data".to_owned(), &mut out)?;
+                Ok(out)
+            }
+            Value::Array(items) => Ok(items.iter().collect()),
+            value => Ok(vec![value]),
+        }
+    }
+
+    /// Reads `value`, the part of nested data at `path`, `depth` dimensions down the shape.
+    fn nested<'a>(
+        &self,
+        value: &'a Value,
+        depth: usize,
+        path: &mut String,
+        out: &mut Vec<&'a Value>,
+    ) -> Result<(), ServiceError> {
+        let dims = self.shape.len();
+        let follow = "send data flat, or nested exactly as the shape";
+        match (value, self.shape.get(depth)) {
+            (Value::Array(items), Some(&dim)) => {
+                if usize::try_from(dim) != Ok(items.len()) {
+                    return Err(self.invalid(format!(
+                        "{path} holds {} elements, but dimension {depth} of shape {:?} is {dim}: {follow}",
+                        items.len(),
+                        self.shape
+                    )));
+                }
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    self.nested(item, depth + 1, path, out)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            (Value::Array(_), None) => Err(self.invalid(format!(
+                "{path} is an array, but shape {:?} has {dims} dimensions: {follow}",
+                self.shape
+            ))),
+            (leaf, None) => {
+                out.push(leaf);
+                Ok(())
+            }
+            (leaf, Some(_)) => Err(self.invalid(format!(
+                "{path} is {leaf}, where shape {:?} nests {dims} levels of arrays: {follow}",
+                self.shape
+            ))),
+        }
+    }
+
     fn typed_mismatch(&self, typed: &Typed, datatype: Datatype, field: &str) -> ServiceError {
         self.invalid(format!(
             "contents: {} data goes in {field}, but the tensor filled {}",
@@ -249,7 +306,7 @@ impl InputTensor {
                 Ok(le_values(&bytes, e.from_le))
             }
             TensorData::Json(value) => {
-                let values = flatten(&value);
+                let values = self.leaves(&value)?;
                 if values.len() != count {
                     return Err(self.count_mismatch(values.len(), count));
                 }
@@ -258,10 +315,20 @@ impl InputTensor {
                     .enumerate()
                     .map(|(i, v)| {
                         (e.from_json)(v).ok_or_else(|| {
-                            self.invalid(format!(
-                                "data[{i}] is {v}, which is not an {} value",
-                                e.datatype.as_str()
-                            ))
+                            let datatype = e.datatype.as_str();
+                            // JSON reads an integer beyond 64 bits as a float: say that it is out of range,
+                            // not that it is not an integer.
+                            let beyond = e.datatype == Datatype::Int64
+                                && v.as_f64().is_some_and(|x| x.fract() == 0.0);
+                            self.invalid(if beyond {
+                                format!(
+                                    "data[{i}] is {v}, an integer beyond the range of {datatype} ({} to {})",
+                                    i64::MIN,
+                                    i64::MAX
+                                )
+                            } else {
+                                format!("data[{i}] is {v}, which is not an {datatype} value")
+                            })
                         })
                     })
                     .collect()
@@ -284,25 +351,6 @@ struct Element<T, const N: usize> {
     from_json: fn(&Value) -> Option<T>,
     /// The values when the typed contents are of this type, else the contents back.
     typed: fn(Typed) -> Result<Vec<T>, Typed>,
-}
-
-/// The leaves of a flat or nested JSON array, row-major; a scalar is one element.
-fn flatten(value: &Value) -> Vec<&Value> {
-    fn walk<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
-        match value {
-            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
-            Value::Null
-            | Value::Bool(_)
-            | Value::Number(_)
-            | Value::String(_)
-            | Value::Object(_) => {
-                out.push(value);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(value, &mut out);
-    out
 }
 
 /// Decodes little-endian values; `bytes.len()` is a multiple of `N` (checked by the caller).
@@ -421,6 +469,13 @@ mod tests {
                 "t: data[1] is 2.5, which is not an INT64 value",
             ),
             (
+                message(
+                    input(&[2], TensorData::Json(json!([1, 18446744073709551616.0]))).into_i64(),
+                ),
+                "t: data[1] is 1.8446744073709552e+19, an integer beyond the range of INT64 \
+                 (-9223372036854775808 to 9223372036854775807)",
+            ),
+            (
                 message(input(&[1], TensorData::Json(json!(["1"]))).into_i64()),
                 "t: data[0] is \"1\", which is not an INT64 value",
             ),
@@ -443,6 +498,38 @@ mod tests {
             (
                 message(input(&[1], TensorData::Json(json!([1]))).expect_datatype(Datatype::Fp32)),
                 "t: datatype INT64, but the model takes FP32",
+            ),
+            (
+                message(input(&[3, 2], TensorData::Json(json!([[1, 2, 3], [4, 5, 6]]))).into_i64()),
+                "t: data holds 2 elements, but dimension 0 of shape [3, 2] is 3: send data flat, or nested \
+                 exactly as the shape",
+            ),
+            (
+                message(input(&[2, 3], TensorData::Json(json!([[[1, 2, 3, 4, 5, 6]]]))).into_i64()),
+                "t: data holds 1 elements, but dimension 0 of shape [2, 3] is 2: send data flat, or nested \
+                 exactly as the shape",
+            ),
+            (
+                message(input(&[2, 3], TensorData::Json(json!([[1, 2, 3], [4, 5]]))).into_i64()),
+                "t: data[1] holds 2 elements, but dimension 1 of shape [2, 3] is 3: send data flat, or nested \
+                 exactly as the shape",
+            ),
+            (
+                message(
+                    input(&[2, 3], TensorData::Json(json!([[1, 2, 3], [4, 5, [6]]]))).into_i64(),
+                ),
+                "t: data[1][2] is an array, but shape [2, 3] has 2 dimensions: send data flat, or nested \
+                 exactly as the shape",
+            ),
+            (
+                message(input(&[2, 2], TensorData::Json(json!([[1, 2], 3, 4]))).into_i64()),
+                "t: data holds 3 elements, but dimension 0 of shape [2, 2] is 2: send data flat, or nested \
+                 exactly as the shape",
+            ),
+            (
+                message(input(&[2, 2], TensorData::Json(json!([[1, 2], 3]))).into_i64()),
+                "t: data[1] is 3, where shape [2, 2] nests 2 levels of arrays: send data flat, or nested exactly \
+                 as the shape",
             ),
         ];
         for (got, expected) in cases {

@@ -10,9 +10,8 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::error::Category;
 
-use crate::api::envelope::require_object;
+use crate::api::envelope::{json_error, require_object};
 use crate::error::ServiceError;
 use crate::ranking::{RankContract, RankInput};
 use crate::repository::Side;
@@ -37,15 +36,10 @@ pub fn decode_rank(contract: &RankContract, body: &[u8]) -> Result<RankBody, Ser
         .and_then(|()| de.end());
     match parsed {
         Ok(()) => decoder.finish(),
-        Err(e) => {
-            Err(decoder
-                .problem
-                .take()
-                .unwrap_or_else(|| match (e.classify(), decoder.at.take()) {
-                    (Category::Data, Some(path)) => ServiceError::invalid(path, e.to_string()),
-                    _ => ServiceError::Malformed(e.to_string()),
-                }))
-        }
+        Err(e) => Err(decoder
+            .problem
+            .take()
+            .unwrap_or_else(|| json_error(body, decoder.at.take(), &e))),
     }
 }
 
@@ -58,6 +52,7 @@ struct Decoder<'c> {
     /// Where the first serde error (a wrong type, a number out of range) arose.
     at: Option<String>,
     user_row: Vec<i64>,
+    user_read: bool,
     user_fields_read: bool,
     dense: Option<Vec<f32>>,
     /// `[rows, fields]`, item columns filled as read, user columns at the end.
@@ -77,6 +72,7 @@ impl<'c> Decoder<'c> {
             problem: None,
             at: None,
             user_row: vec![0; fields],
+            user_read: false,
             user_fields_read: false,
             dense: None,
             ids: Vec::new(),
@@ -118,6 +114,7 @@ impl<'c> Decoder<'c> {
         contract
             .check_rows(rows)
             .map_err(|problem| ServiceError::invalid("candidates", problem))?;
+        contract.check_user_given(self.user_read)?;
         let dense = self.dense.take().unwrap_or_default();
         contract.check_dense_len(dense.len())?;
         if !self.user_fields_read
@@ -185,11 +182,10 @@ impl<'de> Visitor<'de> for Top<'_, '_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let d = self.0;
-        let mut user_read = false;
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "user" => {
-                    if std::mem::replace(&mut user_read, true) {
+                    if std::mem::replace(&mut d.user_read, true) {
                         return Err(d.twice("user".to_owned()));
                     }
                     let read = map.next_value_seed(User(&mut *d));
@@ -309,7 +305,7 @@ impl<'de> Visitor<'de> for Dense<'_, '_> {
     }
 }
 
-/// `candidates`: at most `max_candidates` of them, each decoded into its row.
+/// `candidates`: at most [`RankContract::max_rows`] of them, each decoded into its row.
 struct Candidates<'a, 'c>(&'a mut Decoder<'c>);
 
 impl<'de> DeserializeSeed<'de> for Candidates<'_, '_> {
@@ -326,7 +322,7 @@ impl<'de> Visitor<'de> for Candidates<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let d = self.0;
-        let max = d.contract.max_candidates;
+        let max = d.contract.max_rows();
         let mut candidate_ids = Vec::new();
         loop {
             let i = candidate_ids.len();
@@ -596,7 +592,14 @@ mod tests {
             (r#"{"user": {"fields": {}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u: is missing"),
             (r#"{"user": {"fields": {"u": 1}, "dense": [0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense: holds 1 values, but the model takes 2 dense features"),
             (r#"{"user": {"fields": {"u": 1}, "dense": [0, 1e39]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: must be a finite number, got inf"),
-            (r#"{"user": {"fields": {"u": 1}, "dense": [0, NaN]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "malformed request body"),
+            (r#"{"user": {"fields": {"u": 1}, "dense": [0, NaN]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: NaN is not a number JSON can carry (JSON has no NaN or Infinity): send a finite number"),
+            (r#"{"user": {"fields": {"u": 1}, "dense": [-Infinity, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[0]: -Infinity is not a number JSON can carry"),
+            (r#"{"user": {"fields": {"u": 1}, "dense": [0, 1e400]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: 1e400 is beyond the range of 64-bit floating point (about ±1.8e308)"),
+            (format!(r#"{{"user": {{"fields": {{"u": 1}}, "dense": [0, {}]}}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}]}}"#, "1".repeat(5000)), "user.dense[1]: the integer 1111111111"),
+            (format!(r#"{{"user": {{"fields": {{"u": 1}}, "dense": [0, {}]}}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}]}}"#, "1".repeat(5000)), "… (first 100 of 5000 characters) is beyond the range of every 64-bit number, integer or floating point"),
+            (r#"{"user": {"fields": {"u": -9223372036854775809}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u: the integer -9223372036854775809 does not fit in 64 bits (expected i64)"),
+            (r#"{"user": {"fields": {"u": 1}, "dense": [0, 0]}, "candidates": [{"id": 18446744073709551616, "fields": {"cat": 0}}]}"#.to_owned(), "candidates[0].id: the integer 18446744073709551616 does not fit in 64 bits (expected i64)"),
+            (r#"{"candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user: is missing: the model takes 1 user-side fields in user.fields and 2 dense features in user.dense"),
             (r#"{"user": {"fields": {"u": 1}, "dense": [0, "1"]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.dense[1]: invalid type: string"),
             (r#"{"user": {"fields": {"u": 99999999999999999999}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields.u"),
             ("[]".to_owned(), "malformed request body"),

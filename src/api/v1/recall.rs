@@ -37,6 +37,7 @@ async fn recall(
             let body = body_bytes(body, max_body_bytes)?;
             let default_k = call.recall_model()?.contract.default_k;
             let input = recall_input(parse_json(&body)?, default_k)?;
+            call.recall_model()?.contract.check_reply(1, input.k, "k")?;
             let mut answers = call.recall(vec![input]).await?;
             let answer = answers.pop().ok_or_else(|| {
                 ServiceError::Internal("recall: a query without an answer".to_owned())
@@ -188,6 +189,22 @@ mod tests {
             (
                 r#"{"user_id": 1, "k": 1, "top_k": 3}"#,
                 "unknown field `top_k`",
+            ),
+            (
+                r#"{"user_id": 1, "k": NaN}"#,
+                "k: NaN is not a number JSON can carry",
+            ),
+            (
+                r#"{"user_id": -9223372036854775809, "k": 1}"#,
+                "user_id: the integer -9223372036854775809 does not fit in 64 bits (expected i64)",
+            ),
+            (
+                r#"{"user_id": 1, "k": 18446744073709551616}"#,
+                "k: the integer 18446744073709551616 does not fit in 64 bits (expected usize)",
+            ),
+            (
+                r#"{"history": [1, 1e400], "k": 1}"#,
+                "history[1]: 1e400 is beyond the range of 64-bit floating point",
             ),
         ];
         for (body, expected) in cases {

@@ -65,7 +65,7 @@ async fn list_pipelines(State(service): State<Arc<Service>>) -> Response {
 pub struct RecommendRequest {
     /// The ranking model's user side (its `side = "user"` fields and dense features).
     #[serde(default)]
-    pub user: UserSide,
+    pub user: Option<UserSide>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,7 +158,8 @@ pub fn recommend_input(
     request: RecommendRequest,
 ) -> Result<(RecommendInput, bool), ServiceError> {
     let contract = &pipeline.ranking.ranking()?.contract;
-    let (user, dense) = user_side(contract, &request.user)?;
+    contract.check_user_given(request.user.is_some())?;
+    let (user, dense) = user_side(contract, &request.user.unwrap_or_default())?;
     let query = recall_query(request.user_id, request.history)?;
     Ok((
         RecommendInput {
