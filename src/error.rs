@@ -44,6 +44,9 @@ pub enum ServiceError {
     Malformed(String),
     #[error("the body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive whole within `--body-read-timeout-ms` of the request's head.
+    #[error("the request body did not arrive within {ms} ms of its head")]
+    BodyTimeout { ms: u64 },
     #[error("model {model:?} is not served (served models: {served})")]
     ModelNotFound { model: String, served: String },
     #[error("model {model:?} version {version} is not served (serving version {serving})")]
@@ -94,6 +97,7 @@ impl ServiceError {
             | ServiceError::Malformed(_)
             | ServiceError::WrongKind { .. } => 400,
             ServiceError::PayloadTooLarge { .. } => 413,
+            ServiceError::BodyTimeout { .. } => 408,
             ServiceError::ModelNotFound { .. }
             | ServiceError::VersionNotFound { .. }
             | ServiceError::PipelineNotFound { .. } => 404,
@@ -110,6 +114,7 @@ impl ServiceError {
             ServiceError::InvalidInput { .. } => "invalid_input",
             ServiceError::Malformed(_) => "malformed",
             ServiceError::PayloadTooLarge { .. } => "payload_too_large",
+            ServiceError::BodyTimeout { .. } => "body_timeout",
             ServiceError::ModelNotFound { .. } => "model_not_found",
             ServiceError::VersionNotFound { .. } => "version_not_found",
             ServiceError::PipelineNotFound { .. } => "pipeline_not_found",

@@ -66,7 +66,7 @@ pub fn error_response(error: &ServiceError) -> Response {
         }
         // The rest of the body is not read, so the connection cannot carry another request: saying so keeps a
         // client from sending its next request on a connection that is about to close.
-        ServiceError::PayloadTooLarge { .. } => {
+        ServiceError::PayloadTooLarge { .. } | ServiceError::BodyTimeout { .. } => {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -76,7 +76,7 @@ pub fn error_response(error: &ServiceError) -> Response {
     response
 }
 
-/// The body, or why it could not be read (larger than `limit`, cut short).
+/// The body, or why it could not be read (larger than `limit`, too slow to arrive, cut short).
 pub fn body_bytes(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
@@ -84,10 +84,25 @@ pub fn body_bytes(
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ServiceError::PayloadTooLarge { limit }
+        } else if let Some(error) = service_error_in(&rejection) {
+            // The body's own error ([`super::timed_body`]: it did not arrive in time).
+            error
         } else {
             ServiceError::Malformed(rejection.body_text())
         }
     })
+}
+
+/// The first [`ServiceError`] among `error`'s sources.
+fn service_error_in(error: &(dyn std::error::Error + 'static)) -> Option<ServiceError> {
+    let mut source = error.source();
+    while let Some(e) = source {
+        if let Some(found) = e.downcast_ref::<ServiceError>() {
+            return Some(found.clone());
+        }
+        source = e.source();
+    }
+    None
 }
 
 /// The header carrying a request's deadline: milliseconds from its arrival.

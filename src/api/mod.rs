@@ -6,4 +6,5 @@
 pub mod envelope;
 pub mod http;
 pub mod kserve;
+pub mod timed_body;
 pub mod v1;

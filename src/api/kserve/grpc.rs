@@ -47,7 +47,9 @@ pub fn code_of(error: &ServiceError) -> Code {
         ServiceError::ModelNotFound { .. }
         | ServiceError::VersionNotFound { .. }
         | ServiceError::PipelineNotFound { .. } => Code::NotFound,
-        ServiceError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        ServiceError::DeadlineExceeded { .. } | ServiceError::BodyTimeout { .. } => {
+            Code::DeadlineExceeded
+        }
         ServiceError::Unavailable(_) => Code::Unavailable,
         ServiceError::Internal(_) => Code::Internal,
     }
@@ -420,6 +422,10 @@ mod tests {
             ),
             (
                 ServiceError::DeadlineExceeded { model: "m".into() },
+                Code::DeadlineExceeded,
+            ),
+            (
+                ServiceError::BodyTimeout { ms: 200 },
                 Code::DeadlineExceeded,
             ),
             (ServiceError::Unavailable("loading"), Code::Unavailable),
