@@ -50,13 +50,18 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
     StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// `{"error": message}` with `status`: the body of every HTTP error.
+pub fn error_body(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
 /// `{"error": "..."}` with the mapped status; internal detail goes to the log, not to the client.
 pub fn error_response(error: &ServiceError) -> Response {
     let status = status_of(error);
     if let ServiceError::Internal(detail) = error {
         tracing::error!(%detail, "internal error");
     }
-    let mut response = (status, axum::Json(json!({ "error": error.to_string() }))).into_response();
+    let mut response = error_body(status, &error.to_string());
     match error {
         ServiceError::Overloaded { retry_after, .. } => {
             let seconds = retry_after.as_secs().max(1);

@@ -35,6 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower_service::Service as _;
 
+use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Config;
 use crate::metrics::{ConnectionMetrics, Metrics};
@@ -223,7 +224,8 @@ async fn connection(
     builder
         .http1()
         // Our own header timeout (below) also knows an idle keep-alive connection from a slow head.
-        .header_read_timeout(None);
+        .header_read_timeout(None)
+        .max_headers(HYPER_MAX_HEADERS);
     builder
         .http2()
         .timer(TokioTimer::new())
