@@ -1,11 +1,13 @@
-//! End to end: what the HTTP layer answers before any route runs (issue 20, items 5, 7, 9): every HTTP error
-//! carries the JSON error body (405, 414, 431, 413 before `100 Continue`, 415 for a compressed body on every
-//! route), and what hyper itself refuses stays refused.
+//! End to end: what the HTTP and gRPC layers answer before any route or method runs (issue 20, items 3, 5, 7, 9):
+//! every HTTP error carries the JSON error body (405, 414, 431, 413 before `100 Continue`, 415 for a compressed
+//! body on every route), what hyper itself refuses stays refused, and gRPC calls broken in their framing or
+//! headers get the client's status codes (never INTERNAL) with a message.
 
 mod common;
 
-use common::raw::{exchange, request};
+use common::raw::{exchange, grpc_call, grpc_frame, request};
 use common::{TestServer, config, fixture_repo};
+use tonic::Code;
 
 const RANK: &str = "/v1/models/deepfm-int8/rank";
 
@@ -200,5 +202,110 @@ async fn compressed_bodies_are_refused_alike_on_every_route() {
         .await
         .expect("an answer, not a reset");
     assert_eq!(resp.status(), 415);
+    server.stop().await.expect("clean shutdown");
+}
+
+/// A case: what it is, what is sent (path, content-type, the request stream), and the code and the start of the
+/// message it must get.
+type GrpcCase = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Vec<u8>,
+    Code,
+    &'static str,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_broken_in_transport_get_the_clients_codes_with_a_message() {
+    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    let grpc = server.grpc_addr;
+    let infer = "/inference.GRPCInferenceService/ModelInfer";
+    let g = "application/grpc";
+    let cases: [GrpcCase; 7] = [
+        (
+            "garbage protobuf",
+            infer,
+            g,
+            grpc_frame(false, 6, &[0xff; 6]),
+            Code::InvalidArgument,
+            "malformed request message: failed to decode Protobuf message",
+        ),
+        (
+            "a compressed flag without grpc-encoding",
+            infer,
+            g,
+            grpc_frame(true, 5, b"\x0a\x03abc"),
+            Code::Unimplemented,
+            "the request message is compressed (compressed flag 1), but compression is not supported",
+        ),
+        (
+            "a length prefix beyond the data",
+            infer,
+            g,
+            grpc_frame(false, 100, b"\x0a\x03abc"),
+            Code::InvalidArgument,
+            "malformed request stream: it ends inside a message",
+        ),
+        (
+            "an empty request stream",
+            infer,
+            g,
+            Vec::new(),
+            Code::InvalidArgument,
+            "malformed request stream: it holds no message",
+        ),
+        (
+            "an unknown method",
+            "/inference.GRPCInferenceService/Nope",
+            g,
+            grpc_frame(false, 0, b""),
+            Code::Unimplemented,
+            "inference.GRPCInferenceService has no method \"Nope\"",
+        ),
+        (
+            "an unknown service",
+            "/no.Such/Method",
+            g,
+            grpc_frame(false, 0, b""),
+            Code::Unimplemented,
+            "no service \"no.Such\" here (services: inference.GRPCInferenceService, grpc.health.v1.Health, ",
+        ),
+        (
+            "content-type application/json",
+            "/inference.GRPCInferenceService/ServerLive",
+            "application/json",
+            grpc_frame(false, 0, b""),
+            Code::InvalidArgument,
+            "content-type: must be application/grpc (or application/grpc+proto), got \"application/json\"",
+        ),
+    ];
+    for (what, path, content_type, body, code, message) in cases {
+        let answer = grpc_call(grpc, path, content_type, body).await;
+        assert_eq!(answer.status.code(), code, "{what}: {:?}", answer.status);
+        assert!(
+            answer.status.message().starts_with(message),
+            "{what}: {:?}",
+            answer.status.message()
+        );
+        let http = if content_type == g { 200 } else { 415 };
+        assert_eq!(answer.http_status, http, "{what}");
+    }
+    // A well-formed call is untouched: ServerLive with an empty message, as application/grpc+proto too.
+    for content_type in [g, "application/grpc+proto"] {
+        let answer = grpc_call(
+            grpc,
+            "/inference.GRPCInferenceService/ServerLive",
+            content_type,
+            grpc_frame(false, 0, b""),
+        )
+        .await;
+        assert_eq!(
+            answer.status.code(),
+            Code::Ok,
+            "{content_type}: {:?}",
+            answer.status
+        );
+    }
     server.stop().await.expect("clean shutdown");
 }
