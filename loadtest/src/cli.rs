@@ -215,6 +215,10 @@ pub struct RunArgs {
     /// Write the report as JSON to this file ('-': stdout, and the text summary goes to stderr).
     #[arg(long, env = "RECLOAD_JSON")]
     pub json: Option<PathBuf>,
+    /// Write every request of the run, warm-up included, to this CSV file: its scheduled, sent and done times
+    /// (Unix nanoseconds; sent is empty for a request never sent) and its outcome (ok, http_503, connect, ...).
+    #[arg(long, env = "RECLOAD_LOG_REQUESTS")]
+    pub log_requests: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -607,6 +611,7 @@ fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOptions {
             latency: timing.settle_latency,
             timeout: timing.settle_timeout,
         }),
+        log_requests: false,
     }
 }
 
@@ -645,10 +650,14 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
             ));
         }
     };
-    let options = run_options(&args.timing, mode, args.workload.seed);
+    let mut options = run_options(&args.timing, mode, args.workload.seed);
+    options.log_requests = args.log_requests.is_some();
     let started_at = now_rfc3339();
     let stats = engine::run(Arc::clone(&p.target), Arc::clone(&p.prepared), &options).await?;
     drop(p.pool);
+    if let Some(path) = &args.log_requests {
+        write_out(path, &requests_csv(&stats))?;
+    }
     Ok(RunReport::new(
         args.timing.label.clone(),
         started_at,
@@ -657,6 +666,29 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
         &options,
         &stats,
     ))
+}
+
+/// The `--log-requests` file of a run.
+fn requests_csv(stats: &engine::RunStats) -> String {
+    let unix_ns = |since_start: Duration| {
+        (stats.started + since_start)
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
+    let mut csv = String::from("scheduled_unix_ns,sent_unix_ns,done_unix_ns,outcome\n");
+    for r in &stats.log {
+        let sent = r.sent.map(|t| unix_ns(t).to_string()).unwrap_or_default();
+        let outcome = match r.outcome {
+            Ok(()) => "ok".to_owned(),
+            Err(kind) => kind.label(),
+        };
+        csv.push_str(&format!(
+            "{},{sent},{},{outcome}\n",
+            unix_ns(r.scheduled),
+            unix_ns(r.done)
+        ));
+    }
+    csv
 }
 
 /// `recload sweep`.
