@@ -285,8 +285,9 @@ async fn a_drain_answers_what_was_sent_before_it_and_refuses_new_connections() {
     let http = server.addr;
     let body = rank_body();
 
-    // An idle keep-alive connection.
+    // Two idle keep-alive connections: one sends a request once the drain has begun, one never does.
     let mut idle = held_connection(http).await;
+    let mut idle_then_asked = held_connection(http).await;
     // A request in flight: its head and half its body.
     let mut in_flight = TcpStream::connect(http).await.expect("connect");
     let head = format!(
@@ -318,6 +319,17 @@ async fn a_drain_answers_what_was_sent_before_it_and_refuses_new_connections() {
         refused_soon(http).await,
         "new connections were still accepted 30 s into the drain"
     );
+    // A request sent on an idle connection just after the drain began (well within DRAIN_IDLE_GRACE, a second)
+    // is answered, where closing idle connections at once would have lost it.
+    idle_then_asked
+        .write_all(&request("GET", "/health/live", &[], b""))
+        .await
+        .expect("write");
+    let live = read_response(&mut idle_then_asked)
+        .await
+        .expect("a request on its way is answered");
+    assert_eq!(live.status, 200);
+    assert_eq!(live.header("connection"), Some("close"));
     assert!(
         refused_soon(server.grpc_addr).await,
         "new gRPC connections were still accepted"
