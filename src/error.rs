@@ -163,6 +163,9 @@ pub enum ServiceError {
     Malformed(String),
     #[error("the body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive whole within `--body-read-timeout-ms` of the request's head.
+    #[error("the request body did not arrive within {ms} ms of its head")]
+    BodyTimeout { ms: u64 },
     #[error("model {:?} is not served (served models: {served})", Echo(.model))]
     ModelNotFound { model: String, served: String },
     #[error("model {model:?} version {version} is not served (serving version {serving})")]
@@ -254,6 +257,7 @@ impl ServiceError {
             // The request itself, not the load, decides it: a client error (docs/api.md).
             ServiceError::DeadlineTooShort { .. } => 400,
             ServiceError::PayloadTooLarge { .. } => 413,
+            ServiceError::BodyTimeout { .. } => 408,
             ServiceError::ModelNotFound { .. }
             | ServiceError::VersionNotFound { .. }
             | ServiceError::PipelineNotFound { .. } => 404,
@@ -274,6 +278,7 @@ impl ServiceError {
             ServiceError::InvalidInput { .. } => "invalid_input",
             ServiceError::Malformed(_) => "malformed",
             ServiceError::PayloadTooLarge { .. } => "payload_too_large",
+            ServiceError::BodyTimeout { .. } => "body_timeout",
             ServiceError::ModelNotFound { .. } => "model_not_found",
             ServiceError::VersionNotFound { .. } => "version_not_found",
             ServiceError::PipelineNotFound { .. } => "pipeline_not_found",

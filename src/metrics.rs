@@ -56,6 +56,9 @@ pub struct Metrics {
     model_load_duration: HistogramVec,
     model_warmup_duration: HistogramVec,
     versions_draining: IntGaugeVec,
+    connections_open: IntGaugeVec,
+    connections_refused: IntCounterVec,
+    connections_timed_out: IntCounterVec,
 }
 
 /// Buckets for loading a model: 10 ms to 20 minutes.
@@ -243,8 +246,24 @@ impl Metrics {
                 "Replaced or unloaded model versions still answering requests admitted before the switch.",
                 &["model"],
             ),
+            connections_open: gauge(
+                "recserve_connections_open",
+                "Client connections open, by listener (http, grpc).",
+                &["listener"],
+            ),
+            connections_refused: counter(
+                "recserve_connections_refused_total",
+                "Connections closed as soon as they were accepted because --max-connections were open, by listener.",
+                &["listener"],
+            ),
+            connections_timed_out: counter(
+                "recserve_connections_timed_out_total",
+                "Connections the server closed because the client was too slow, by listener and timeout: header \
+                 (no complete request head within --header-read-timeout-ms) or idle (--idle-timeout-ms).",
+                &["listener", "timeout"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 28] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 31] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -273,6 +292,9 @@ impl Metrics {
             Box::new(m.model_load_duration.clone()),
             Box::new(m.model_warmup_duration.clone()),
             Box::new(m.versions_draining.clone()),
+            Box::new(m.connections_open.clone()),
+            Box::new(m.connections_refused.clone()),
+            Box::new(m.connections_timed_out.clone()),
         ];
         for c in collectors {
             m.registry
@@ -453,6 +475,31 @@ impl Metrics {
     }
 }
 
+/// The handles of one listener's connections (`listener`: `http` or `grpc`).
+impl Metrics {
+    pub fn connections(&self, listener: &str) -> ConnectionMetrics {
+        ConnectionMetrics {
+            open: self.connections_open.with_label_values(&[listener]),
+            refused: self.connections_refused.with_label_values(&[listener]),
+            header_timeouts: self
+                .connections_timed_out
+                .with_label_values(&[listener, "header"]),
+            idle_timeouts: self
+                .connections_timed_out
+                .with_label_values(&[listener, "idle"]),
+        }
+    }
+}
+
+/// Metric handles of one listener's connections.
+#[derive(Debug, Clone)]
+pub struct ConnectionMetrics {
+    pub open: IntGauge,
+    pub refused: IntCounter,
+    pub header_timeouts: IntCounter,
+    pub idle_timeouts: IntCounter,
+}
+
 /// Metric handles of one recall model.
 #[derive(Debug, Clone)]
 pub struct RecallMetrics {
@@ -509,14 +556,22 @@ mod tests {
     }
 
     #[test]
-    fn renders_recall_and_pipeline_families() {
+    fn renders_recall_pipeline_and_connection_families() {
         let m = Metrics::new();
         let recall = m.recall("lightgcn");
         recall.topk_duration.observe(2e-4);
         recall.items_scored.inc_by(41_000);
         m.pipeline_stage("feed", "rank").observe(3e-3);
+        let connections = m.connections("grpc");
+        connections.open.inc();
+        connections.refused.inc();
+        connections.header_timeouts.inc();
         let text = m.render().expect("render");
         for needle in [
+            "recserve_connections_open{listener=\"grpc\"} 1",
+            "recserve_connections_refused_total{listener=\"grpc\"} 1",
+            "recserve_connections_timed_out_total{listener=\"grpc\",timeout=\"header\"} 1",
+            "recserve_connections_timed_out_total{listener=\"grpc\",timeout=\"idle\"} 0",
             "recserve_topk_duration_seconds_bucket{model=\"lightgcn\",le=\"0.00025\"} 1",
             "recserve_recall_items_scored_total{model=\"lightgcn\"} 41000",
             "recserve_pipeline_stage_duration_seconds_bucket{pipeline=\"feed\",stage=\"rank\",le=\"0.005\"} 1",

@@ -161,14 +161,6 @@ fi
 # --- servers ------------------------------------------------------------------------------------------------
 # shellcheck source=../../scripts/lib/server-process.sh
 source "$root/scripts/lib/server-process.sh"
-wait_ready() { # URL LOG
-  for _ in $(seq 600); do
-    if ! kill -0 "$server_pid" 2>/dev/null; then tail -20 "$2" >&2; die "the server exited; log: $2"; fi
-    curl -sf -o /dev/null "$1" && return 0
-    sleep 0.2
-  done
-  tail -20 "$2" >&2; die "not ready after 120 s: $1"
-}
 
 triton_repo=$results/triton-repo
 rm -rf "$triton_repo"

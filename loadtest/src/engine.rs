@@ -67,6 +67,8 @@ pub struct RunOptions {
     /// Before the clock starts, wait until the server answers promptly again (it may still be working off the
     /// backlog of an earlier overloaded run).
     pub settle: Option<Settle>,
+    /// Keep every request's times and outcome, warm-up included ([`RunStats::log`]).
+    pub log_requests: bool,
 }
 
 /// When a server counts as settled: `CONSECUTIVE` requests in a row, sent one at a time, each answered with a
@@ -108,6 +110,20 @@ pub struct RunStats {
     /// Time spent waiting for the server to settle before the run, and whether it did.
     pub settle_wait: Duration,
     pub settled: bool,
+    /// When the clock started (the origin of [`Logged`]'s times), by the wall clock.
+    pub started: std::time::SystemTime,
+    /// Every request, in the order they finished, with [`RunOptions::log_requests`]; empty otherwise.
+    pub log: Vec<Logged>,
+}
+
+/// One request of a run: times from the clock's start, and how it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Logged {
+    pub scheduled: Duration,
+    /// `None`: never sent (its time passed while every connection was busy).
+    pub sent: Option<Duration>,
+    pub done: Duration,
+    pub outcome: Result<(), ErrorKind>,
 }
 
 /// Live counters for the progress line.
@@ -140,6 +156,7 @@ struct Shared<T: Target> {
     precise: bool,
     recorder: Mutex<Recorder>,
     live: Live,
+    log: Option<Mutex<Vec<Logged>>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -180,6 +197,16 @@ impl<T: Target> Shared<T> {
         done: Instant,
         outcome: Result<(), ErrorKind>,
     ) {
+        if let Some(log) = &self.log {
+            log.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Logged {
+                    scheduled: slot.at - self.start,
+                    sent: sent.map(|t| t - self.start),
+                    done: done - self.start,
+                    outcome,
+                });
+        }
         match outcome {
             Ok(()) => {
                 self.live.ok.fetch_add(1, Ordering::Relaxed);
@@ -368,6 +395,7 @@ pub async fn run<T: Target>(
     };
 
     let start = Instant::now();
+    let started = std::time::SystemTime::now();
     let measure_from = start + options.warmup;
     let shared = Arc::new(Shared {
         target,
@@ -381,6 +409,7 @@ pub async fn run<T: Target>(
         precise: options.precise_pacing,
         recorder: Mutex::new(Recorder::default()),
         live: Live::default(),
+        log: options.log_requests.then(|| Mutex::new(Vec::new())),
     });
     let progress = options
         .progress
@@ -423,6 +452,12 @@ pub async fn run<T: Target>(
         wall,
         settle_wait,
         settled,
+        started,
+        log: shared
+            .log
+            .as_ref()
+            .map(|log| std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner)))
+            .unwrap_or_default(),
     })
 }
 
@@ -610,6 +645,7 @@ mod tests {
             precise_pacing: false,
             progress: false,
             settle: None,
+            log_requests: false,
         }
     }
 
@@ -667,13 +703,11 @@ mod tests {
             connections: 2,
         };
         let server = Arc::new(FakeServer::new(1, 0, 1000));
-        let stats = run(
-            Arc::clone(&server),
-            Arc::from(vec![()]),
-            &options(open, 2, 2),
-        )
-        .await
-        .expect("run");
+        let mut options = options(open, 2, 2);
+        options.log_requests = true;
+        let stats = run(Arc::clone(&server), Arc::from(vec![()]), &options)
+            .await
+            .expect("run");
         assert_eq!(stats.recorder.scheduled, 100, "only the 2 s after warm-up");
         assert_eq!(stats.recorder.ok, 100);
         assert!(
@@ -686,6 +720,13 @@ mod tests {
             2,
             "connections are reused"
         );
+        // The request log has them all, warm-up included.
+        assert_eq!(stats.log.len(), 200);
+        for r in &stats.log {
+            assert_eq!(r.outcome, Ok(()));
+            let sent = r.sent.expect("sent");
+            assert!(r.scheduled <= sent && sent < r.done, "{r:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -50,13 +50,18 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
     StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// `{"error": message}` with `status`: the body of every HTTP error.
+pub fn error_body(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
 /// `{"error": "..."}` with the mapped status; internal detail goes to the log, not to the client.
 pub fn error_response(error: &ServiceError) -> Response {
     let status = status_of(error);
     if let ServiceError::Internal(detail) = error {
         tracing::error!(%detail, "internal error");
     }
-    let mut response = (status, axum::Json(json!({ "error": error.to_string() }))).into_response();
+    let mut response = error_body(status, &error.to_string());
     match error {
         ServiceError::Overloaded { retry_after, .. } => {
             let seconds = retry_after.as_secs().max(1);
@@ -71,7 +76,7 @@ pub fn error_response(error: &ServiceError) -> Response {
         }
         // The rest of the body is not read, so the connection cannot carry another request: saying so keeps a
         // client from sending its next request on a connection that is about to close.
-        ServiceError::PayloadTooLarge { .. } => {
+        ServiceError::PayloadTooLarge { .. } | ServiceError::BodyTimeout { .. } => {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -81,7 +86,7 @@ pub fn error_response(error: &ServiceError) -> Response {
     response
 }
 
-/// The body, or why it could not be read (larger than `limit`, cut short).
+/// The body, or why it could not be read (larger than `limit`, too slow to arrive, cut short).
 pub fn body_bytes(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
@@ -89,10 +94,25 @@ pub fn body_bytes(
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ServiceError::PayloadTooLarge { limit }
+        } else if let Some(error) = service_error_in(&rejection) {
+            // The body's own error ([`super::timed_body`]: it did not arrive in time).
+            error
         } else {
             ServiceError::Malformed(rejection.body_text())
         }
     })
+}
+
+/// The first [`ServiceError`] among `error`'s sources.
+fn service_error_in(error: &(dyn std::error::Error + 'static)) -> Option<ServiceError> {
+    let mut source = error.source();
+    while let Some(e) = source {
+        if let Some(found) = e.downcast_ref::<ServiceError>() {
+            return Some(found.clone());
+        }
+        source = e.source();
+    }
+    None
 }
 
 /// The header carrying a request's deadline: milliseconds from its arrival.

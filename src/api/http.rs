@@ -1,24 +1,26 @@
 //! The axum router: the `/v1` JSON routes ([`super::v1`]), the KServe v2 routes ([`super::kserve::http`]),
-//! health and `/metrics`. `--max-body-bytes` bounds every request body.
+//! health and `/metrics`. `--max-body-bytes` bounds every request body; [`super::guard`] checks every request
+//! before its route runs.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode, Uri, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
-use super::envelope::error_response;
-use super::{kserve, v1};
+use super::envelope::{error_body, error_response};
+use super::{guard, kserve, v1};
 use crate::error::ServiceError;
 use crate::service::{Readiness, Service};
 
 /// Builds the router.
 pub fn router(service: Arc<Service>) -> Router {
     let max_body_bytes = service.limits.max_body_bytes;
-    Router::new()
+    let routes = Router::new()
         .merge(v1::routes())
         .merge(kserve::http::routes())
         .merge(kserve::repository::routes())
@@ -27,7 +29,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(service)
+        .with_state(service);
+    // Around the routing rather than inside it, so that the guard sees a 405 with the Allow header axum adds.
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn_with_state(max_body_bytes, guard::check))
 }
 
 async fn live() -> Response {
@@ -58,9 +64,8 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
-    (
+    error_body(
         StatusCode::NOT_FOUND,
-        axum::Json(json!({ "error": format!("no route for {method} {}", uri.path()) })),
+        &format!("no route for {method} {}", uri.path()),
     )
-        .into_response()
 }

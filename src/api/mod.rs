@@ -4,6 +4,8 @@
 //! the results; no logic is written twice per protocol. [`envelope`] is what the HTTP routes share.
 
 pub mod envelope;
+pub mod guard;
 pub mod http;
 pub mod kserve;
+pub mod timed_body;
 pub mod v1;

@@ -13,8 +13,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use settings::{
-    DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR, EXECUTOR_NICENESS,
-    EXECUTORS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
+    BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR,
+    EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS, HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS,
+    INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS,
     MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY,
     REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
 };
@@ -111,6 +112,12 @@ pub struct Config {
     pub default_deadline_ms: Option<u64>,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
+    pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    /// 0: no pings.
+    pub http2_ping_interval_ms: u64,
+    pub max_connections: usize,
     pub log_format: LogFormat,
     pub device: DeviceRequest,
     pub execution_provider: ProviderRequest,
@@ -273,6 +280,11 @@ impl ServeArgs {
                 .transpose()?,
             pin,
             shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
+            body_read_timeout_ms: BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
+            idle_timeout_ms: IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?,
+            http2_ping_interval_ms: HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?,
+            max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
             log_format: self.log_format.unwrap_or(LogFormat::Text),
             device,
             execution_provider,
@@ -408,6 +420,48 @@ mod tests {
         );
         assert_eq!(config.log_format, LogFormat::Text);
         assert_eq!(config.max_reply_items, 100_000);
+    }
+
+    #[test]
+    fn connection_settings_have_defaults_file_keys_and_ranges() {
+        let config = parse(&["--repository", "r"]).expect("valid");
+        let connections = |c: &Config| {
+            (
+                c.header_read_timeout_ms,
+                c.body_read_timeout_ms,
+                c.idle_timeout_ms,
+                c.http2_ping_interval_ms,
+                c.max_connections,
+            )
+        };
+        assert_eq!(
+            connections(&config),
+            (10_000, 30_000, 75_000, 20_000, 10_000)
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("recserve.toml");
+        std::fs::write(
+            &file,
+            "repository = \"r\"\nheader_read_timeout_ms = 200\nbody_read_timeout_ms = 300\n\
+             idle_timeout_ms = 400\nhttp2_ping_interval_ms = 0\nmax_connections = 3\n",
+        )
+        .expect("write");
+        let config = parse(&["--config", file.to_str().expect("utf-8")]).expect("valid");
+        assert_eq!(connections(&config), (200, 300, 400, 0, 3));
+        assert_eq!(
+            parse(&["--repository", "r", "--max-connections", "0"]).expect_err("0"),
+            ConfigError(
+                "--max-connections (RECSERVE_MAX_CONNECTIONS) must be between 1 and 1000000, got 0"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            parse(&["--repository", "r", "--header-read-timeout-ms", "1"]).expect_err("1 ms"),
+            ConfigError(
+                "--header-read-timeout-ms (RECSERVE_HEADER_READ_TIMEOUT_MS) must be between 10 and 3600000, got 1"
+                    .to_owned()
+            )
+        );
     }
 
     #[test]

@@ -151,6 +151,43 @@ pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
     min: 1,
     max: 3600,
 };
+/// Connections (`server::connections`): a request head must arrive within this of the connection's opening, or of
+/// its first byte after an idle spell.
+pub const HEADER_READ_TIMEOUT_MS: Setting<u64> = Setting {
+    flag: "--header-read-timeout-ms",
+    default: 10_000,
+    min: 10,
+    max: 3_600_000,
+};
+/// A request body must arrive whole within this of its head.
+pub const BODY_READ_TIMEOUT_MS: Setting<u64> = Setting {
+    flag: "--body-read-timeout-ms",
+    default: 30_000,
+    min: 10,
+    max: 3_600_000,
+};
+/// A connection with no request in flight is closed after this. Longer than the 60 s that load balancers and
+/// proxies commonly keep idle upstream connections, so that they close first and never send on a closing one.
+pub const IDLE_TIMEOUT_MS: Setting<u64> = Setting {
+    flag: "--idle-timeout-ms",
+    default: 75_000,
+    min: 10,
+    max: 86_400_000,
+};
+/// HTTP/2 pings after this long without a frame from the client; 0 turns them off.
+pub const HTTP2_PING_INTERVAL_MS: Setting<u64> = Setting {
+    flag: "--http2-ping-interval-ms",
+    default: 20_000,
+    min: 0,
+    max: 3_600_000,
+};
+/// HTTP and gRPC connections together.
+pub const MAX_CONNECTIONS: Setting<usize> = Setting {
+    flag: "--max-connections",
+    default: 10_000,
+    min: 1,
+    max: 1_000_000,
+};
 pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8000);
 pub const DEFAULT_GRPC_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8001);
 
@@ -265,6 +302,31 @@ pub struct ServeArgs {
     /// Seconds to wait for in-flight requests after SIGTERM/SIGINT before exiting anyway [default: 30].
     #[arg(long, env = "RECSERVE_SHUTDOWN_TIMEOUT_S")]
     pub shutdown_timeout_s: Option<u64>,
+
+    /// Milliseconds a connection may take to send a request's head (request line and headers), counted from its
+    /// opening or from its first byte after an idle spell; slower connections are closed [default: 10000].
+    #[arg(long, env = "RECSERVE_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<u64>,
+
+    /// Milliseconds a request's body (a gRPC request's messages) may take to arrive whole after its head; slower
+    /// requests are answered 408 (gRPC: DEADLINE_EXCEEDED) [default: 30000].
+    #[arg(long, env = "RECSERVE_BODY_READ_TIMEOUT_MS")]
+    pub body_read_timeout_ms: Option<u64>,
+
+    /// Milliseconds a connection (HTTP/1 keep-alive, or HTTP/2 without an open stream) may stay idle before it is
+    /// closed (HTTP/2 with GOAWAY) [default: 75000].
+    #[arg(long, env = "RECSERVE_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+
+    /// HTTP/2 (gRPC) connections are pinged after this many milliseconds without a frame from the client, and
+    /// closed when the ping is not answered within as long again; 0 turns pings off [default: 20000].
+    #[arg(long, env = "RECSERVE_HTTP2_PING_INTERVAL_MS")]
+    pub http2_ping_interval_ms: Option<u64>,
+
+    /// Most open client connections, HTTP and gRPC together; one more is closed as soon as it is accepted, and
+    /// counted in recserve_connections_refused_total [default: 10000].
+    #[arg(long, env = "RECSERVE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
 
     /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
     #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]

@@ -5,6 +5,8 @@
     reason = "each test binary uses a different part of this module"
 )]
 
+pub mod raw;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -179,6 +179,10 @@ pub struct RunArgs {
     /// Write the report as JSON to this file ('-': stdout, and the text summary goes to stderr).
     #[arg(long, env = "RECLOAD_JSON")]
     pub json: Option<PathBuf>,
+    /// Write every request of the run, warm-up included, to this CSV file: its scheduled, sent and done times
+    /// (Unix nanoseconds; sent is empty for a request never sent) and its outcome (ok, http_503, connect, ...).
+    #[arg(long, env = "RECLOAD_LOG_REQUESTS")]
+    pub log_requests: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]

@@ -4,6 +4,7 @@
 use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::output::{to_json, write_out};
 use super::workload::prepare;
@@ -26,6 +27,7 @@ pub(super) fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOpti
             latency: timing.settle_latency,
             timeout: timing.settle_timeout,
         }),
+        log_requests: false,
     }
 }
 
@@ -64,10 +66,14 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
             ));
         }
     };
-    let options = run_options(&args.timing, mode, args.workload.seed);
+    let mut options = run_options(&args.timing, mode, args.workload.seed);
+    options.log_requests = args.log_requests.is_some();
     let started_at = now_rfc3339();
     let stats = engine::run(Arc::clone(&p.target), Arc::clone(&p.prepared), &options).await?;
     drop(p.pool);
+    if let Some(path) = &args.log_requests {
+        write_out(path, &requests_csv(&stats))?;
+    }
     Ok(RunReport::new(
         args.timing.label.clone(),
         started_at,
@@ -76,6 +82,29 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
         &options,
         &stats,
     ))
+}
+
+/// The `--log-requests` file of a run.
+fn requests_csv(stats: &engine::RunStats) -> String {
+    let unix_ns = |since_start: Duration| {
+        (stats.started + since_start)
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
+    let mut csv = String::from("scheduled_unix_ns,sent_unix_ns,done_unix_ns,outcome\n");
+    for r in &stats.log {
+        let sent = r.sent.map(|t| unix_ns(t).to_string()).unwrap_or_default();
+        let outcome = match r.outcome {
+            Ok(()) => "ok".to_owned(),
+            Err(kind) => kind.label(),
+        };
+        csv.push_str(&format!(
+            "{},{sent},{},{outcome}\n",
+            unix_ns(r.scheduled),
+            unix_ns(r.done)
+        ));
+    }
+    csv
 }
 
 #[cfg(test)]

@@ -399,6 +399,7 @@ mod tests {
             precise_pacing: false,
             progress: false,
             settle: None,
+            log_requests: false,
         };
         let err = crate::engine::run(target, prepared, &options)
             .await

@@ -49,7 +49,9 @@ pub fn code_of(error: &ServiceError) -> Code {
         ServiceError::ModelNotFound { .. }
         | ServiceError::VersionNotFound { .. }
         | ServiceError::PipelineNotFound { .. } => Code::NotFound,
-        ServiceError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        ServiceError::DeadlineExceeded { .. } | ServiceError::BodyTimeout { .. } => {
+            Code::DeadlineExceeded
+        }
         ServiceError::Unavailable(_) => Code::Unavailable,
         ServiceError::Unauthenticated(_) => Code::Unauthenticated,
         ServiceError::PermissionDenied(_) => Code::PermissionDenied,
@@ -67,8 +69,16 @@ pub fn status(error: &ServiceError) -> Status {
     Status::new(code_of(error), error.to_string())
 }
 
-/// The gRPC routes: inference, health and reflection. Health starts NOT_SERVING and follows the service's
-/// readiness from then on (a task that ends when the service is dropped).
+/// Every gRPC service served, by full name.
+const SERVICES: super::grpc_status::Services = &[
+    proto::grpc_inference_service_server::SERVICE_NAME,
+    tonic_health::pb::health_server::SERVICE_NAME,
+    tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME,
+    tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME,
+];
+
+/// The gRPC routes: inference, health and reflection, behind [`super::grpc_status::check`]. Health starts
+/// NOT_SERVING and follows the service's readiness from then on (a task that ends when the service is dropped).
 pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
     let health = super::health::server(Arc::clone(&service)).await;
 
@@ -89,7 +99,11 @@ pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Erro
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .prepare()
-        .into_axum_router())
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            SERVICES,
+            super::grpc_status::check,
+        )))
 }
 
 /// Parses `grpc-timeout` (1 to 8 digits and a unit: H, M, S, m, u, n) into the time the client waits.
@@ -488,6 +502,10 @@ mod tests {
             ),
             (
                 ServiceError::DeadlineExceeded { model: "m".into() },
+                Code::DeadlineExceeded,
+            ),
+            (
+                ServiceError::BodyTimeout { ms: 200 },
                 Code::DeadlineExceeded,
             ),
             (ServiceError::Unavailable("loading"), Code::Unavailable),

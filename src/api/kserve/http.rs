@@ -268,14 +268,6 @@ pub fn decode(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<(InferRequest, BinaryOutputs), ServiceError> {
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING)
-        && encoding.as_bytes() != b"identity"
-    {
-        return Err(ServiceError::invalid(
-            "Content-Encoding",
-            format!("{encoding:?} is not supported: send the body uncompressed"),
-        ));
-    }
     let has_binary_header = headers.contains_key(HEADER_LENGTH);
     let (json, mut binary) = split_body(headers, body)?;
     let raw: RequestJson = parse_json(&json)?;
@@ -629,12 +621,6 @@ mod tests {
                 "expected {expected:?}\ngot      {got:?}"
             );
         }
-        let mut gzip = HeaderMap::new();
-        gzip.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        assert_eq!(
-            message(decode(&gzip, Bytes::from(one(r#", "data": [1, 2]"#)))),
-            "Content-Encoding: \"gzip\" is not supported: send the body uncompressed"
-        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod deepfm;
 pub mod grpc;
+pub mod grpc_status;
 pub mod health;
 pub mod http;
 pub mod lightgcn;

@@ -1,14 +1,17 @@
 //! Running the server: bind nothing (the caller passes the listeners, so tests use port 0), serve HTTP and gRPC
 //! from one process at once so `/health/live` answers while models load on a thread of their own, and drain both
-//! on the shutdown future.
+//! on the shutdown future. [`connections`] serves each connection, with its timeouts and the connection cap.
+
+pub mod connections;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
+
+use connections::{Connections, Listener, Timeouts};
 
 use crate::api;
 use crate::config::Config;
@@ -69,10 +72,15 @@ pub async fn run(
             })?
     };
 
-    // Both servers stop accepting once `stopping` turns true.
-    let (stopping_tx, stopping_rx) = watch::channel(false);
+    let connections = Arc::new(Connections::new(
+        config.max_connections,
+        Timeouts::of(&config),
+        service.metrics.clone(),
+    ));
+    // Readiness turns false first, then both listeners stop accepting and drain their connections.
     let stop = {
         let service = Arc::clone(&service);
+        let connections = Arc::clone(&connections);
         async move {
             let load_failed = async {
                 // The sender is dropped without a message when loading succeeds: then this never resolves.
@@ -85,25 +93,21 @@ pub async fn run(
                 () = load_failed => {}
             }
             service.begin_shutdown();
-            let _ = stopping_tx.send(true);
+            connections.drain();
         }
     };
-    let stopped = |mut stopping: watch::Receiver<bool>| async move {
-        // An error means the sender is gone, which happens only once `run` is returning.
-        let _ = stopping.wait_for(|&stop| stop).await;
-    };
-    let http = axum::serve(listeners.http, api::http::router(Arc::clone(&service)))
-        .with_graceful_shutdown(stopped(stopping_rx.clone()))
-        .into_future();
-    // gRPC is HTTP/2 with small frames: without TCP_NODELAY, Nagle's algorithm would hold them back.
-    let grpc_listener = listeners.grpc.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("cannot set TCP_NODELAY on a gRPC connection: {e}");
-        }
-    });
-    let grpc = axum::serve(grpc_listener, grpc_routes)
-        .with_graceful_shutdown(stopped(stopping_rx))
-        .into_future();
+    let http = connections::serve(
+        listeners.http,
+        Listener::Http,
+        api::http::router(Arc::clone(&service)),
+        Arc::clone(&connections),
+    );
+    let grpc = connections::serve(
+        listeners.grpc,
+        Listener::Grpc,
+        grpc_routes,
+        Arc::clone(&connections),
+    );
     let timeout = Duration::from_secs(config.shutdown_timeout_s);
     tokio::select! {
         result = async { tokio::try_join!(http, grpc) } => { result?; }

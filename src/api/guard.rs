@@ -1,0 +1,270 @@
+//! What the HTTP router checks before any route runs, so that every route refuses alike, with the JSON error body:
+//! a request target longer than [`MAX_URI_BYTES`] (414), more than [`MAX_HEADERS`] headers or [`MAX_HEADER_BYTES`]
+//! of them (431), a compressed body (`Content-Encoding` other than `identity`: 415), and, from a client that sent
+//! `Expect: 100-continue`, a `Content-Length` over `--max-body-bytes` (413 instead of `100 Continue`; a client
+//! that sends its body unasked gets its 413 from the route, which reads the body up to the limit). It also gives
+//! the 405 of a route that exists for other methods a JSON body naming them.
+//!
+//! hyper itself answers what it cannot parse (a garbage request line, a malformed or conflicting
+//! `Content-Length`), and what exceeds its own limits, before any of this runs, with an empty body: its limits
+//! ([`HYPER_MAX_HEADERS`] here) are set above ours so that most oversized requests reach this check instead.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::envelope::error_body;
+use crate::error::ServiceError;
+
+/// Longest request target (path and query) accepted, in bytes.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// Most header fields a request may carry.
+pub const MAX_HEADERS: usize = 100;
+/// Most bytes a request's header fields may hold, names and values.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// hyper's own limit on header fields (server/connections.rs sets it), above [`MAX_HEADERS`] so that a request
+/// with more headers than we accept still reaches [`check`], which answers with the JSON body; beyond it, hyper
+/// answers 431 with an empty body.
+pub const HYPER_MAX_HEADERS: usize = 4096;
+
+/// The middleware: refuses a request that breaks one of the bounds above, else runs the route.
+pub async fn check(State(max_body_bytes): State<usize>, request: Request, next: Next) -> Response {
+    let expects_continue = request
+        .headers()
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let refused = refusal(
+        request.uri(),
+        request.headers(),
+        max_body_bytes,
+        expects_continue,
+    );
+    if let Err((status, message)) = refused {
+        let mut response = error_body(status, &message);
+        if expects_continue {
+            // The client waits for this answer before it sends its body, and will not send it: the connection
+            // cannot carry another request (hyper closes it after the answer).
+            response.headers_mut().insert(
+                header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        } else {
+            // The client may be sending its body now: read it (up to the limit) while the answer goes out, so
+            // that the client reads the answer rather than a connection reset.
+            tokio::spawn(discard(request.into_body(), max_body_bytes));
+        }
+        return response;
+    }
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        return method_not_allowed(&method, &path, response);
+    }
+    response
+}
+
+/// Reads and drops up to `limit` bytes of `body`.
+async fn discard(body: axum::body::Body, limit: usize) {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut read = 0;
+    while let Some(Ok(frame)) = body.frame().await {
+        read += frame.data_ref().map_or(0, |d| d.len());
+        if read > limit {
+            break;
+        }
+    }
+}
+
+/// Why `uri` and `headers` are refused, if they are.
+fn refusal(
+    uri: &Uri,
+    headers: &HeaderMap,
+    max_body_bytes: usize,
+    expects_continue: bool,
+) -> Result<(), (StatusCode, String)> {
+    let target = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    if target > MAX_URI_BYTES {
+        return Err((
+            StatusCode::URI_TOO_LONG,
+            format!("the request target is {target} bytes long; the limit is {MAX_URI_BYTES}"),
+        ));
+    }
+    if headers.len() > MAX_HEADERS {
+        return Err((
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request has {} header fields; the limit is {MAX_HEADERS}",
+                headers.len()
+            ),
+        ));
+    }
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Err((
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request's header fields hold {header_bytes} bytes; the limit is {MAX_HEADER_BYTES}"
+            ),
+        ));
+    }
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let identity = value.to_str().is_ok_and(|v| {
+            v.split(',')
+                .all(|coding| coding.trim().eq_ignore_ascii_case("identity"))
+        });
+        if !identity {
+            return Err((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding: {value:?} is not supported: send the body uncompressed"),
+            ));
+        }
+    }
+    if !expects_continue {
+        return Ok(());
+    }
+    // hyper has already refused a Content-Length that is not one number.
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(length) = length
+        && length > max_body_bytes as u64
+    {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ServiceError::PayloadTooLarge {
+                limit: max_body_bytes,
+            }
+            .to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// axum's 405 (which carries `Allow`), with the JSON body.
+fn method_not_allowed(method: &Method, path: &str, response: Response) -> Response {
+    let allow = response
+        .headers()
+        .get(header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let message = if allow.is_empty() {
+        format!("{method} is not allowed on {path}")
+    } else {
+        format!("{method} is not allowed on {path}: use {allow}")
+    };
+    let mut json = error_body(StatusCode::METHOD_NOT_ALLOWED, &message);
+    let (parts, _) = response.into_parts();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            json.headers_mut().insert(name, value.clone());
+        }
+    }
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_str(value).expect("value"));
+        }
+        map
+    }
+
+    fn refused(uri: &str, pairs: &[(&'static str, &str)]) -> Option<(u16, String)> {
+        let uri: Uri = uri.parse().expect("uri");
+        let expects_continue = pairs.contains(&("expect", "100-continue"));
+        refusal(&uri, &headers(pairs), 1000, expects_continue)
+            .err()
+            .map(|(status, message)| (status.as_u16(), message))
+    }
+
+    #[test]
+    fn accepts_ordinary_requests() {
+        assert_eq!(
+            refused(
+                "/v1/models/m/rank",
+                &[("content-length", "1000"), ("expect", "100-continue")]
+            ),
+            None
+        );
+        // Without Expect, the route reads the body up to the limit and answers 413 itself.
+        assert_eq!(
+            refused("/v1/models/m/rank", &[("content-length", "1001")]),
+            None
+        );
+        assert_eq!(
+            refused("/v1/models", &[("content-encoding", "identity")]),
+            None
+        );
+        assert_eq!(
+            refused("/v1/models", &[("content-encoding", "Identity, identity")]),
+            None
+        );
+        let long = format!("/v1/models/{}", "a".repeat(MAX_URI_BYTES - 11));
+        assert_eq!(refused(&long, &[]), None);
+        let many: Vec<(&'static str, &str)> = vec![("x-h", "v"); MAX_HEADERS];
+        assert_eq!(refused("/", &many), None);
+    }
+
+    #[test]
+    fn refuses_what_breaks_a_bound_with_a_message_naming_it() {
+        let long = format!("/v1/models/{}", "a".repeat(MAX_URI_BYTES));
+        assert_eq!(
+            refused(&long, &[]),
+            Some((
+                414,
+                "the request target is 8203 bytes long; the limit is 8192".into()
+            ))
+        );
+        let many: Vec<(&'static str, &str)> = vec![("x-h", "v"); MAX_HEADERS + 1];
+        assert_eq!(
+            refused("/", &many),
+            Some((
+                431,
+                "the request has 101 header fields; the limit is 100".into()
+            ))
+        );
+        let big = "v".repeat(MAX_HEADER_BYTES);
+        assert_eq!(
+            refused("/", &[("x-big", &big)]),
+            Some((
+                431,
+                "the request's header fields hold 65541 bytes; the limit is 65536".into()
+            ))
+        );
+        assert_eq!(
+            refused("/", &[("content-encoding", "gzip")]),
+            Some((
+                415,
+                "Content-Encoding: \"gzip\" is not supported: send the body uncompressed".into()
+            ))
+        );
+        assert_eq!(
+            refused("/", &[("content-encoding", "identity, br")]).map(|(s, _)| s),
+            Some(415)
+        );
+        assert_eq!(
+            refused(
+                "/",
+                &[("content-length", "1001"), ("expect", "100-continue")]
+            ),
+            Some((
+                413,
+                "the body is larger than the limit of 1000 bytes".into()
+            ))
+        );
+    }
+}

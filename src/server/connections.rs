@@ -1,0 +1,909 @@
+//! Serving the connections of one listener ourselves (`axum::serve` offers none of this): at most
+//! `--max-connections` open at once across both listeners (one more is closed as soon as it is accepted, counted
+//! and logged); a request head must arrive within `--header-read-timeout-ms` of the connection's opening, or of its
+//! first byte after an idle spell; a body within `--body-read-timeout-ms` of its head ([`TimedBody`]); a connection
+//! with no request in flight is closed after `--idle-timeout-ms` (HTTP/2 with a GOAWAY); HTTP/2 connections are
+//! pinged (`--http2-ping-interval-ms`).
+//!
+//! Draining (shutdown): the listener is closed at once, so new connections are refused. HTTP/2 connections get a
+//! GOAWAY and finish their streams. An HTTP/1 connection answers the request in flight, or whose head has begun to
+//! arrive, with `Connection: close`; an idle one stays open for [`DRAIN_IDLE_GRACE`], so that a request already on
+//! its way is answered (with `Connection: close`) instead of meeting a closed socket, then closes.
+//!
+//! What to do when is [`next_step`], a pure function of the connection's [`Activity`] and the clock, tested with
+//! a paused clock; the task around it ([`connection`]) only acts on its answers.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, HttpBody};
+use axum::http::{HeaderValue, Request, Response, Version, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower_service::Service as _;
+
+use crate::api::guard::HYPER_MAX_HEADERS;
+use crate::api::timed_body::{Reader, TimedBody};
+use crate::config::Config;
+use crate::metrics::{ConnectionMetrics, Metrics};
+
+/// How long an idle connection stays open once the drain begins, answering a request that was already on its way
+/// (with `Connection: close`) instead of closing under it.
+pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection the server chose to close may take to go (an HTTP/2 GOAWAY waits for the client's
+/// answer to a ping) once it has no request in flight; then it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// The connection settings of the configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub header_read: Duration,
+    pub body_read: Duration,
+    pub idle: Duration,
+    /// `None`: no HTTP/2 pings.
+    pub http2_ping: Option<Duration>,
+}
+
+impl Timeouts {
+    pub fn of(config: &Config) -> Timeouts {
+        Timeouts {
+            header_read: Duration::from_millis(config.header_read_timeout_ms),
+            body_read: Duration::from_millis(config.body_read_timeout_ms),
+            idle: Duration::from_millis(config.idle_timeout_ms),
+            http2_ping: (config.http2_ping_interval_ms > 0)
+                .then(|| Duration::from_millis(config.http2_ping_interval_ms)),
+        }
+    }
+}
+
+/// Which listener: the label of its metrics, how its request bodies time out, and whether Nagle's algorithm is
+/// turned off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    Http,
+    Grpc,
+}
+
+impl Listener {
+    pub fn label(self) -> &'static str {
+        match self {
+            Listener::Http => "http",
+            Listener::Grpc => "grpc",
+        }
+    }
+
+    fn reader(self) -> Reader {
+        match self {
+            Listener::Http => Reader::Http,
+            Listener::Grpc => Reader::Grpc,
+        }
+    }
+}
+
+/// What both listeners share: the connection cap, the timeouts, and the drain signal.
+#[derive(Debug)]
+pub struct Connections {
+    permits: Arc<Semaphore>,
+    max: usize,
+    timeouts: Timeouts,
+    metrics: Metrics,
+    /// Read by every HTTP/1 response (`Connection: close` once draining), so an atomic beside the watch.
+    draining: Arc<AtomicBool>,
+    drain: watch::Sender<bool>,
+    refusals: Throttle,
+}
+
+impl Connections {
+    pub fn new(max: usize, timeouts: Timeouts, metrics: Metrics) -> Connections {
+        Connections {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            timeouts,
+            metrics,
+            draining: Arc::new(AtomicBool::new(false)),
+            drain: watch::Sender::new(false),
+            refusals: Throttle::default(),
+        }
+    }
+
+    /// Stops accepting on every listener and drains their connections ([`serve`] returns once they are closed).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drain.send_replace(true);
+    }
+}
+
+/// Serves `listener` with `app` until the drain has closed its last connection.
+pub async fn serve(
+    listener: TcpListener,
+    kind: Listener,
+    app: Router,
+    connections: Arc<Connections>,
+) -> io::Result<()> {
+    let metrics = connections.metrics.connections(kind.label());
+    let mut drain = connections.drain.subscribe();
+    let mut tasks = JoinSet::new();
+    let accept_errors = Throttle::default();
+    loop {
+        tokio::select! {
+            () = drained(&mut drain) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let Ok(permit) = Arc::clone(&connections.permits).try_acquire_owned() else {
+                        // Closing at once tells the client now, where leaving it in the backlog would not.
+                        drop(stream);
+                        metrics.refused.inc();
+                        if let Some(suppressed) = connections.refusals.ready() {
+                            tracing::warn!(
+                                listener = kind.label(),
+                                max_connections = connections.max,
+                                suppressed,
+                                "connection refused: --max-connections are open (suppressed: refusals not logged \
+                                 since the last line)"
+                            );
+                        }
+                        continue;
+                    };
+                    tasks.spawn(connection(
+                        stream,
+                        kind,
+                        app.clone(),
+                        Arc::clone(&connections),
+                        metrics.clone(),
+                        permit,
+                    ));
+                }
+                // A client that gave up between its SYN and our accept: nothing to do.
+                Err(e) if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionRefused
+                ) => {}
+                Err(e) => {
+                    // Out of file descriptors, most likely: accepting again at once would spin.
+                    if let Some(suppressed) = accept_errors.ready() {
+                        tracing::error!(listener = kind.label(), suppressed, "cannot accept a connection: {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    // New connections are refused from here on.
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves one connection until it closes or [`next_step`] closes it.
+async fn connection(
+    stream: TcpStream,
+    kind: Listener,
+    app: Router,
+    connections: Arc<Connections>,
+    metrics: ConnectionMetrics,
+    _permit: OwnedSemaphorePermit,
+) {
+    metrics.open.inc();
+    let _open = OnDrop(|| metrics.open.dec());
+    if kind == Listener::Grpc
+        && let Err(e) = stream.set_nodelay(true)
+    {
+        // gRPC is HTTP/2 with small frames: without TCP_NODELAY, Nagle's algorithm would hold them back.
+        tracing::warn!("cannot set TCP_NODELAY on a gRPC connection: {e}");
+    }
+    let timeouts = connections.timeouts;
+    let activity = Arc::new(Activity::new(Instant::now()));
+    let io = TokioIo::new(Watched {
+        inner: stream,
+        activity: Arc::clone(&activity),
+        protocol_known: false,
+    });
+    let service = ConnectionService {
+        app,
+        activity: Arc::clone(&activity),
+        body_read: timeouts.body_read,
+        reader: kind.reader(),
+        draining: Arc::clone(&connections.draining),
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        // Our own header timeout (below) also knows an idle keep-alive connection from a slow head.
+        .header_read_timeout(None)
+        .max_headers(HYPER_MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(timeouts.http2_ping)
+        .keep_alive_timeout(timeouts.http2_ping.unwrap_or(Duration::from_secs(20)));
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+
+    let mut drain = connections.drain.subscribe();
+    let mut drain_started = None;
+    let mut closing_since = None;
+    loop {
+        let draining = *drain.borrow_and_update();
+        if drain_started.is_none() && draining {
+            drain_started = Some(Instant::now());
+        }
+        let changed = activity.changed.notified();
+        let step = next_step(
+            &activity.state(),
+            &timeouts,
+            drain_started,
+            closing_since,
+            Instant::now(),
+        );
+        let wake = match step {
+            Step::Close(reason) => {
+                match reason {
+                    Reason::HeaderTimeout => metrics.header_timeouts.inc(),
+                    Reason::IdleTimeout => metrics.idle_timeouts.inc(),
+                    Reason::Drain => {}
+                    Reason::Gone => return,
+                }
+                if !activity.state().http2 {
+                    // HTTP/1 with nothing in flight: nothing to say before closing (and hyper would wait for a
+                    // head it has begun to read).
+                    return;
+                }
+                conn.as_mut().graceful_shutdown();
+                closing_since = Some(Instant::now());
+                continue;
+            }
+            Step::WaitUntil(at) => at,
+            Step::Wait => None,
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(listener = kind.label(), "connection ended: {e}");
+                }
+                return;
+            }
+            () = changed => {}
+            _ = drain.changed(), if drain_started.is_none() => {}
+            () = sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Resolves once the drain has begun (the value's guard is not held across an await: it is not `Send`).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|&draining| draining).await.map(|_| ());
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a connection has been doing, as [`next_step`] needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    pub accepted: Instant,
+    /// Requests whose head has arrived.
+    pub requests: u64,
+    /// Requests whose response has not been sent whole.
+    pub in_flight: usize,
+    /// When `in_flight` last fell to 0 (or the connection opened).
+    pub idle_since: Instant,
+    /// The first byte read since `idle_since`: a request head has begun (HTTP/1).
+    pub head_started: Option<Instant>,
+    /// The connection began with HTTP/2's preface (or carried an HTTP/2 request).
+    pub http2: bool,
+}
+
+/// Why a connection is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// No complete request head within `--header-read-timeout-ms`.
+    HeaderTimeout,
+    /// No request within `--idle-timeout-ms`.
+    IdleTimeout,
+    /// The server is draining.
+    Drain,
+    /// Closed once already and still open [`CLOSE_GRACE`] later: dropped.
+    Gone,
+}
+
+/// What the connection's task does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Close it now, gracefully (HTTP/2: GOAWAY; HTTP/1: at once when idle), or drop it (`Reason::Gone`).
+    Close(Reason),
+    /// Nothing before this time, unless the activity changes.
+    WaitUntil(Option<Instant>),
+    /// Nothing until the activity changes.
+    Wait,
+}
+
+/// The rules of the module's documentation, in one place.
+pub fn next_step(
+    state: &State,
+    timeouts: &Timeouts,
+    drain_started: Option<Instant>,
+    closing_since: Option<Instant>,
+    now: Instant,
+) -> Step {
+    let due = |at: Instant, reason: Reason| {
+        if at <= now {
+            Step::Close(reason)
+        } else {
+            Step::WaitUntil(Some(at))
+        }
+    };
+    if let Some(closing) = closing_since {
+        // Requests in flight finish; then the connection has CLOSE_GRACE to go.
+        return if state.in_flight > 0 {
+            Step::Wait
+        } else {
+            due(closing.max(state.idle_since) + CLOSE_GRACE, Reason::Gone)
+        };
+    }
+    // A connection known to be HTTP/2 closes with a GOAWAY, which lets streams in flight (and on their way)
+    // finish and tells the client to open no more: no need to wait.
+    let http2 = state.http2;
+    if drain_started.is_some() && http2 {
+        return Step::Close(Reason::Drain);
+    }
+    if state.in_flight > 0 {
+        // Bodies have their own timeout; an HTTP/1 response while draining carries `Connection: close`.
+        return Step::Wait;
+    }
+    let (at, reason) = if state.requests == 0 {
+        (state.accepted + timeouts.header_read, Reason::HeaderTimeout)
+    } else if let (false, Some(started)) = (http2, state.head_started) {
+        (started + timeouts.header_read, Reason::HeaderTimeout)
+    } else {
+        (state.idle_since + timeouts.idle, Reason::IdleTimeout)
+    };
+    match drain_started {
+        // A head on its way is a request on its way: it has its header timeout to arrive, and is answered.
+        Some(_) if state.head_started.is_some() => due(at, reason),
+        Some(drain) if drain + DRAIN_IDLE_GRACE < at => {
+            due(drain + DRAIN_IDLE_GRACE, Reason::Drain)
+        }
+        _ => due(at, reason),
+    }
+}
+
+/// A connection's [`State`], updated by its service (requests) and its socket (bytes read).
+#[derive(Debug)]
+struct Activity {
+    state: Mutex<State>,
+    /// Whether the next byte read starts a request head: checked on every read without taking the lock.
+    awaiting_head: AtomicBool,
+    /// The connection's first bytes, until there are enough to tell HTTP/2's preface from an HTTP/1 request
+    /// line ([`PREFACE_START`]); `None` once told.
+    first_bytes: Mutex<Option<Vec<u8>>>,
+    /// Wakes the connection's task when the state changes in a way that moves its deadline.
+    changed: Notify,
+}
+
+impl Activity {
+    fn new(now: Instant) -> Activity {
+        Activity {
+            state: Mutex::new(State {
+                accepted: now,
+                requests: 0,
+                in_flight: 0,
+                idle_since: now,
+                head_started: None,
+                http2: false,
+            }),
+            awaiting_head: AtomicBool::new(true),
+            first_bytes: Mutex::new(Some(Vec::with_capacity(PREFACE_START.len()))),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn state(&self) -> State {
+        *self.lock()
+    }
+
+    fn first_bytes_seen(&self) -> bool {
+        self.first_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+
+    fn request_started(self: &Arc<Self>, http2: bool) -> InFlight {
+        self.awaiting_head.store(false, Ordering::Relaxed);
+        let first = {
+            let mut state = self.lock();
+            state.requests += 1;
+            state.in_flight += 1;
+            state.head_started = None;
+            state.http2 |= http2;
+            state.in_flight == 1
+        };
+        if first {
+            self.changed.notify_one();
+        }
+        InFlight(Arc::clone(self))
+    }
+
+    fn request_finished(&self) {
+        let idle = {
+            let mut state = self.lock();
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if state.in_flight == 0 {
+                state.idle_since = Instant::now();
+            }
+            state.in_flight == 0
+        };
+        if idle {
+            self.awaiting_head.store(true, Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Looks at the connection's first bytes (`read`: what one read returned) for HTTP/2's preface.
+    fn first_read(&self, read: &[u8]) {
+        let mut first = self
+            .first_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(bytes) = first.as_mut() else {
+            return;
+        };
+        let wanted = PREFACE_START.len() - bytes.len();
+        bytes.extend_from_slice(&read[..read.len().min(wanted)]);
+        if bytes.len() == PREFACE_START.len() {
+            if bytes.as_slice() == PREFACE_START {
+                self.lock().http2 = true;
+            }
+            *first = None;
+        }
+    }
+
+    fn bytes_read(&self) {
+        if !self.awaiting_head.load(Ordering::Relaxed)
+            || !self.awaiting_head.swap(false, Ordering::Relaxed)
+        {
+            return;
+        }
+        {
+            let mut state = self.lock();
+            if state.in_flight > 0 || state.head_started.is_some() {
+                return;
+            }
+            state.head_started = Some(Instant::now());
+        }
+        self.changed.notify_one();
+    }
+}
+
+/// How HTTP/2's connection preface begins; no HTTP/1 method does.
+const PREFACE_START: &[u8] = b"PRI ";
+
+/// One request in flight, until its response has been sent whole (or abandoned).
+#[derive(Debug)]
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+/// The socket, telling [`Activity`] when bytes arrive.
+struct Watched {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+    /// Whether [`Activity::first_read`] has seen enough.
+    protocol_known: bool,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            if !this.protocol_known {
+                this.activity.first_read(&buf.filled()[before..]);
+                this.protocol_known = this.activity.first_bytes_seen();
+            }
+            this.activity.bytes_read();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The router, seen by hyper: counts each request in flight until its response body is done, gives its body the
+/// read timeout, and closes HTTP/1 connections after their response once the server drains.
+#[derive(Clone)]
+struct ConnectionService {
+    app: Router,
+    activity: Arc<Activity>,
+    body_read: Duration,
+    reader: Reader,
+    draining: Arc<AtomicBool>,
+}
+
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<Response<CountedBody>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for ConnectionService {
+    type Response = Response<CountedBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, request: Request<Incoming>) -> ResponseFuture {
+        let http2 = request.version() == Version::HTTP_2;
+        let in_flight = self.activity.request_started(http2);
+        let (body_read, reader) = (self.body_read, self.reader);
+        let request = request.map(|body| TimedBody::new(body, body_read, reader));
+        let mut app = self.app.clone();
+        let draining = Arc::clone(&self.draining);
+        Box::pin(async move {
+            let Ok(response) = app.call(request).await;
+            let mut response = response.map(|body| CountedBody {
+                inner: body,
+                _in_flight: in_flight,
+            });
+            if !http2 && draining.load(Ordering::Acquire) {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// A response body that holds its request's place in flight until it is dropped.
+struct CountedBody {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for CountedBody {
+    type Data = <Body as HttpBody>::Data;
+    type Error = <Body as HttpBody>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Lets a log line through at most once a second, counting the ones held back.
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Mutex<Option<Instant>>,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last line)` when a line may be logged now.
+    fn ready(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| now < at + Duration::from_secs(1)) {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// Runs a closure when dropped.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn timeouts() -> Timeouts {
+        Timeouts {
+            header_read: 200 * MS,
+            body_read: 300 * MS,
+            idle: 1000 * MS,
+            http2_ping: None,
+        }
+    }
+
+    fn fresh(t0: Instant) -> State {
+        State {
+            accepted: t0,
+            requests: 0,
+            in_flight: 0,
+            idle_since: t0,
+            head_started: None,
+            http2: false,
+        }
+    }
+
+    #[test]
+    fn a_fresh_connection_must_send_a_head_within_the_header_timeout() {
+        let t0 = Instant::now();
+        let s = fresh(t0);
+        assert_eq!(
+            next_step(&s, &timeouts(), None, None, t0),
+            Step::WaitUntil(Some(t0 + 200 * MS))
+        );
+        // Bytes of a head do not extend it: the head must be whole by then.
+        let dripping = State {
+            head_started: Some(t0 + 150 * MS),
+            ..s
+        };
+        assert_eq!(
+            next_step(&dripping, &timeouts(), None, None, t0 + 200 * MS),
+            Step::Close(Reason::HeaderTimeout)
+        );
+        // Once its head has arrived, the request is in flight: its body has a timeout of its own.
+        let busy = State {
+            requests: 1,
+            in_flight: 1,
+            ..s
+        };
+        assert_eq!(
+            next_step(&busy, &timeouts(), None, None, t0 + 10_000 * MS),
+            Step::Wait
+        );
+    }
+
+    #[test]
+    fn a_keep_alive_connection_idles_for_the_idle_timeout_but_a_begun_head_has_the_header_timeout()
+    {
+        let t0 = Instant::now();
+        let idle = State {
+            requests: 1,
+            idle_since: t0 + 50 * MS,
+            ..fresh(t0)
+        };
+        assert_eq!(
+            next_step(&idle, &timeouts(), None, None, t0 + 60 * MS),
+            Step::WaitUntil(Some(t0 + 1050 * MS))
+        );
+        assert_eq!(
+            next_step(&idle, &timeouts(), None, None, t0 + 1050 * MS),
+            Step::Close(Reason::IdleTimeout)
+        );
+        let heading = State {
+            head_started: Some(t0 + 500 * MS),
+            ..idle
+        };
+        assert_eq!(
+            next_step(&heading, &timeouts(), None, None, t0 + 600 * MS),
+            Step::WaitUntil(Some(t0 + 700 * MS))
+        );
+        // HTTP/2 reads pings and window updates between requests: only the idle timeout applies.
+        let h2 = State {
+            http2: true,
+            ..heading
+        };
+        assert_eq!(
+            next_step(&h2, &timeouts(), None, None, t0 + 600 * MS),
+            Step::WaitUntil(Some(t0 + 1050 * MS))
+        );
+    }
+
+    #[test]
+    fn draining_closes_http2_at_once_and_idle_http1_after_the_grace() {
+        let t0 = Instant::now();
+        let drain = Some(t0 + 100 * MS);
+        let h2 = State {
+            requests: 3,
+            in_flight: 2,
+            http2: true,
+            ..fresh(t0)
+        };
+        assert_eq!(
+            next_step(&h2, &timeouts(), drain, None, t0 + 100 * MS),
+            Step::Close(Reason::Drain)
+        );
+        let idle = State {
+            requests: 1,
+            idle_since: t0,
+            ..fresh(t0)
+        };
+        let long_idle = Timeouts {
+            idle: 60_000 * MS,
+            ..timeouts()
+        };
+        assert_eq!(
+            next_step(&idle, &long_idle, drain, None, t0 + 100 * MS),
+            Step::WaitUntil(Some(t0 + 100 * MS + DRAIN_IDLE_GRACE))
+        );
+        assert_eq!(
+            next_step(
+                &idle,
+                &long_idle,
+                drain,
+                None,
+                t0 + 100 * MS + DRAIN_IDLE_GRACE
+            ),
+            Step::Close(Reason::Drain)
+        );
+        // An earlier timeout still applies; a busy HTTP/1 connection answers first (with Connection: close).
+        assert_eq!(
+            next_step(&fresh(t0), &timeouts(), drain, None, t0 + 150 * MS),
+            Step::WaitUntil(Some(t0 + 200 * MS))
+        );
+        let busy = State {
+            requests: 1,
+            in_flight: 1,
+            ..fresh(t0)
+        };
+        assert_eq!(
+            next_step(&busy, &timeouts(), drain, None, t0 + 5000 * MS),
+            Step::Wait
+        );
+        // A head on its way is let arrive.
+        let heading = State {
+            head_started: Some(t0 + 50 * MS),
+            ..idle
+        };
+        let slow_heads = Timeouts {
+            header_read: 5000 * MS,
+            ..long_idle
+        };
+        assert_eq!(
+            next_step(
+                &heading,
+                &slow_heads,
+                drain,
+                None,
+                t0 + 200 * MS + DRAIN_IDLE_GRACE
+            ),
+            Step::WaitUntil(Some(t0 + 5050 * MS))
+        );
+    }
+
+    #[test]
+    fn a_closed_connection_is_dropped_a_grace_after_its_last_request() {
+        let t0 = Instant::now();
+        let closing = Some(t0);
+        let busy = State {
+            requests: 1,
+            in_flight: 1,
+            http2: true,
+            ..fresh(t0)
+        };
+        assert_eq!(
+            next_step(&busy, &timeouts(), None, closing, t0 + 5000 * MS),
+            Step::Wait
+        );
+        let done = State {
+            in_flight: 0,
+            idle_since: t0 + 5000 * MS,
+            ..busy
+        };
+        assert_eq!(
+            next_step(&done, &timeouts(), None, closing, t0 + 5000 * MS),
+            Step::WaitUntil(Some(t0 + 5000 * MS + CLOSE_GRACE))
+        );
+        assert_eq!(
+            next_step(
+                &done,
+                &timeouts(),
+                None,
+                closing,
+                t0 + 5000 * MS + CLOSE_GRACE
+            ),
+            Step::Close(Reason::Gone)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn activity_tracks_requests_and_the_start_of_a_head() {
+        let t0 = Instant::now();
+        let activity = Arc::new(Activity::new(t0));
+        tokio::time::advance(10 * MS).await;
+        activity.bytes_read();
+        assert_eq!(activity.state().head_started, Some(t0 + 10 * MS));
+        let first = activity.request_started(false);
+        let second = activity.request_started(false);
+        activity.bytes_read(); // a body: not a head
+        assert_eq!(
+            (activity.state().in_flight, activity.state().head_started),
+            (2, None)
+        );
+        drop(first);
+        tokio::time::advance(10 * MS).await;
+        drop(second);
+        let state = activity.state();
+        assert_eq!(
+            (state.requests, state.in_flight, state.idle_since),
+            (2, 0, t0 + 20 * MS)
+        );
+        tokio::time::advance(5 * MS).await;
+        activity.bytes_read();
+        activity.bytes_read();
+        assert_eq!(activity.state().head_started, Some(t0 + 25 * MS));
+    }
+
+    #[test]
+    fn the_preface_tells_http2_from_http1_even_a_byte_at_a_time() {
+        let h2 = Activity::new(Instant::now());
+        for byte in b"PRI * HTTP/2.0" {
+            h2.first_read(std::slice::from_ref(byte));
+        }
+        assert!(h2.state().http2 && h2.first_bytes_seen());
+        let h1 = Activity::new(Instant::now());
+        h1.first_read(b"PO");
+        assert!(!h1.first_bytes_seen());
+        h1.first_read(b"ST /v1/models HTTP/1.1\r\n");
+        assert!(!h1.state().http2 && h1.first_bytes_seen());
+    }
+}
