@@ -24,7 +24,8 @@ if [ "${1:-}" = "--short" ]; then
   cargo build --quiet -p recserve -p recload --bins
   bin=$root/target/debug
   exec python scripts/swap_under_load.py --recserve "$bin/recserve" --recload "$bin/recload" --work "$work" \
-    --table-bytes $((16 << 20)) --swaps 2 --load 0.3 --duration 3 --saturation-s 2 --json "$work/report.json"
+    --table-bytes $((16 << 20)) --swaps 2 --load 0.3 --duration 3 --saturation-s 2 \
+    --default-deadline-ms 60000 --json "$work/report.json"
 fi
 cargo build --release --quiet -p recserve -p recload --bins
 bin=$root/target/release

@@ -130,11 +130,15 @@ class Checker(threading.Thread):
         self.server, self.request, self.answers = server, request, answers
         self.stop = threading.Event()
         self.by_version: dict[int, int] = {}
+        self.refused = 0
         self.failures: list[str] = []
 
     def run(self) -> None:
         while not self.stop.is_set():
             status, body = self.server.call("POST", "/v1/models/deepfm/rank", self.request)
+            if status == 429:
+                self.refused += 1
+                continue
             if status != 200:
                 self.failures.append(f"status {status}: {body}")
                 continue
@@ -150,8 +154,20 @@ def p99(report: dict[str, Any]) -> float:
     return report["latency_ms"]["p99_ms"] if report.get("latency_ms") else float("nan")
 
 
+def refused(report: dict[str, Any]) -> int:
+    """Requests refused with 429 (admission under load: compared with the baseline, not a failure)."""
+    return report["errors"].get("http_429", 0)
+
+
 def failed(report: dict[str, Any]) -> int:
-    return report["requests"]["errors"] + report["requests"]["scheduled"] - report["requests"]["sent"]
+    """Requests that failed otherwise: 5xx, other 4xx, connection errors, timeouts, never sent."""
+    unsent = report["requests"]["scheduled"] - report["requests"]["sent"]
+    return report["requests"]["errors"] - refused(report) + unsent
+
+
+def refused_share(phase: dict[str, Any]) -> float:
+    sent = sum(p["sent"] for p in phase.values() if isinstance(p, dict) and "sent" in p)
+    return sum(p["refused"] for p in phase.values() if isinstance(p, dict) and "refused" in p) / max(1, sent)
 
 
 def main() -> None:
@@ -166,6 +182,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of the baseline run")
     parser.add_argument("--saturation-s", type=float, default=8.0)
     parser.add_argument("--pin", action="store_true", help="recload on CPU 0, recserve on CPU 1")
+    parser.add_argument("--default-deadline-ms", type=int, default=1000, help="the server's default deadline")
     parser.add_argument("--doc", type=Path)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
@@ -195,7 +212,8 @@ def main() -> None:
     proc = subprocess.Popen(
         [*server_cpu, args.recserve, "serve", "--repository", str(repo), "--http-addr", f"127.0.0.1:{port}",
          "--grpc-addr", f"127.0.0.1:{free_port()}", "--executors", "1", "--intra-op-threads", "1",
-         "--model-control", "explicit", "--admin-token-file", str(work / "token")],
+         "--model-control", "explicit", "--admin-token-file", str(work / "token"),
+         "--default-deadline-ms", str(args.default_deadline_ms)],
         stdout=log_file, stderr=subprocess.STDOUT,
     )
     server = Server(f"http://127.0.0.1:{port}", proc.pid, token)
@@ -220,8 +238,10 @@ def main() -> None:
     args.json.write_text(json.dumps(result, indent=2))
     if args.doc:
         write_doc(args.doc, result)
-    ok = result["swap"]["failed_requests"] == 0 and not result["checker"]["failures"]
-    log("done: " + ("no request failed, every answer was its version's" if ok else "FAILED, see the report"))
+    more_refused = refused_share(result["swap"]) > refused_share(result["baseline"]) + 0.001
+    ok = result["swap"]["failed_requests"] == 0 and not result["checker"]["failures"] and not more_refused
+    log("done: " + ("no request failed, no more 429s than without swaps, every answer was its version's" if ok
+                    else "FAILED, see the report"))
     sys.exit(0 if ok else 1)
 
 
@@ -327,7 +347,8 @@ def run(args: argparse.Namespace, server: Server, repo: Path, aside: Path, clien
         "rates_rps": rates,
         "load": args.load,
         "baseline": {
-            name: {"achieved_rps": r["achieved_rps"], "p99_ms": p99(r), "failed": failed(r),
+            name: {"achieved_rps": r["achieved_rps"], "p99_ms": p99(r), "failed": failed(r), "refused": refused(r),
+                   "sent": r["requests"]["sent"],
                    "errors": r["errors"], "generator_cpu_s": r["generator_cpu_s"], "duration_s": r["duration_s"]}
             for name, r in reports_base.items()
         },
@@ -335,11 +356,13 @@ def run(args: argparse.Namespace, server: Server, repo: Path, aside: Path, clien
             "swaps": args.swaps,
             "swap_seconds": swap_seconds,
             "failed_requests": sum(failed(r) for r in reports_swap.values()),
-            **{name: {"achieved_rps": r["achieved_rps"], "p99_ms": p99(r), "failed": failed(r),
+            **{name: {"achieved_rps": r["achieved_rps"], "p99_ms": p99(r), "failed": failed(r), "refused": refused(r),
+                   "sent": r["requests"]["sent"],
                       "errors": r["errors"], "generator_cpu_s": r["generator_cpu_s"], "duration_s": r["duration_s"]}
                for name, r in reports_swap.items()},
         },
-        "checker": {"answers_by_version": checker.by_version, "failures": checker.failures[:20]},
+        "checker": {"answers_by_version": checker.by_version, "refused": checker.refused,
+                    "failures": checker.failures[:20]},
         "rss_kib": {
             "first_load_v1": rss_first_v1,
             "v1_after_baseline": rss_after_baseline,
@@ -369,14 +392,14 @@ def write_doc(doc: Path, r: dict[str, Any]) -> None:
         f"{r['saturation_rps']['rank']:.0f}/s and {r['saturation_rps']['recall']:.0f}/s). "
         f"{s['swaps']} swaps through `POST /v2/repository/models/deepfm/load`, alternating the versions.",
         "",
-        "| | rank: achieved, p99, failed | recall: achieved, p99, failed | recload CPU (rank + recall) |",
+        "| | rank: achieved, p99, failed, 429 | recall: achieved, p99, failed, 429 | recload CPU (rank + recall) |",
         "| --- | ---: | ---: | ---: |",
     ]
     for label, phase in (("without swaps", b), (f"during {s['swaps']} swaps", s)):
         lines.append(
             f"| {label} | {phase['rank']['achieved_rps']:.0f}/s, {phase['rank']['p99_ms']:.2f} ms, "
-            f"{phase['rank']['failed']} | {phase['recall']['achieved_rps']:.0f}/s, {phase['recall']['p99_ms']:.2f} ms, "
-            f"{phase['recall']['failed']} | {phase['rank']['generator_cpu_s'] + phase['recall']['generator_cpu_s']:.1f} s "
+            f"{phase['rank']['failed']}, {phase['rank']['refused']} | {phase['recall']['achieved_rps']:.0f}/s, "
+            f"{phase['recall']['p99_ms']:.2f} ms, {phase['recall']['failed']}, {phase['recall']['refused']} | {phase['rank']['generator_cpu_s'] + phase['recall']['generator_cpu_s']:.1f} s "
             f"of {phase['rank']['duration_s']:.0f} s |"
         )
     ratio = lambda k: s[k]["p99_ms"] / b[k]["p99_ms"]  # noqa: E731
