@@ -35,7 +35,12 @@ struct Server {
 }
 
 async fn start_recserve() -> Server {
-    let config = serve_config(|_| {});
+    // However slow the machine (a debug build beside other work), every request waits for its answer: deadlines
+    // (a minute) and the queue are long enough, so that no assertion depends on how fast anything ran.
+    let config = serve_config(|a| {
+        a.default_deadline_ms = Some(60_000);
+        a.queue_capacity = Some(1 << 16);
+    });
     let bind = || async {
         tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -96,7 +101,15 @@ async fn recserve_answers_every_request_recload_generates() {
     let url = format!("http://{}", server.addr);
     let repo = fixture_repo();
     let repo = repo.to_str().expect("UTF-8 path");
-    let timing = ["--warmup", "200ms", "--duration", "1s", "--quiet"];
+    let timing = [
+        "--warmup",
+        "200ms",
+        "--duration",
+        "1s",
+        "--timeout",
+        "60s",
+        "--quiet",
+    ];
     let dir = tempfile::tempdir().expect("tempdir");
     let dataset = dir.path().join("users.txt");
     std::fs::write(&dataset, "0 5 6 7\n1 1998\n1459 3\n").expect("write dataset");
