@@ -1,6 +1,8 @@
 //! End to end on a benchmark model of realistic shape (`python -m recserve_models synth --preset realistic`, small:
 //! `--max-rows` caps its tables; 26 fields × 17 values, MLP 429→400→400→400→1, INT8 and fp32 graphs): the server
-//! serves both versions the toolchain wrote and returns the toolchain's offline scores for its requests.
+//! serves both versions the toolchain wrote and returns the toolchain's offline scores for its requests, and
+//! gathering each request's user side once (`--gather-user-once on`, the default) gives exactly the scores of
+//! gathering it once per candidate (`off`).
 //!
 //! `scripts/test.sh` writes the model first (`target/synth-small`, or `RECSERVE_SYNTH_DIR`).
 
@@ -9,6 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{TestServer, config};
+use recserve::config::Switch;
 use serde_json::Value;
 
 fn synth_dir() -> PathBuf {
@@ -49,7 +52,8 @@ async fn scores(server: &TestServer, model: &str, cases: &[Value]) -> Vec<Vec<f6
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_server_serves_the_synth_model_with_the_toolchain_s_scores() {
+async fn the_server_serves_the_synth_model_with_the_toolchain_s_scores_and_gathers_the_user_side_once()
+ {
     let dir = synth_dir();
     let document: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("realistic-cases.json")).expect("read cases"),
@@ -59,19 +63,31 @@ async fn the_server_serves_the_synth_model_with_the_toolchain_s_scores() {
     assert!(!cases.is_empty());
     let tolerance = document["tolerance"].as_f64().expect("tolerance");
 
-    let server = TestServer::start(config(&dir, |_| {})).await;
-    for model in ["realistic-int8", "realistic-fp32"] {
-        let got = scores(&server, model, cases).await;
-        for (c, (case, got)) in cases.iter().zip(&got).enumerate() {
-            let want = case["expected_scores"][model].as_array().expect("expected");
-            for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                let w = w.as_f64().expect("float");
-                assert!(
-                    (g - w).abs() <= tolerance,
-                    "{model} case {c} candidate {i}: {g}, offline {w}"
-                );
+    let mut by_switch = Vec::new();
+    for switch in [Switch::On, Switch::Off] {
+        let server =
+            TestServer::start(config(&dir, |args| args.gather_user_once = Some(switch))).await;
+        let mut models = Vec::new();
+        for model in ["realistic-int8", "realistic-fp32"] {
+            let got = scores(&server, model, cases).await;
+            for (c, (case, got)) in cases.iter().zip(&got).enumerate() {
+                let want = case["expected_scores"][model].as_array().expect("expected");
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w = w.as_f64().expect("float");
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{model} ({switch:?}) case {c} candidate {i}: {g}, offline {w}"
+                    );
+                }
             }
+            models.push(got);
         }
+        server.stop().await.expect("stop");
+        by_switch.push(models);
     }
-    server.stop().await.expect("stop");
+    // The same f32 scores, printed the same: not within a tolerance, equal.
+    assert_eq!(
+        by_switch[0], by_switch[1],
+        "--gather-user-once on and off disagree"
+    );
 }
