@@ -40,6 +40,8 @@ pub struct LoadContext {
     pub shards: usize,
     pub limits: RequestLimits,
     pub batching: BatchSettings,
+    /// `--gather-user-once`: ranking executors gather each request's user columns once.
+    pub gather_user_once: bool,
 }
 
 /// Bounds on what one request may carry, which the models' contracts check.
@@ -89,6 +91,7 @@ impl LoadContext {
                 queue_capacity: config.queue_capacity,
                 executor_niceness: config.executor_niceness,
             },
+            gather_user_once: config.gather_user_once == Switch::On,
         }
     }
 }

@@ -236,12 +236,13 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             .map_err(|e| CeilingError::Execute(format!("executor {executor}: {e}")))?;
         let session = ctx.session.on_device(lane.cuda_device());
         let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &session)?;
-        workers.push(Worker::new(
-            graph,
-            lane,
-            Arc::clone(&fields),
-            metrics.clone(),
-        ));
+        let worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+        // As recserve::ranking::RankingModel::load wires it.
+        workers.push(if ctx.gather_user_once {
+            worker.with_user_columns(&contract.user_fields)
+        } else {
+            worker
+        });
     }
 
     let workload = RankWorkload::new(

@@ -196,7 +196,7 @@ def _teacher(config: GeneratorConfig) -> _Teacher:
 # --- generation ------------------------------------------------------------------------------------------------
 
 
-def _zipf_ranks(u: np.ndarray, vocab: int, s: float) -> np.ndarray:
+def zipf_ranks(u: np.ndarray, vocab: int, s: float) -> np.ndarray:
     """Inverse CDF of the continuous law with density ∝ (x + 1)^(-s) on [0, vocab), floored."""
     top = (vocab + 1.0) ** (1.0 - s) - 1.0
     x = (1.0 + u * top) ** (1.0 / (1.0 - s)) - 1.0
@@ -208,7 +208,7 @@ def _draw(config: GeneratorConfig, split: str, chunk: int, rows: int) -> tuple[n
     rng = np.random.default_rng([config.seed, _SPLITS[split], chunk])
     ranks = np.empty((rows, len(CATEGORICAL_FIELDS)), dtype=np.int64)
     for f, vocab in enumerate(config.vocab_sizes()):
-        r = _zipf_ranks(rng.random(rows), vocab, config.zipf)
+        r = zipf_ranks(rng.random(rows), vocab, config.zipf)
         ranks[:, f] = np.where(rng.random(rows) < CATEGORICAL_MISSING[f], -1, r)
     dense = np.empty((rows, len(DENSE_FEATURES)), dtype=np.float64)
     for n, (mu, sigma, zeros) in enumerate(DENSE_SHAPE):

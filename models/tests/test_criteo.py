@@ -43,7 +43,7 @@ def test_labels_follow_the_teacher() -> None:
 
 def test_zipf_ranks_stay_in_the_vocabulary_and_favour_small_ranks() -> None:
     u = np.random.default_rng(0).random(100_000)
-    ranks = criteo._zipf_ranks(u, 1000, 1.2)
+    ranks = criteo.zipf_ranks(u, 1000, 1.2)
     assert ranks.min() == 0 and ranks.max() < 1000
     counts = np.bincount(ranks, minlength=1000)
     assert counts[0] > counts[1] > counts[10] > counts[100]

@@ -101,6 +101,8 @@ pub struct Config {
     pub queue_capacity: usize,
     pub executor_niceness: u8,
     pub batching: Switch,
+    /// `--gather-user-once`.
+    pub gather_user_once: Switch,
     /// Batching settings that override every model's `[batching]` section when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_batch_rows: Option<usize>,
@@ -265,6 +267,7 @@ impl ServeArgs {
             queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
             executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
             batching: self.batching.unwrap_or(Switch::On),
+            gather_user_once: self.gather_user_once.unwrap_or(Switch::On),
             max_batch_rows: self
                 .max_batch_rows
                 .map(|v| MAX_BATCH_ROWS_SETTING.check(v))

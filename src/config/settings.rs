@@ -267,6 +267,11 @@ pub struct ServeArgs {
     #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
     pub batching: Option<Switch>,
 
+    /// Ranking: `on` gathers each request's user-side embedding rows once and copies them to its candidates;
+    /// `off` gathers them once per candidate, as the device gather does (the scores are the same) [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_GATHER_USER_ONCE")]
+    pub gather_user_once: Option<Switch>,
+
     /// A batch closes when it holds this many rows; larger requests are split [default: the model's
     /// [batching] max_batch_rows, else 1024].
     #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]

@@ -171,11 +171,7 @@ mod tests {
     use super::*;
     use crate::embedding::reference;
     use crate::repository::OovPolicy;
-    use crate::testing::tables::{TestTable, write_tables};
-
-    fn counter() -> IntCounter {
-        IntCounter::new("test_oov_total", "test").expect("counter")
-    }
+    use crate::testing::tables::{TestTable, oov_counter as counter, write_tables};
 
     /// Random ids with a share of out-of-vocabulary ones (negative and too large).
     fn ids_for(

@@ -5,11 +5,13 @@
 //! [`reference::gather`] is in turn the reference for the CPU store. Each executor thread gathers through its own
 //! [`GatherLane`] (made by [`lane`]): for the CPU store a thin wrapper, for the GPU store (`crate::gpu`) a CUDA
 //! stream with its own pinned staging and device buffers, which can also leave the batch in device memory.
+//! [`SharedGather`] gathers a ranking batch's user columns once per request (per run of equal user ids).
 
 pub mod cpu;
 mod file;
 #[cfg(test)]
 pub(crate) mod reference;
+mod shared;
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use crate::repository::TableSpec;
 
 pub use cpu::CpuStore;
 pub use file::{TableBytes, open_tables, read_i64_tensor};
+pub use shared::SharedGather;
 
 /// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,
 /// `row_in_shard = id % rows_per_shard`. Identical on every device.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::DenseGraph;
 use crate::batching::{Estimator, ExecError};
-use crate::embedding::{GatherError, GatherLane};
+use crate::embedding::{GatherError, GatherLane, SharedGather};
 use crate::metrics::ModelMetrics;
 
 /// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
@@ -19,6 +19,8 @@ pub struct Worker {
     fields: Arc<[usize]>,
     embeddings: Vec<f32>,
     metrics: ModelMetrics,
+    /// Set by [`Worker::with_user_columns`]: host gathers read each request's user columns once.
+    shared: Option<SharedGather>,
 }
 
 impl Worker {
@@ -35,7 +37,16 @@ impl Worker {
             fields,
             embeddings: Vec::new(),
             metrics,
+            shared: None,
         }
+    }
+
+    /// Host gathers read `user_columns` (columns that are one value per request, in graph order) once per run of
+    /// rows with equal user ids ([`SharedGather`]; the same values as the plain gather). Device gathers are
+    /// unchanged.
+    pub fn with_user_columns(mut self, user_columns: &[usize]) -> Worker {
+        self.shared = Some(SharedGather::new(&self.fields, user_columns));
+        self
     }
 
     /// Gathers and scores `rows` rows, recording gather and inference durations.
@@ -114,9 +125,13 @@ impl Worker {
         self.embeddings.clear();
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
-        self.lane
-            .gather_host(&self.fields, ids, &mut self.embeddings)
-            .map_err(gather)?;
+        match &mut self.shared {
+            Some(shared) => shared.gather(self.lane.as_mut(), ids, shape.dim, &mut self.embeddings),
+            None => self
+                .lane
+                .gather_host(&self.fields, ids, &mut self.embeddings),
+        }
+        .map_err(gather)?;
         let gathered = Instant::now();
         self.graph
             .run(rows, &self.embeddings, dense, scores)

@@ -164,6 +164,9 @@ impl RankingModel {
             let options = ctx.session.on_device(lane.cuda_device());
             let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
             let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+            if ctx.gather_user_once {
+                worker = worker.with_user_columns(&contract.user_fields);
+            }
             let started = Instant::now();
             worker
                 .warm_up(&batching.buckets, Some(&estimator))

@@ -120,3 +120,8 @@ pub fn write_tables(
     let bytes = open_tables(dir, &entries).expect("open tables");
     (tables.iter().map(|t| t.spec.clone()).collect(), bytes, file)
 }
+
+/// A counter of default-row reads, for a store under test (`recserve_embedding_oov_total` in the server).
+pub fn oov_counter() -> prometheus::IntCounter {
+    prometheus::IntCounter::new("test_oov_total", "test").expect("counter")
+}

@@ -19,6 +19,7 @@ from . import (
     generate_criteo,
     quantize,
     report,
+    synth,
     train_deepfm,
     train_lightgcn,
 )
@@ -39,6 +40,7 @@ COMMANDS = {
     "check": (check, "validate a repository with the server's rules; compare precisions on held-out data"),
     "report": (report, "render docs/model-quality.md from the demo's quality.json"),
     "demo": (demo, "train, export, quantize and check the demo models; write models/demo and the quality report"),
+    "synth": (synth, "write a benchmark model of realistic size (random weights), its requests and offline scores"),
     "demo-cases": (demo_cases, "write held-out rank requests and offline scores for the demo's DeepFM models"),
 }
 

@@ -1,0 +1,93 @@
+//! End to end on a benchmark model of realistic shape (`python -m recserve_models synth --preset realistic`, small:
+//! `--max-rows` caps its tables; 26 fields × 17 values, MLP 429→400→400→400→1, INT8 and fp32 graphs): the server
+//! serves both versions the toolchain wrote and returns the toolchain's offline scores for its requests, and
+//! gathering each request's user side once (`--gather-user-once on`, the default) gives exactly the scores of
+//! gathering it once per candidate (`off`).
+//!
+//! `scripts/test.sh` writes the model first (`target/synth-small`, or `RECSERVE_SYNTH_DIR`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{TestServer, config};
+use recserve::config::Switch;
+use serde_json::Value;
+
+fn synth_dir() -> PathBuf {
+    let dir = std::env::var_os("RECSERVE_SYNTH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/synth-small"));
+    assert!(
+        dir.join("realistic-cases.json").is_file(),
+        "no synth model at {}: run scripts/test.sh, which writes it (python -m recserve_models synth --preset \
+         realistic --max-rows 5000 --requests 8 --out target/synth-small), or set RECSERVE_SYNTH_DIR",
+        dir.display()
+    );
+    dir
+}
+
+/// Every case's scores from `server` for `model`, in candidate order.
+async fn scores(server: &TestServer, model: &str, cases: &[Value]) -> Vec<Vec<f64>> {
+    let mut all = Vec::new();
+    for (c, case) in cases.iter().enumerate() {
+        let (status, body) = server
+            .post(&format!("/v1/models/{model}/rank"), &case["request"])
+            .await;
+        assert_eq!(status, 200, "case {c} ({model}): {body}");
+        let mut scores = vec![
+            f64::NAN;
+            case["request"]["candidates"]
+                .as_array()
+                .expect("candidates")
+                .len()
+        ];
+        for s in body["scores"].as_array().expect("scores") {
+            scores[s["index"].as_u64().expect("index") as usize] =
+                s["score"].as_f64().expect("score");
+        }
+        all.push(scores);
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_serves_the_synth_model_with_the_toolchain_s_scores_and_gathers_the_user_side_once()
+ {
+    let dir = synth_dir();
+    let document: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("realistic-cases.json")).expect("read cases"),
+    )
+    .expect("cases are JSON");
+    let cases = document["cases"].as_array().expect("cases");
+    assert!(!cases.is_empty());
+    let tolerance = document["tolerance"].as_f64().expect("tolerance");
+
+    let mut by_switch = Vec::new();
+    for switch in [Switch::On, Switch::Off] {
+        let server =
+            TestServer::start(config(&dir, |args| args.gather_user_once = Some(switch))).await;
+        let mut models = Vec::new();
+        for model in ["realistic-int8", "realistic-fp32"] {
+            let got = scores(&server, model, cases).await;
+            for (c, (case, got)) in cases.iter().zip(&got).enumerate() {
+                let want = case["expected_scores"][model].as_array().expect("expected");
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w = w.as_f64().expect("float");
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{model} ({switch:?}) case {c} candidate {i}: {g}, offline {w}"
+                    );
+                }
+            }
+            models.push(got);
+        }
+        server.stop().await.expect("stop");
+        by_switch.push(models);
+    }
+    // The same f32 scores, printed the same: not within a tolerance, equal.
+    assert_eq!(
+        by_switch[0], by_switch[1],
+        "--gather-user-once on and off disagree"
+    );
+}
