@@ -11,6 +11,7 @@
 //! reproducible bit for bit whatever the batch, shard layout or CPU.
 
 mod catalogue;
+mod ivf;
 mod kernel;
 #[cfg(test)]
 mod reference;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 pub use catalogue::{
     Catalogue, CodeRow, F32Row, LANES, Panels, SearchQuery, SearchScratch, SearchStats, Shard,
 };
+pub use ivf::{IvfIndex, IvfScratch, IvfStats, Probe, exact_score, table_checksum};
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
 pub use signal::Fallback;

@@ -8,25 +8,25 @@ use super::*;
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(super) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
 
-fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
+pub(super) fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
     TableSpec {
         name: "item".to_owned(),
         rows: rows as u64,
@@ -37,7 +37,7 @@ fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
 }
 
 /// Encodes row-major values in the documented layout of `storage` (int8: the documented quantizer).
-fn encode(values: &[f32], dim: usize, storage: Storage) -> Vec<u8> {
+pub(super) fn encode(values: &[f32], dim: usize, storage: Storage) -> Vec<u8> {
     match storage {
         Storage::Fp32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         Storage::Fp16 => values
@@ -80,18 +80,23 @@ impl Case {
     }
 }
 
-/// Searches `queries` (vector, k, exclude) on `case` in `shards` shards with every ISA, and checks each answer
-/// against the reference; returns how many answers were checked.
-fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], what: &str) -> usize {
-    let catalogue = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
-    let search: Vec<SearchQuery<'_>> = queries
+/// The search queries of (vector, k, exclude) triples.
+pub(super) fn search_queries(queries: &[(Vec<f32>, usize, Vec<u32>)]) -> Vec<SearchQuery<'_>> {
+    queries
         .iter()
         .map(|(vector, k, exclude)| SearchQuery {
             vector,
             k: *k,
             exclude,
         })
-        .collect();
+        .collect()
+}
+
+/// Searches `queries` (vector, k, exclude) on `case` in `shards` shards with every ISA, and checks each answer
+/// against the reference; returns how many answers were checked.
+fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], what: &str) -> usize {
+    let catalogue = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
+    let search = search_queries(queries);
     let wanted: Vec<Vec<Scored>> = queries
         .iter()
         .map(|(vector, k, exclude)| {
