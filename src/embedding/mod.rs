@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::repository::TableSpec;
 
 pub use cpu::CpuStore;
-pub use file::{TableBytes, open_tables, read_i64_tensor};
+pub use file::{TableBytes, map_file, open_tables, read_i64_tensor};
 
 /// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,
 /// `row_in_shard = id % rows_per_shard`. Identical on every device.
