@@ -320,6 +320,7 @@ fn recall_contract() -> crate::recall::RecallContract {
             max_exclude: 5,
             max_reply_items: 100,
         },
+        index: None,
         queue: crate::batching::QueueFit {
             max_batch_rows: 2,
             queue_capacity: 2,

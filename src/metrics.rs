@@ -51,6 +51,11 @@ pub struct Metrics {
     gpu_memory: IntGaugeVec,
     topk_duration: HistogramVec,
     recall_items_scored: IntCounterVec,
+    recall_queries: IntCounterVec,
+    index_lists: IntCounterVec,
+    index_codes: IntCounterVec,
+    index_reranked: IntCounterVec,
+    index_capped: IntCounterVec,
     pipeline_stage_duration: HistogramVec,
     model_loads: IntCounterVec,
     model_load_duration: HistogramVec,
@@ -214,7 +219,33 @@ impl Metrics {
             ),
             recall_items_scored: counter(
                 "recserve_recall_items_scored_total",
-                "(query, item) pairs scored by recall: catalogue items times queries.",
+                "(query, item) pairs scored by recall's exact search: catalogue items times queries.",
+                &["model"],
+            ),
+            recall_queries: counter(
+                "recserve_recall_queries_total",
+                "Recall queries searched, by how: search=\"exact\" (every item) or \"index\" (the IVF index).",
+                &["model", "search"],
+            ),
+            index_lists: counter(
+                "recserve_recall_index_lists_scanned_total",
+                "IVF lists scanned by recall queries searched through the index.",
+                &["model"],
+            ),
+            index_codes: counter(
+                "recserve_recall_index_codes_scored_total",
+                "Item codes scored (approximately, in int8) by recall queries searched through the index.",
+                &["model"],
+            ),
+            index_reranked: counter(
+                "recserve_recall_index_candidates_reranked_total",
+                "Candidates re-ranked with the exact score by recall queries searched through the index.",
+                &["model"],
+            ),
+            index_capped: counter(
+                "recserve_recall_index_capped_total",
+                "Index queries whose candidates were cut by max_candidates (their answer may miss an item of the \
+                 probed lists' exact top K).",
                 &["model"],
             ),
             pipeline_stage_duration: histogram(
@@ -263,7 +294,7 @@ impl Metrics {
                 &["listener", "timeout"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 31] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 36] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -287,6 +318,11 @@ impl Metrics {
             Box::new(m.estimate_ratio.clone()),
             Box::new(m.topk_duration.clone()),
             Box::new(m.recall_items_scored.clone()),
+            Box::new(m.recall_queries.clone()),
+            Box::new(m.index_lists.clone()),
+            Box::new(m.index_codes.clone()),
+            Box::new(m.index_reranked.clone()),
+            Box::new(m.index_capped.clone()),
             Box::new(m.pipeline_stage_duration.clone()),
             Box::new(m.model_loads.clone()),
             Box::new(m.model_load_duration.clone()),
@@ -465,6 +501,12 @@ impl Metrics {
         RecallMetrics {
             topk_duration: self.topk_duration.with_label_values(&[model]),
             items_scored: self.recall_items_scored.with_label_values(&[model]),
+            exact_queries: self.recall_queries.with_label_values(&[model, "exact"]),
+            index_queries: self.recall_queries.with_label_values(&[model, "index"]),
+            index_lists: self.index_lists.with_label_values(&[model]),
+            index_codes: self.index_codes.with_label_values(&[model]),
+            index_reranked: self.index_reranked.with_label_values(&[model]),
+            index_capped: self.index_capped.with_label_values(&[model]),
         }
     }
 
@@ -505,6 +547,12 @@ pub struct ConnectionMetrics {
 pub struct RecallMetrics {
     pub topk_duration: Histogram,
     pub items_scored: IntCounter,
+    pub exact_queries: IntCounter,
+    pub index_queries: IntCounter,
+    pub index_lists: IntCounter,
+    pub index_codes: IntCounter,
+    pub index_reranked: IntCounter,
+    pub index_capped: IntCounter,
 }
 
 /// Per-model metric handles for the request path.

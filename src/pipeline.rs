@@ -17,7 +17,7 @@ use crate::config::PipelineConfig;
 use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::ranking::{ItemFeatures, RankInput, RankingModel, best_first};
-use crate::recall::{Fallback, RecallInput, RecallModel, RecallQuery};
+use crate::recall::{Fallback, RecallInput, RecallModel, RecallQuery, SearchRequest};
 
 /// A recommend request, as every transport decodes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +31,8 @@ pub struct RecommendInput {
     pub exclude: Vec<i64>,
     /// Items to return (`1..=candidates`); `None`: the pipeline's `k`.
     pub k: Option<usize>,
+    /// How the recall stage searches.
+    pub search: SearchRequest,
 }
 
 /// One recommended item.
@@ -192,6 +194,7 @@ impl Pipeline {
                     query: input.query,
                     k: candidates,
                     exclude: input.exclude,
+                    search: input.search,
                 },
                 deadline,
             )

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, lightgcn, model_toml
+from . import criteo, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
 from .repository import (
@@ -247,6 +247,7 @@ def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Vers
             read_popularity(directory, model)
         except TableError as e:
             raise CheckError(str(e)) from e
+        _check_index(directory, model, tables)
         return Version(directory, model, tables, None)
     try:
         read_item_features(directory, model)
@@ -255,6 +256,24 @@ def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Vers
     session = open_graph(directory, model)
     _warm_up(directory / model.dense_graph.file, session, model, tables, sorted({1, max_candidates}))
     return Version(directory, model, tables, session)
+
+
+def _check_index(directory: Path, model: LightGCNToml, tables: dict[str, Table]) -> None:
+    """`[recall.index]`: the file matches the item table as the server checks it at load (`ivf.verify`), and its
+    `nprobe` is at most its `nlist`."""
+    index = model.recall.index
+    if index is None:
+        return
+    item = tables[model.recall.item_table]
+    path = directory / index.file
+    if not path.is_file():
+        raise CheckError(f"{path}: recall.index.file: no such file")
+    try:
+        nlist = ivf.verify(path, item.spec, item.stored, values(item))
+    except ivf.IndexError_ as e:
+        raise CheckError(f"recall.index: {e}") from e
+    if index.nprobe > nlist:
+        raise CheckError(f"{path}: recall.index.nprobe = {index.nprobe} is more than the index's {nlist} lists")
 
 
 @dataclass(frozen=True)

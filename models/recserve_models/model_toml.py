@@ -127,6 +127,16 @@ def _value(value: object) -> str:
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    """`[recall.index]`: the version's IVF index file and how queries search it by default."""
+
+    file: str
+    nprobe: int
+    # The most candidates a query re-ranks; None: the server's default (src/repository/spec.rs).
+    max_candidates: int | None = None
+
+
+@dataclass(frozen=True)
 class RecallSpec:
     """The `[recall]` table of a LightGCN (two-tower) model."""
 
@@ -139,6 +149,7 @@ class RecallSpec:
     # Items per query of a request that gives no `k` (1 to the catalogue); None: DEFAULT_K, or the whole catalogue
     # when it is smaller.
     default_k: int | None = None
+    index: IndexSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +205,12 @@ def to_toml(model: ModelToml) -> str:
         if model.recall.default_k is not None:
             recall.append(("default_k", model.recall.default_k))
         sections.append(_section("[recall]", recall))
+        index = model.recall.index
+        if index is not None:
+            pairs: list[tuple[str, object]] = [("file", index.file), ("nprobe", index.nprobe)]
+            if index.max_candidates is not None:
+                pairs.append(("max_candidates", index.max_candidates))
+            sections.append(_section("[recall.index]", pairs))
         sections += [_table_section(t) for t in model.tables]
         return "\n".join(sections)
 
@@ -325,10 +342,19 @@ def read(path: Path) -> ModelToml:
             if key in doc:
                 top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
         r = _Reader(path, "recall", top.get("recall", dict))
-        r.only("user_table", "item_table", "history_table", "popularity", "default_k")
+        r.only("user_table", "item_table", "history_table", "popularity", "default_k", "index")
         popularity = r.get("popularity", str, None)
         if popularity == "":
             r.fail("popularity", "must name a tensor in the item table's file")
+        index = None
+        if "index" in r.table:
+            ix = _Reader(path, "recall.index", r.get("index", dict))
+            ix.only("file", "nprobe", "max_candidates")
+            index = IndexSpec(ix.relative_file("file"), ix.get("nprobe", int), ix.get("max_candidates", int, None))
+            for key in ("nprobe", "max_candidates"):
+                value = getattr(index, key)
+                if value is not None and value < 1:
+                    ix.fail(key, "must be at least 1")
         model_l = LightGCNToml(
             tables=tuple(tables),
             recall=RecallSpec(
@@ -337,6 +363,7 @@ def read(path: Path) -> ModelToml:
                 r.get("history_table", str, None),
                 popularity,
                 r.get("default_k", int, None),
+                index,
             ),
             description=description,
         )

@@ -47,6 +47,17 @@ impl TableBytes {
     }
 }
 
+impl AsRef<[u8]> for TableBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// Maps a file of the version (such as an IVF index) read-only with every page read in, as table files are.
+pub fn map_file(path: &Path) -> Result<Mmap, LoadError> {
+    map_table_file(path, PROGRESS_BYTES)
+}
+
 fn expected_dtype(storage: Storage) -> Dtype {
     match storage {
         Storage::Fp32 => Dtype::F32,

@@ -23,10 +23,16 @@ pub const LANES: usize = 16;
 #[repr(C, align(64))]
 pub struct F32Row(pub [f32; LANES]);
 
-/// One dimension of one int8 panel: the codes of 16 items.
+/// One dimension of one int8 panel: the codes of 16 items. Byte-aligned, so that an IVF index file's codes are
+/// read where they are mapped (the kernels load codes unaligned).
 #[derive(Clone, Copy, Debug)]
-#[repr(C, align(16))]
+#[repr(transparent)]
 pub struct CodeRow(pub [u8; LANES]);
+
+// SAFETY: a transparent wrapper of a byte array: no padding, every bit pattern valid.
+unsafe impl bytemuck::Zeroable for CodeRow {}
+// SAFETY: as above.
+unsafe impl bytemuck::Pod for CodeRow {}
 
 /// The panels of one shard, `panels × dim` rows.
 #[derive(Debug)]

@@ -121,6 +121,81 @@ pub fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
     }
 }
 
+/// The code-domain dot products of one query with a run of int8 panels: `out` receives, per panel `p` of `codes`
+/// (`codes.len() / dim` panels of `dim` rows each), `Σ_j q[j] · c[j][l]` for its 16 lanes, summed in `j` order
+/// exactly as the catalogue's tiles sum them (so the same codes give the same bits). The IVF index's scan
+/// ([`super::ivf`]) turns them into approximate scores with each item's scale and bias.
+///
+/// # Panics
+/// If `codes` is not a whole number of panels, `query` does not hold `dim` values, or the CPU lacks `isa`.
+pub fn code_dots(
+    isa: Isa,
+    codes: &[CodeRow],
+    dim: usize,
+    query: &[f32],
+    out: &mut Vec<[f32; LANES]>,
+) {
+    assert!(
+        dim > 0 && codes.len().is_multiple_of(dim) && query.len() == dim,
+        "whole panels of dim rows and a query of dim values"
+    );
+    match isa {
+        Isa::Generic => dots_any::<Portable, 4>(codes, dim, query, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2");
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            unsafe { dots_avx2(codes, dim, query, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            assert!(
+                std::arch::is_x86_feature_detected!("avx512f"),
+                "no AVX-512F"
+            );
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            unsafe { dots_avx512(codes, dim, query, out) }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn dots_avx2(codes: &[CodeRow], dim: usize, query: &[f32], out: &mut Vec<[f32; LANES]>) {
+    dots_any::<x86::Avx2, 4>(codes, dim, query, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn dots_avx512(codes: &[CodeRow], dim: usize, query: &[f32], out: &mut Vec<[f32; LANES]>) {
+    dots_any::<x86::Avx512, 8>(codes, dim, query, out);
+}
+
+/// One query against `G` panels per tile (the single-query shapes of the scan), then one panel at a time.
+#[inline(always)]
+fn dots_any<K: Kernel, const G: usize>(
+    codes: &[CodeRow],
+    dim: usize,
+    query: &[f32],
+    out: &mut Vec<[f32; LANES]>,
+) {
+    let qs: [&[f32]; 1] = [query];
+    let panels = codes.len() / dim;
+    let mut p = 0;
+    while p + G <= panels {
+        // SAFETY: the entry point checked the CPU; the rows are G·dim long and the query dim values.
+        let [acc] = unsafe { K::tile::<CodeRow, 1, G>(&codes[p * dim..(p + G) * dim], dim, &qs) };
+        out.extend(acc);
+        p += G;
+    }
+    while p < panels {
+        // SAFETY: as above, for one panel.
+        let [acc] = unsafe { K::tile::<CodeRow, 1, 1>(&codes[p * dim..(p + 1) * dim], dim, &qs) };
+        out.extend(acc);
+        p += 1;
+    }
+}
+
 // Tile shapes (panels per tile for 4, 2 and 1 queries): AVX2 keeps 8 accumulators (a 16-lane row is two 256-bit
 // registers), enough to hide the add latency; AVX-512 has 32 registers and keeps 16 for 4 queries (each loaded row
 // then serves 4 queries, each broadcast 4 panels) and 8 otherwise. The portable kernel uses the AVX2 shapes.

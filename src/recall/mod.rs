@@ -11,6 +11,7 @@
 //! reproducible bit for bit whatever the batch, shard layout or CPU.
 
 mod catalogue;
+mod ivf;
 mod kernel;
 #[cfg(test)]
 mod reference;
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 pub use catalogue::{
     Catalogue, CodeRow, F32Row, LANES, Panels, SearchQuery, SearchScratch, SearchStats, Shard,
 };
+pub use ivf::{IvfIndex, IvfScratch, IvfStats, Probe, exact_score, table_checksum};
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use select::{Scored, TopK, answer_order, merge};
 pub use signal::Fallback;
@@ -38,7 +40,7 @@ use crate::error::{LoadError, ServiceError};
 use crate::metrics::RecallMetrics;
 use crate::registry::{LoadContext, RequestLimits};
 use crate::repository::{BatchingSpec, ModelSpec, ModelVersion};
-use crate::repository::{OovPolicy, TableSpec};
+use crate::repository::{IndexSpec, OovPolicy, TableSpec};
 
 /// Queries per batch unless the model's `[batching]` or the server's flags say otherwise: a batch of 64 queries
 /// scores the catalogue 64 times per pass over its memory, and waits at most one such pass.
@@ -57,6 +59,18 @@ pub enum RecallQuery {
     History(Vec<i64>),
 }
 
+/// How a request asks to be searched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SearchRequest {
+    /// The model's way: its IVF index with `[recall.index] nprobe` when it has one, else exact.
+    #[default]
+    Default,
+    /// Every item of the catalogue, whatever the model has.
+    Exact,
+    /// The IVF index with this many lists (1 to the index's `nlist`; only for models with an index).
+    Nprobe(usize),
+}
+
 /// A recall request, as every transport decodes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecallInput {
@@ -65,6 +79,15 @@ pub struct RecallInput {
     pub k: usize,
     /// Item ids never to return.
     pub exclude: Vec<i64>,
+    pub search: SearchRequest,
+}
+
+/// What a request may ask of a model's IVF index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexContract {
+    pub nlist: usize,
+    /// `[recall.index]`: how a query that asks nothing searches.
+    pub default: Probe,
 }
 
 /// The answer to one recall query.
@@ -91,6 +114,8 @@ pub struct RecallContract {
     pub limits: RequestLimits,
     /// How many queries of one request the model's queue can hold.
     pub queue: QueueFit,
+    /// `[recall.index]`, when the model has an IVF index.
+    pub index: Option<IndexContract>,
 }
 
 /// A validated query, ready to queue.
@@ -108,6 +133,7 @@ struct Prepared {
     k: usize,
     /// Catalogue ids, ascending, distinct.
     exclude: Vec<u32>,
+    search: Search,
 }
 
 fn outside(id: i64, what: &str, table: &TableSpec) -> String {
@@ -141,6 +167,32 @@ impl RecallContract {
             )
         };
         Err(ServiceError::invalid(field, problem))
+    }
+
+    /// How a query that asks for `request` is searched; `field` is where the request sets `nprobe`.
+    pub fn search(&self, request: SearchRequest, field: &str) -> Result<Search, ServiceError> {
+        match (request, &self.index) {
+            (SearchRequest::Exact, _) | (SearchRequest::Default, None) => Ok(Search::Exact),
+            (SearchRequest::Default, Some(index)) => Ok(Search::Index(index.default)),
+            (SearchRequest::Nprobe(_), None) => Err(ServiceError::invalid(
+                field,
+                "is for models with an IVF index, and this model has none ([recall.index] in its model.toml): \
+                 leave it out",
+            )),
+            (SearchRequest::Nprobe(n), Some(index)) if (1..=index.nlist).contains(&n) => {
+                Ok(Search::Index(Probe {
+                    nprobe: n,
+                    ..index.default
+                }))
+            }
+            (SearchRequest::Nprobe(n), Some(index)) => Err(ServiceError::invalid(
+                field,
+                format!(
+                    "is {n}; it must be from 1 to the {} lists of the model's index",
+                    index.nlist
+                ),
+            )),
+        }
     }
 
     pub fn supports_history(&self) -> bool {
@@ -246,8 +298,18 @@ impl RecallContract {
             source,
             k: input.k,
             exclude,
+            search: self.search(input.search, "nprobe")?,
         })
     }
+}
+
+/// How one query is searched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Search {
+    /// Every item of the catalogue.
+    Exact,
+    /// Through the model's IVF index.
+    Index(Probe),
 }
 
 /// One query to score.
@@ -256,6 +318,7 @@ struct Query {
     source: Source,
     k: usize,
     exclude: Vec<u32>,
+    search: Search,
     /// Passed through to the answer.
     history_used: Option<usize>,
 }
@@ -283,6 +346,8 @@ struct Tables {
     history_zero: Vec<bool>,
     /// `[recall] popularity`, for histories without signal.
     popularity: Option<Popularity>,
+    /// `[recall.index]`: the IVF index and how queries search it by default.
+    index: Option<(IvfIndex, Probe)>,
 }
 
 impl Tables {
@@ -330,6 +395,7 @@ struct RecallExecutor {
     vectors: Vec<f32>,
     rows: Vec<f32>,
     scratch: SearchScratch,
+    index_scratch: IvfScratch,
     metrics: RecallMetrics,
 }
 
@@ -344,27 +410,25 @@ impl RecallExecutor {
             let (tables, rows) = (&self.tables, &mut self.rows);
             failed.push(catch_panic(|| tables.embed(&query.source, rows, out)).err());
         }
-        let queries: Vec<SearchQuery<'_>> = all()
+        let queries: Vec<(SearchQuery<'_>, Search)> = all()
             .zip(self.vectors.chunks_exact(dim))
             .zip(&failed)
             .filter(|(_, failure)| failure.is_none())
-            .map(|((query, vector), _)| SearchQuery {
-                vector,
-                k: query.k,
-                exclude: &query.exclude,
+            .map(|((query, vector), _)| {
+                let q = SearchQuery {
+                    vector,
+                    k: query.k,
+                    exclude: &query.exclude,
+                };
+                (q, query.search)
             })
             .collect();
-        let (tables, scratch) = (&self.tables, &mut self.scratch);
+        let (tables, metrics) = (&self.tables, &self.metrics);
+        let (scratch, index_scratch) = (&mut self.scratch, &mut self.index_scratch);
         let searched = if queries.is_empty() {
             Ok(Vec::new())
         } else {
-            catch_panic(|| Ok(tables.catalogue.search(&queries, scratch))).map(
-                |(results, stats)| {
-                    self.metrics.topk_duration.observe(stats.seconds);
-                    self.metrics.items_scored.inc_by(stats.scored);
-                    results
-                },
-            )
+            catch_panic(|| search_all(tables, &queries, scratch, index_scratch, metrics))
         };
         drop(queries);
         let mut results = match searched {
@@ -406,6 +470,55 @@ impl RecallExecutor {
             });
         }
     }
+}
+
+/// Searches every query as it asks (exact ones in one pass over the catalogue, index ones one by one), answers in
+/// query order, and records what each search did.
+fn search_all(
+    tables: &Tables,
+    queries: &[(SearchQuery<'_>, Search)],
+    scratch: &mut SearchScratch,
+    index_scratch: &mut IvfScratch,
+    metrics: &RecallMetrics,
+) -> Result<Vec<Vec<Scored>>, ExecError> {
+    let exact: Vec<SearchQuery<'_>> = queries
+        .iter()
+        .filter(|(_, search)| *search == Search::Exact)
+        .map(|(q, _)| *q)
+        .collect();
+    let mut exact_results = if exact.is_empty() {
+        Vec::new()
+    } else {
+        let (results, stats) = tables.catalogue.search(&exact, scratch);
+        metrics.topk_duration.observe(stats.seconds);
+        metrics.items_scored.inc_by(stats.scored);
+        metrics.exact_queries.inc_by(exact.len() as u64);
+        results
+    }
+    .into_iter();
+    let mut out = Vec::with_capacity(queries.len());
+    for (q, search) in queries {
+        match search {
+            Search::Exact => out.push(exact_results.next().ok_or_else(|| {
+                ExecError::Panicked("an exact search result is missing".to_owned())
+            })?),
+            Search::Index(probe) => {
+                let (index, _) = tables.index.as_ref().ok_or_else(|| {
+                    ExecError::Failed("an index search on a model without an index".to_owned())
+                })?;
+                let (mut results, stats) =
+                    index.search(std::slice::from_ref(q), *probe, index_scratch);
+                metrics.topk_duration.observe(stats.seconds);
+                metrics.index_queries.inc();
+                metrics.index_lists.inc_by(stats.lists);
+                metrics.index_codes.inc_by(stats.codes);
+                metrics.index_reranked.inc_by(stats.reranked);
+                metrics.index_capped.inc_by(stats.capped);
+                out.push(results.pop().unwrap_or_default());
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl BatchExecutor for RecallExecutor {
@@ -453,6 +566,11 @@ impl RecallModel {
                 )
             },
         )?;
+        let index = recall
+            .index
+            .as_ref()
+            .map(|spec| open_index(&mv.dir, spec, &item.spec, &item_bytes[0]))
+            .transpose()?;
         drop(item_bytes);
 
         let mut store_entries = vec![entry(recall.user_table)];
@@ -508,13 +626,27 @@ impl RecallModel {
             default_k: recall.default_k,
             limits: ctx.limits,
             queue: batching.fit(),
+            index: index.as_ref().map(|(index, probe)| IndexContract {
+                nlist: index.nlist(),
+                default: *probe,
+            }),
         };
+        if let Some((index, _)) = &index {
+            ctx.metrics.set_table_bytes(
+                &mv.name,
+                &format!("{}.index", contract.item_table.name),
+                "int8",
+                "cpu",
+                index.bytes(),
+            );
+        }
         let tables = Arc::new(Tables {
             dim: catalogue.dim(),
             catalogue,
             store,
             history_zero: history_zero.unwrap_or_default(),
             popularity,
+            index,
         });
 
         let estimator = Estimator::new(&batching.buckets);
@@ -525,6 +657,7 @@ impl RecallModel {
                 vectors: Vec::new(),
                 rows: Vec::new(),
                 scratch: SearchScratch::default(),
+                index_scratch: IvfScratch::default(),
                 metrics: metrics.clone(),
             })
             .collect();
@@ -542,6 +675,8 @@ impl RecallModel {
             shards = tables.catalogue.shards(),
             storage = tables.catalogue.storage().as_str(),
             isa = tables.catalogue.isa().as_str(),
+            index_lists = tables.index.as_ref().map(|(i, _)| i.nlist()),
+            index_bytes = tables.index.as_ref().map(|(i, _)| i.bytes()),
             "recall catalogue ready"
         );
         let batcher = Batcher::start(
@@ -635,6 +770,7 @@ impl RecallModel {
                 source: p.source,
                 k: p.k,
                 exclude: p.exclude,
+                search: p.search,
                 history_used,
             });
         }
@@ -664,6 +800,11 @@ impl RecallModel {
                 }),
             })
             .collect()
+    }
+
+    /// The index's lists, when the model has an index.
+    pub fn index_lists(&self) -> Option<usize> {
+        self.tables.index.as_ref().map(|(index, _)| index.nlist())
     }
 
     /// For a history query: how many of its items have a nonzero history vector.
@@ -704,6 +845,10 @@ fn warm_up(
     items: usize,
 ) -> Result<(), String> {
     let k = items.min(100);
+    let search = match &executor.tables.index {
+        Some((_, probe)) => Search::Index(*probe),
+        None => Search::Exact,
+    };
     let mut size = 1;
     loop {
         let size_now = size.min(batching.max_batch_rows);
@@ -712,6 +857,7 @@ fn warm_up(
                 source: Source::User(0),
                 k,
                 exclude: Vec::new(),
+                search,
                 history_used: None,
             })
             .collect();
@@ -731,6 +877,36 @@ fn warm_up(
         }
         size *= 2;
     }
+}
+
+/// Maps `[recall.index]`'s file and checks it against the item table (`table`, mapped): what it was built from, its
+/// structure, and `nprobe` against its `nlist`. The error names the file and the mismatch.
+fn open_index(
+    dir: &std::path::Path,
+    spec: &IndexSpec,
+    item: &TableSpec,
+    table: &crate::embedding::TableBytes,
+) -> Result<(IvfIndex, Probe), LoadError> {
+    let path = dir.join(&spec.file);
+    let map = crate::embedding::map_file(&path)?;
+    let file: ivf::Bytes = Arc::new(map);
+    let index = IvfIndex::open(file, item, Arc::new(table.clone()))
+        .map_err(|problem| LoadError::new(&path, format!("recall.index: {problem}")))?;
+    if spec.nprobe > index.nlist() {
+        return Err(LoadError::new(
+            &path,
+            format!(
+                "recall.index.nprobe = {} is more than the index's {} lists",
+                spec.nprobe,
+                index.nlist()
+            ),
+        ));
+    }
+    let probe = Probe {
+        nprobe: spec.nprobe,
+        max_candidates: spec.max_candidates,
+    };
+    Ok((index, probe))
 }
 
 /// Which rows of a user or history table are zero vectors; refuses a table with a non-finite value (a NaN or

@@ -80,6 +80,17 @@ impl TopK {
         !self.primed || score > self.threshold
     }
 
+    /// A score that every one of the best `k` candidates offered so far reaches: the threshold once pruned, else
+    /// −∞ (it lags the true `k`-th best, never exceeds it).
+    #[inline(always)]
+    pub fn floor(&self) -> f32 {
+        if self.primed {
+            self.threshold
+        } else {
+            f32::NEG_INFINITY
+        }
+    }
+
     /// Adds a candidate that [`TopK::wants`] accepted; its id must be higher than every id offered before.
     #[inline]
     pub fn push(&mut self, id: u32, score: f32) {

@@ -8,25 +8,25 @@ use super::*;
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(super) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
 
-fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
+pub(super) fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
     TableSpec {
         name: "item".to_owned(),
         rows: rows as u64,
@@ -37,7 +37,7 @@ fn spec(rows: usize, dim: usize, storage: Storage) -> TableSpec {
 }
 
 /// Encodes row-major values in the documented layout of `storage` (int8: the documented quantizer).
-fn encode(values: &[f32], dim: usize, storage: Storage) -> Vec<u8> {
+pub(super) fn encode(values: &[f32], dim: usize, storage: Storage) -> Vec<u8> {
     match storage {
         Storage::Fp32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         Storage::Fp16 => values
@@ -80,18 +80,23 @@ impl Case {
     }
 }
 
-/// Searches `queries` (vector, k, exclude) on `case` in `shards` shards with every ISA, and checks each answer
-/// against the reference; returns how many answers were checked.
-fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], what: &str) -> usize {
-    let catalogue = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
-    let search: Vec<SearchQuery<'_>> = queries
+/// The search queries of (vector, k, exclude) triples.
+pub(super) fn search_queries(queries: &[(Vec<f32>, usize, Vec<u32>)]) -> Vec<SearchQuery<'_>> {
+    queries
         .iter()
         .map(|(vector, k, exclude)| SearchQuery {
             vector,
             k: *k,
             exclude,
         })
-        .collect();
+        .collect()
+}
+
+/// Searches `queries` (vector, k, exclude) on `case` in `shards` shards with every ISA, and checks each answer
+/// against the reference; returns how many answers were checked.
+fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], what: &str) -> usize {
+    let catalogue = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
+    let search = search_queries(queries);
     let wanted: Vec<Vec<Scored>> = queries
         .iter()
         .map(|(vector, k, exclude)| {
@@ -362,6 +367,7 @@ fn contract(item_oov: OovPolicy) -> RecallContract {
             max_reply_items: 100,
         },
         queue: crate::batching::QueueFit::UNBOUNDED,
+        index: None,
     }
 }
 
@@ -370,7 +376,76 @@ fn input(query: RecallQuery, k: usize, exclude: &[i64]) -> RecallInput {
         query,
         k,
         exclude: exclude.to_vec(),
+        search: SearchRequest::Default,
     }
+}
+
+#[test]
+fn a_request_searches_as_it_asks_within_the_index_it_has() {
+    let plain = contract(OovPolicy::Reject);
+    let default = Probe {
+        nprobe: 4,
+        max_candidates: 500,
+    };
+    let indexed = RecallContract {
+        index: Some(IndexContract { nlist: 16, default }),
+        ..contract(OovPolicy::Reject)
+    };
+    let ask = |c: &RecallContract, search| {
+        c.prepare(RecallInput {
+            search,
+            ..input(RecallQuery::UserId(1), 3, &[])
+        })
+        .map(|p| p.search)
+        .ok()
+    };
+    assert_eq!(ask(&plain, SearchRequest::Default), Some(Search::Exact));
+    assert_eq!(ask(&plain, SearchRequest::Exact), Some(Search::Exact));
+    assert_eq!(
+        ask(&indexed, SearchRequest::Default),
+        Some(Search::Index(default))
+    );
+    assert_eq!(ask(&indexed, SearchRequest::Exact), Some(Search::Exact));
+    assert_eq!(
+        ask(&indexed, SearchRequest::Nprobe(16)),
+        Some(Search::Index(Probe {
+            nprobe: 16,
+            max_candidates: 500
+        }))
+    );
+    for (c, n, says) in [
+        (
+            &indexed,
+            0,
+            "nprobe: is 0; it must be from 1 to the 16 lists of the model's index",
+        ),
+        (
+            &indexed,
+            17,
+            "nprobe: is 17; it must be from 1 to the 16 lists",
+        ),
+        (
+            &plain,
+            2,
+            "nprobe: is for models with an IVF index, and this model has none",
+        ),
+    ] {
+        let err = c
+            .prepare(RecallInput {
+                search: SearchRequest::Nprobe(n),
+                ..input(RecallQuery::UserId(1), 3, &[])
+            })
+            .expect_err("refused");
+        assert_eq!(err.http_status(), 400);
+        assert!(err.to_string().starts_with(says), "{err}");
+    }
+    let err = indexed
+        .search(SearchRequest::Nprobe(99), "parameters.nprobe")
+        .expect_err("refused");
+    assert!(
+        err.to_string().starts_with("parameters.nprobe: is 99"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -478,8 +553,12 @@ fn fuzz_recall_contract_checks_every_query() {
     ];
     let k = prop_oneof![20 => 1usize..50, 1 => 0usize..60, 1 => any::<usize>()];
     let exclude = prop_oneof![8 => vec(id(50), 0..5), 1 => vec(id(50), 0..8)];
-    let inputs =
-        (query, k, exclude).prop_map(|(query, k, exclude)| RecallInput { query, k, exclude });
+    let inputs = (query, k, exclude).prop_map(|(query, k, exclude)| RecallInput {
+        query,
+        k,
+        exclude,
+        search: SearchRequest::Default,
+    });
     let strict = contract(OovPolicy::Reject);
     let lenient = contract(OovPolicy::Default { row: 0 });
     crate::fuzz::run("recall contract", inputs, |input| {

@@ -121,7 +121,24 @@ pub struct RecallSpec {
     /// Items per query when a request gives no `k`: `default_k` of the file (1 to the catalogue size), else
     /// [`DEFAULT_K`] or the whole catalogue when it is smaller.
     pub default_k: usize,
+    /// `[recall.index]`: the IVF index recall serves from (exact top-K when absent).
+    pub index: Option<IndexSpec>,
 }
+
+/// `[recall.index]`: an IVF index file of the version (built by `python -m recserve_models index`) and how a
+/// query searches it unless the request says otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexSpec {
+    /// Safetensors file, relative to the version directory.
+    pub file: String,
+    /// Lists a query scans (1 to the index's `nlist`, checked at load).
+    pub nprobe: usize,
+    /// The most candidates a query re-ranks with the exact score.
+    pub max_candidates: usize,
+}
+
+/// `[recall.index] max_candidates` unless the file says otherwise.
+pub const DEFAULT_MAX_CANDIDATES: usize = 10_000;
 
 /// The `k` of a recall request that gives none, unless `[recall] default_k` says otherwise: generic Open
 /// Inference Protocol clients send only what the model metadata lists, and need an answer without it.
@@ -273,6 +290,15 @@ struct RawRecall {
     history_table: Option<String>,
     popularity: Option<String>,
     default_k: Option<usize>,
+    index: Option<RawIndex>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIndex {
+    file: String,
+    nprobe: usize,
+    max_candidates: Option<usize>,
 }
 
 /// A file name inside the version directory: relative, no `..`, not empty.
@@ -554,6 +580,24 @@ impl RawModel {
                         ));
                     }
                 };
+                let index = match recall.index {
+                    None => None,
+                    Some(raw) => {
+                        check_relative_file("recall.index.file", &raw.file)?;
+                        if raw.nprobe == 0 {
+                            return Err("recall.index.nprobe must be at least 1".to_owned());
+                        }
+                        let max_candidates = raw.max_candidates.unwrap_or(DEFAULT_MAX_CANDIDATES);
+                        if max_candidates == 0 {
+                            return Err("recall.index.max_candidates must be at least 1".to_owned());
+                        }
+                        Some(IndexSpec {
+                            file: raw.file,
+                            nprobe: raw.nprobe,
+                            max_candidates,
+                        })
+                    }
+                };
                 ModelSpec {
                     kind: self.kind,
                     description: self.description,
@@ -568,6 +612,7 @@ impl RawModel {
                         history_table,
                         popularity: recall.popularity,
                         default_k,
+                        index,
                     }),
                     batching: self.batching,
                 }
@@ -788,6 +833,45 @@ storage = "fp32"
             err.contains("recall.popularity must name a tensor"),
             "{err}"
         );
+        assert_eq!(recall.index, None);
+        let with_index = |index: &str| {
+            text.replace(
+                "\n[[tables]]\nname = \"user\"",
+                &format!("\n[recall.index]\n{index}\n\n[[tables]]\nname = \"user\""),
+            )
+        };
+        let indexed =
+            ModelSpec::parse(&with_index("file = \"ivf.safetensors\"\nnprobe = 8")).expect("valid");
+        assert_eq!(
+            indexed.recall.expect("recall").index,
+            Some(IndexSpec {
+                file: "ivf.safetensors".to_owned(),
+                nprobe: 8,
+                max_candidates: DEFAULT_MAX_CANDIDATES
+            })
+        );
+        for (index, says) in [
+            (
+                "file = \"ivf.safetensors\"\nnprobe = 0",
+                "recall.index.nprobe must be at least 1",
+            ),
+            (
+                "file = \"ivf.safetensors\"\nnprobe = 2\nmax_candidates = 0",
+                "recall.index.max_candidates must be at least 1",
+            ),
+            (
+                "file = \"../ivf\"\nnprobe = 2",
+                "recall.index.file = \"../ivf\" must be a relative path",
+            ),
+            ("file = \"ivf.safetensors\"", "missing field `nprobe`"),
+            (
+                "file = \"ivf\"\nnprobe = 2\nrerank = 3",
+                "unknown field `rerank`",
+            ),
+        ] {
+            let err = parse_err(&with_index(index));
+            assert!(err.contains(says), "{index}: {err}");
+        }
         assert_eq!(spec.precision(), Precision::Int8);
         let err = parse_err(&text.replace(
             "rows = 5\ndim = 4\nstorage = \"fp32\"",

@@ -5,7 +5,8 @@
 //! The metadata lists `k` among the inputs and says in its `properties` that it is optional and what it defaults
 //! to, so a client that builds its request from the metadata alone gets an answer. The `B` queries are queued
 //! together, so they share passes over the catalogue. `history` and `exclude`, whose lengths vary per user, are
-//! `/v1` only.
+//! `/v1` only. The request parameters `exact` (BOOL) and `nprobe` (an integer) choose the search as `/v1`'s fields
+//! do, for every user of the request.
 
 use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameter, Parameters, TensorContract,
@@ -13,7 +14,7 @@ use super::{
 };
 use crate::api::kserve::Datatype;
 use crate::error::ServiceError;
-use crate::recall::{RecallContract, RecallInput, RecallModel, RecallQuery};
+use crate::recall::{RecallContract, RecallInput, RecallModel, RecallQuery, SearchRequest};
 use crate::service::{ModelCall, ServedModel};
 
 /// The input holding the user ids.
@@ -24,6 +25,9 @@ pub const ITEM_IDS: &str = "item_ids";
 pub const SCORES: &str = "scores";
 /// The optional input (or request parameter) holding the number of items per user.
 pub const K: &str = "k";
+/// The request parameters that choose the search: every item (`exact`), or the index's `nprobe` lists.
+pub const EXACT: &str = "exact";
+pub const NPROBE: &str = "nprobe";
 
 /// The LightGCN contract of one served model.
 #[derive(Debug)]
@@ -131,6 +135,50 @@ fn k_of(
         })
 }
 
+/// The parameters `exact` and `nprobe`, checked against the model's index.
+fn search_of(
+    contract: &RecallContract,
+    parameters: &Parameters,
+) -> Result<SearchRequest, ServiceError> {
+    let exact = match parameters.get(EXACT) {
+        None => false,
+        Some(Parameter::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ServiceError::invalid(
+                format!("parameters.{EXACT}"),
+                format!("must be a boolean, got {other:?}"),
+            ));
+        }
+    };
+    let field = format!("parameters.{NPROBE}");
+    let search = match parameters.get(NPROBE) {
+        None if exact => SearchRequest::Exact,
+        None => SearchRequest::Default,
+        Some(_) if exact => {
+            return Err(ServiceError::invalid(
+                field,
+                format!("cannot be sent together with parameters.{EXACT} = true: send one of them"),
+            ));
+        }
+        Some(parameter) => {
+            let n = match parameter {
+                Parameter::Int64(n) => usize::try_from(*n).ok(),
+                Parameter::Uint64(n) => Some(usize::try_from(*n).unwrap_or(usize::MAX)),
+                Parameter::Bool(_) | Parameter::Double(_) | Parameter::String(_) => None,
+            };
+            let n = n.ok_or_else(|| {
+                ServiceError::invalid(
+                    &field,
+                    format!("must be a positive integer, got {parameter:?}"),
+                )
+            })?;
+            SearchRequest::Nprobe(n)
+        }
+    };
+    contract.search(search, &field)?;
+    Ok(search)
+}
+
 /// The decoding of [`LightGcn`]: `model` names the model in messages.
 pub(crate) fn decode_inputs(
     model: &str,
@@ -159,6 +207,7 @@ pub(crate) fn decode_inputs(
         *slot = Some(input);
     }
     let k = k_of(contract, k_tensor, parameters)?;
+    let search = search_of(contract, parameters)?;
     let user_ids = user_ids.ok_or_else(|| {
         ServiceError::invalid(
             USER_ID,
@@ -202,6 +251,7 @@ pub(crate) fn decode_inputs(
                 query: RecallQuery::UserId(id),
                 k,
                 exclude: Vec::new(),
+                search,
             })
         })
         .collect()
@@ -320,6 +370,13 @@ mod tests {
                 max_batch_rows: 64,
                 queue_capacity: 256,
             },
+            index: Some(crate::recall::IndexContract {
+                nlist: 8,
+                default: crate::recall::Probe {
+                    nprobe: 2,
+                    max_candidates: 100,
+                },
+            }),
         };
         decode_inputs("m", &contract, inputs, &parameters)
     }
@@ -438,6 +495,58 @@ mod tests {
         ];
         for (inputs, parameters, expected) in cases {
             let got = decode(inputs, parameters).expect_err(expected).to_string();
+            assert!(got.contains(expected), "expected {expected:?} in {got:?}");
+        }
+    }
+
+    #[test]
+    fn exact_and_nprobe_are_parameters_checked_against_the_index() {
+        let one = || vec![users(&[2], json!([1, 2]))];
+        let with = |pairs: Vec<(&str, Parameter)>| {
+            Parameters::from_iter(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)))
+        };
+        let search = |parameters| {
+            decode(one(), parameters)
+                .expect("valid")
+                .iter()
+                .map(|i| i.search)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(search(Parameters::new()), vec![SearchRequest::Default; 2]);
+        assert_eq!(
+            search(with(vec![(EXACT, Parameter::Bool(true))])),
+            vec![SearchRequest::Exact; 2]
+        );
+        assert_eq!(
+            search(with(vec![(NPROBE, Parameter::Int64(8))])),
+            vec![SearchRequest::Nprobe(8); 2]
+        );
+        for (parameters, expected) in [
+            (
+                with(vec![(NPROBE, Parameter::Int64(9))]),
+                "parameters.nprobe: is 9; it must be from 1 to the 8 lists",
+            ),
+            (
+                with(vec![(NPROBE, Parameter::Int64(-1))]),
+                "parameters.nprobe: must be a positive integer",
+            ),
+            (
+                with(vec![(NPROBE, Parameter::String("4".to_owned()))]),
+                "parameters.nprobe: must be a positive integer",
+            ),
+            (
+                with(vec![(EXACT, Parameter::Int64(1))]),
+                "parameters.exact: must be a boolean",
+            ),
+            (
+                with(vec![
+                    (EXACT, Parameter::Bool(true)),
+                    (NPROBE, Parameter::Int64(2)),
+                ]),
+                "parameters.nprobe: cannot be sent together with parameters.exact = true",
+            ),
+        ] {
+            let got = decode(one(), parameters).expect_err(expected).to_string();
             assert!(got.contains(expected), "expected {expected:?} in {got:?}");
         }
     }

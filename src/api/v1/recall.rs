@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
 use crate::error::ServiceError;
-use crate::recall::{RecallInput, RecallQuery, Recalled};
+use crate::recall::{RecallInput, RecallQuery, Recalled, SearchRequest};
 use crate::service::{Operation, Protocol, Service};
 
 /// The routes, for [`super::routes`].
@@ -66,6 +66,12 @@ pub struct RecallRequest {
     pub k: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<i64>,
+    /// `true`: score every item, even when the model has an IVF index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<bool>,
+    /// Lists of the model's IVF index to scan (1 to its `nlist`); without it, `[recall.index] nprobe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nprobe: Option<usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -106,12 +112,29 @@ pub(super) fn recall_query(
     }
 }
 
+/// `exact` and `nprobe` of a `/v1` request: at most one of `exact = true` and `nprobe` (the model checks the range).
+pub(super) fn search_request(
+    exact: Option<bool>,
+    nprobe: Option<usize>,
+) -> Result<SearchRequest, ServiceError> {
+    match (exact, nprobe) {
+        (Some(true), Some(_)) => Err(ServiceError::invalid(
+            "nprobe",
+            "cannot be sent together with exact = true: send one of them",
+        )),
+        (Some(true), None) => Ok(SearchRequest::Exact),
+        (_, Some(n)) => Ok(SearchRequest::Nprobe(n)),
+        (_, None) => Ok(SearchRequest::Default),
+    }
+}
+
 /// Decodes a recall request (`default_k` when it gives no `k`); the model checks the ids, `k` and the lengths.
 pub fn recall_input(request: RecallRequest, default_k: usize) -> Result<RecallInput, ServiceError> {
     Ok(RecallInput {
         query: recall_query(request.user_id, request.history)?,
         k: request.k.unwrap_or(default_k),
         exclude: request.exclude,
+        search: search_request(request.exact, request.nprobe)?,
     })
 }
 
@@ -148,7 +171,8 @@ mod tests {
             RecallInput {
                 query: RecallQuery::UserId(3),
                 k: 5,
-                exclude: vec![1, 2]
+                exclude: vec![1, 2],
+                search: SearchRequest::Default,
             }
         );
         assert_eq!(
@@ -156,9 +180,31 @@ mod tests {
             RecallInput {
                 query: RecallQuery::History(vec![4, 4, 7]),
                 k: 1,
-                exclude: vec![]
+                exclude: vec![],
+                search: SearchRequest::Default,
             }
         );
+        let search = |body: &str| decode(body).map(|i| i.search);
+        assert_eq!(
+            search(r#"{"user_id": 3, "exact": true}"#).ok(),
+            Some(SearchRequest::Exact)
+        );
+        assert_eq!(
+            search(r#"{"user_id": 3, "exact": false}"#).ok(),
+            Some(SearchRequest::Default)
+        );
+        assert_eq!(
+            search(r#"{"user_id": 3, "exact": false, "nprobe": 7}"#).ok(),
+            Some(SearchRequest::Nprobe(7))
+        );
+        let err = search(r#"{"user_id": 3, "exact": true, "nprobe": 7}"#).expect_err("both");
+        assert!(
+            err.to_string()
+                .starts_with("nprobe: cannot be sent together with exact = true"),
+            "{err}"
+        );
+        let err = search(r#"{"user_id": 3, "nprobe": -2}"#).expect_err("negative");
+        assert!(err.to_string().starts_with("nprobe: "), "{err}");
         assert_eq!(
             decode(r#"{"user_id": 3}"#).expect("valid").k,
             20,

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use super::UserSide;
-use super::recall::recall_query;
+use super::recall::{recall_query, search_request};
 use crate::api::envelope::{body_bytes, deadline_header, error_response, parse_json};
 use crate::error::ServiceError;
 use crate::pipeline::{RecommendInput, Recommendation};
@@ -74,6 +74,12 @@ pub struct RecommendRequest {
     pub exclude: Vec<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<usize>,
+    /// `true`: the recall stage scores every item, even when its model has an IVF index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<bool>,
+    /// Lists of the recall model's IVF index to scan (1 to its `nlist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nprobe: Option<usize>,
     /// Report how long each stage took.
     #[serde(default)]
     pub timings: bool,
@@ -168,6 +174,7 @@ pub fn recommend_input(
             query,
             exclude: request.exclude,
             k: request.k,
+            search: search_request(request.exact, request.nprobe)?,
         },
         request.timings,
     ))

@@ -1,0 +1,337 @@
+"""The IVF index of a LightGCN (two-tower) version: k-means centroids, items per list as int8 codes, and what the
+server needs to re-rank exactly (docs/model-repository.md, "IVF index"; the search is `src/recall/ivf.rs`).
+
+    build_index(version_dir, nlist=4096)   # writes ivf.safetensors, adds [recall.index] to model.toml
+
+Steps: k-means (Lloyd, squared L2, on a random sample of the items) gives `nlist` centroids; every item goes to
+its nearest centroid; each list's items (ascending id) are laid out in panels of 16 items, dimension-major, as
+the server's kernels read them; each item row is coded as fused row-wise int8 (the table quantizer of
+`quantize.py`), and carries `err`, a bound such that for any query `q` the server's exact f32 score and its f32
+code-domain score differ by at most `err · ‖q‖₁`:
+
+    err = (max_j |x_j − (c_j·scale + bias)| + 2·γ(dim + 2)·(R + A)) · (1 + 2⁻¹⁰),   γ(n) = n·u / (1 − n·u),
+    u = 2⁻²⁴, A = |bias| + 255·|scale|, R = max_j |x_j| (fp32/fp16 tables) or |bias_t| + 255·|scale_t| (int8)
+
+(the quantization error, plus the f32 rounding of both scores; computed in float64, rounded up to float32).
+The file records what it was built from (items, dim, storage, and `table_checksum` of the item tensor), and the
+server refuses it when any of these no longer matches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from .model_toml import LightGCNToml, TableSpec
+from .progress import Progress
+from .quantize import INT8_TRAILER, quantize_rowwise_int8
+
+FORMAT = "recserve-ivf"
+FORMAT_VERSION = "1"
+INDEX_FILE = "ivf.safetensors"
+LANES = 16  # items per panel (src/recall/catalogue.rs)
+PADDING = np.uint32(2**32 - 1)  # the id of a lane past a list's last item
+TENSORS = ("centroids", "list_offsets", "list_sizes", "ids", "codes", "scale", "bias", "err")
+_U = 2.0**-24
+
+
+class IndexError_(ValueError):
+    """An index that cannot be built, or a file that does not match its version."""
+
+
+def gamma(n: int) -> float:
+    """The relative bound of `n` chained float32 roundings."""
+    return n * _U / (1 - n * _U)
+
+
+def table_checksum(stored: np.ndarray) -> str:
+    """`Σ_i w_i·(2i + 1) mod 2⁶⁴` over the tensor's bytes as little-endian u64 words (the last zero-padded), as 16
+    hex digits: what the server computes over the mapped item tensor (`table_checksum` in src/recall/ivf.rs)."""
+    raw = np.ascontiguousarray(stored).view(np.uint8).reshape(-1)
+    pad = (-raw.size) % 8
+    if pad:
+        raw = np.concatenate([raw, np.zeros(pad, np.uint8)])
+    words = raw.view("<u8")
+    total = np.uint64(0)
+    step = 1 << 22
+    with np.errstate(over="ignore"):
+        for start in range(0, words.size, step):
+            w = words[start : start + step]
+            weights = np.arange(start, start + w.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+            total = np.uint64(total + np.sum(w * weights, dtype=np.uint64))
+    return f"{int(total):016x}"
+
+
+def nearest(x: np.ndarray, centroids: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """For every row of `x`, the index of its nearest centroid by squared L2 (ties: the lower index)."""
+    c64 = centroids.astype(np.float32)
+    norms = np.einsum("ij,ij->i", c64, c64)
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for start in range(0, x.shape[0], chunk):
+        block = x[start : start + chunk].astype(np.float32)
+        # ‖x − c‖² = ‖x‖² − 2x·c + ‖c‖²; ‖x‖² is the same for every c.
+        out[start : start + chunk] = np.argmin(norms[None, :] - 2.0 * (block @ c64.T), axis=1)
+    return out
+
+
+def kmeans(
+    x: np.ndarray,
+    nlist: int,
+    iterations: int = 10,
+    seed: int = 0,
+    report: Callable[[str], None] | None = None,
+) -> np.ndarray:
+    """Lloyd's k-means on the rows of `x` (float32 [n, dim]): `nlist` initial centroids are distinct rows drawn
+    with `seed`; each iteration assigns rows to their nearest centroid (`nearest`) and moves each centroid to the
+    mean of its rows (float64 sums). A centroid left without rows takes the place of half of the largest cluster: it
+    becomes that cluster's centroid moved by 1e-4 of its scale, the other copy moved the other way."""
+    n = x.shape[0]
+    if not 1 <= nlist <= n:
+        raise IndexError_(f"nlist must be from 1 to the {n} training rows, not {nlist}")
+    rng = np.random.default_rng(seed)
+    centroids = x[np.sort(rng.choice(n, size=nlist, replace=False))].astype(np.float64)
+    steps = Progress("k-means iterations", total=iterations, report=report) if report else None
+    for _ in range(iterations):
+        assign = nearest(x, centroids)
+        counts = np.bincount(assign, minlength=nlist)
+        sums = np.zeros_like(centroids)
+        _add_sorted(sums, assign, x)
+        filled = counts > 0
+        centroids[filled] = sums[filled] / counts[filled, None]
+        for empty in np.flatnonzero(~filled):
+            big = int(np.argmax(counts))
+            shift = 1e-4 * (np.abs(centroids[big]) + 1e-12)
+            centroids[empty] = centroids[big] + shift
+            centroids[big] = centroids[big] - shift
+            counts[big] = counts[big] // 2
+            counts[empty] = counts[big]
+        if steps:
+            steps.advance(note=f"{int((~filled).sum())} empty lists split")
+    return centroids.astype(np.float32)
+
+
+def _add_sorted(sums: np.ndarray, assign: np.ndarray, x: np.ndarray) -> None:
+    order = np.argsort(assign, kind="stable")
+    sorted_assign = assign[order]
+    starts = np.flatnonzero(np.r_[True, sorted_assign[1:] != sorted_assign[:-1]])
+    sums[sorted_assign[starts]] = np.add.reduceat(x[order].astype(np.float64), starts, axis=0)
+
+
+@dataclass(frozen=True)
+class Codes:
+    """Fused row-wise int8 codes of every item, and each item's score bound `err`."""
+
+    codes: np.ndarray  # uint8 [items, dim]
+    scale: np.ndarray  # float32 [items]
+    bias: np.ndarray  # float32 [items]
+    err: np.ndarray  # float32 [items]
+
+
+def encode(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Codes:
+    """The int8 codes of `values` (the item table as the server decodes it, float32 [items, dim]) and each row's
+    bound, for an item table stored as `stored` under `spec` (see the module docs)."""
+    rows, dim = values.shape
+    fused = quantize_rowwise_int8(spec.name, values)
+    codes = fused[:, :dim]
+    trailer = np.ascontiguousarray(fused[:, dim:])
+    scale = trailer[:, :4].copy().view("<f4").reshape(rows)
+    bias = trailer[:, 4:].copy().view("<f4").reshape(rows)
+    decoded = codes.astype(np.float64) * scale.astype(np.float64)[:, None] + bias.astype(np.float64)[:, None]
+    diff = np.abs(values.astype(np.float64) - decoded).max(axis=1)
+    if spec.storage == "int8":
+        t = np.ascontiguousarray(stored[:, dim : dim + INT8_TRAILER])
+        t_scale = t[:, :4].copy().view("<f4").reshape(rows).astype(np.float64)
+        t_bias = t[:, 4:].copy().view("<f4").reshape(rows).astype(np.float64)
+        exact_range = np.abs(t_bias) + 255.0 * np.abs(t_scale)
+    else:
+        exact_range = np.abs(values.astype(np.float64)).max(axis=1)
+    approx_range = np.abs(bias.astype(np.float64)) + 255.0 * np.abs(scale.astype(np.float64))
+    err64 = (diff + 2.0 * gamma(dim + 2) * (exact_range + approx_range)) * (1.0 + 2.0**-10)
+    err = err64.astype(np.float32)
+    err = np.where(err.astype(np.float64) < err64, np.nextafter(err, np.float32(np.inf)), err).astype(np.float32)
+    return Codes(np.ascontiguousarray(codes), scale, bias, err)
+
+
+def layout(assign: np.ndarray, nlist: int, codes: Codes) -> dict[str, np.ndarray]:
+    """The index tensors (all but `centroids`) for items assigned to lists by `assign` (int64 [items])."""
+    items, dim = codes.codes.shape
+    sizes = np.bincount(assign, minlength=nlist).astype(np.int64)
+    panels = (sizes + LANES - 1) // LANES
+    offsets = np.zeros(nlist + 1, dtype=np.int64)
+    np.cumsum(panels, out=offsets[1:])
+    order = np.argsort(assign, kind="stable")  # by list, ascending id within a list
+    list_start = np.zeros(nlist, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=list_start[1:])
+    sorted_list = assign[order]
+    rank = np.arange(items, dtype=np.int64) - list_start[sorted_list]
+    lane = offsets[sorted_list] * LANES + rank  # the lane of each item, in `order`
+    total = int(offsets[-1]) * LANES
+    ids = np.full(total, PADDING, dtype=np.uint32)
+    ids[lane] = order.astype(np.uint32)
+    lanes_codes = np.zeros((total, dim), dtype=np.uint8)
+    lanes_codes[lane] = codes.codes[order]
+    per_lane = {}
+    for name in ("scale", "bias", "err"):
+        column = np.zeros(total, dtype=np.float32)
+        column[lane] = getattr(codes, name)[order]
+        per_lane[name] = column.reshape(-1, LANES)
+    panel_codes = np.ascontiguousarray(lanes_codes.reshape(-1, LANES, dim).transpose(0, 2, 1))
+    return {
+        "list_offsets": offsets,
+        "list_sizes": sizes,
+        "ids": ids,
+        "codes": panel_codes,
+        **per_lane,
+    }
+
+
+@dataclass(frozen=True)
+class Built:
+    """What `build_index` did."""
+
+    path: Path
+    items: int
+    nlist: int
+    trained_on: int
+    seconds: float
+    bytes: int
+    largest_list: int
+
+
+def build_file(
+    path: Path,
+    spec: TableSpec,
+    stored: np.ndarray,
+    values: np.ndarray,
+    nlist: int,
+    sample: int,
+    iterations: int = 10,
+    seed: int = 0,
+    report: Callable[[str], None] | None = None,
+) -> Built:
+    """Writes the index of the item table `spec` (its tensor `stored`, decoded `values`) to `path`."""
+    started = time.monotonic()
+    items, dim = values.shape
+    if not 1 <= nlist <= items:
+        raise IndexError_(f"--nlist must be from 1 to the {items} items of item table {spec.name!r}, not {nlist}")
+    rng = np.random.default_rng(seed)
+    trained_on = min(items, max(sample, nlist))
+    train = values if trained_on == items else values[np.sort(rng.choice(items, size=trained_on, replace=False))]
+    if report:
+        report(f"k-means: {nlist} lists from {trained_on} of {items} items, {iterations} iterations")
+    centroids = kmeans(train, nlist, iterations, seed, report)
+    if report:
+        report(f"assigning {items} items to their nearest centroid")
+    assign = nearest(values, centroids)
+    tensors = layout(assign, nlist, encode(values, spec, stored))
+    tensors["centroids"] = centroids
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "codes": "int8",
+        "items": str(items),
+        "dim": str(dim),
+        "nlist": str(nlist),
+        "item_table": spec.name,
+        "item_storage": spec.storage,
+        "item_checksum": table_checksum(stored),
+        "trained_on": str(trained_on),
+        "iterations": str(iterations),
+        "seed": str(seed),
+    }
+    save_file(tensors, str(path), metadata=metadata)
+    sizes = tensors["list_sizes"]
+    return Built(
+        path, items, nlist, trained_on, time.monotonic() - started, path.stat().st_size, int(sizes.max(initial=0))
+    )
+
+
+def verify(path: Path, spec: TableSpec, stored: np.ndarray, values: np.ndarray) -> int:
+    """Checks an index file against the item table as the server's loader does, and also that every `err` bounds
+    its row's quantization error; returns `nlist`. Raises `IndexError_` naming the file and the mismatch."""
+
+    def fail(problem: str) -> IndexError_:
+        return IndexError_(f"{path}: {problem}")
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (OSError, Exception) as e:  # safetensors raises its own error types
+        raise fail(f"is not a readable safetensors file: {e}") from e
+    stale = "the index is stale or for another table: rebuild it with `python -m recserve_models index`"
+    for key, want in (("format", FORMAT), ("format_version", FORMAT_VERSION), ("codes", "int8")):
+        if meta.get(key) != want:
+            raise fail(f"has {key} {meta.get(key)!r} in its metadata, not {want!r}")
+    rows, dim = values.shape
+    for key, want in (("items", str(rows)), ("dim", str(dim)), ("item_storage", spec.storage)):
+        if meta.get(key) != want:
+            raise fail(f"was built for {key} {meta.get(key)!r}, but item table {spec.name!r} has {want!r}; {stale}")
+    checksum = table_checksum(stored)
+    if meta.get("item_checksum") != checksum:
+        raise fail(
+            f"records item table checksum {meta.get('item_checksum')}, but item table {spec.name!r} has checksum "
+            f"{checksum}: the table changed since the index was built; {stale}"
+        )
+    try:
+        nlist = int(meta.get("nlist", ""))
+    except ValueError as e:
+        raise fail(f"has nlist {meta.get('nlist')!r} in its metadata, not a count") from e
+    missing = [t for t in TENSORS if t not in tensors]
+    if missing:
+        raise fail(f"has no tensor {missing[0]!r}")
+    sizes, offsets, ids = tensors["list_sizes"], tensors["list_offsets"], tensors["ids"]
+    if sizes.shape != (nlist,) or offsets.shape != (nlist + 1,) or offsets[0] != 0:
+        raise fail(f"list_sizes / list_offsets do not describe {nlist} lists")
+    if not np.array_equal(np.diff(offsets), (sizes + LANES - 1) // LANES) or sizes.sum() != rows:
+        raise fail("list_offsets do not match list_sizes, or the lists do not hold every item once")
+    panels = int(offsets[-1])
+    shapes = {
+        "centroids": (nlist, dim),
+        "ids": (panels * LANES,),
+        "codes": (panels, dim, LANES),
+        "scale": (panels, LANES),
+        "bias": (panels, LANES),
+        "err": (panels, LANES),
+    }
+    for name, shape in shapes.items():
+        if tensors[name].shape != shape:
+            raise fail(f"tensor {name!r} has shape {list(tensors[name].shape)}, expected {list(shape)}")
+    lane_in_list = np.arange(panels * LANES) - np.repeat(offsets[:-1] * LANES, (offsets[1:] - offsets[:-1]) * LANES)
+    used = lane_in_list < np.repeat(sizes, (offsets[1:] - offsets[:-1]) * LANES)
+    if np.any(ids[~used] != PADDING) or not np.array_equal(np.sort(ids[used]), np.arange(rows, dtype=np.uint32)):
+        raise fail("tensor 'ids' does not hold every item exactly once, with padding lanes marked")
+    codes = tensors["codes"].transpose(0, 2, 1).reshape(-1, dim)[used]
+    scale = tensors["scale"].reshape(-1)[used].astype(np.float64)
+    bias = tensors["bias"].reshape(-1)[used].astype(np.float64)
+    err = tensors["err"].reshape(-1)[used].astype(np.float64)
+    item = ids[used].astype(np.int64)
+    decoded = codes.astype(np.float64) * scale[:, None] + bias[:, None]
+    diff = np.abs(values[item].astype(np.float64) - decoded).max(axis=1)
+    bad = np.flatnonzero(~(err >= diff))
+    if bad.size:
+        raise fail(f"item {int(item[bad[0]])}'s err {err[bad[0]]} does not bound its code error {diff[bad[0]]}")
+    return nlist
+
+
+def build_index(
+    directory: Path,
+    model: LightGCNToml,
+    stored: np.ndarray,
+    values: np.ndarray,
+    nlist: int,
+    sample: int,
+    iterations: int,
+    seed: int,
+    report: Callable[[str], None] | None = None,
+    file: str = INDEX_FILE,
+) -> Built:
+    """Writes `file` into the version `directory` for its item table (see `build_file`)."""
+    spec = model.table(model.recall.item_table)
+    return build_file(directory / file, spec, stored, values, nlist, sample, iterations, seed, report)

@@ -1,0 +1,628 @@
+//! The IVF index: approximate recall over large catalogues whose answers are still exact scores.
+//!
+//! An index file (written by `python -m recserve_models index`, format in docs/model-repository.md) holds a coarse
+//! quantizer of `nlist` centroids and, per list, its items as int8 row-wise codes laid out in the catalogue's
+//! 16-item panels. A query scores the centroids (an fp32 [`Catalogue`] of them, so ties go to the lower list),
+//! scans the codes of its best `nprobe` lists with the catalogue's own code-domain kernel
+//! ([`kernel::code_dots`]), and re-ranks the candidates with the documented exact score read from the item table
+//! itself ([`exact_score`]), so every score in an answer is bit for bit the exact path's.
+//!
+//! Which items are candidates is decided by a bound, not a fixed depth: each item carries `err`, such that for any
+//! query `q` its exact f32 score lies within `err · ‖q‖₁` of its approximate (code) score. The scan keeps the
+//! `k`-th best lower bound `L` seen so far, and an item is a candidate when its upper bound reaches `L`; an item
+//! below `L` has an exact score strictly below the `k`-th best exact score of the scanned items, so it cannot be in
+//! their top `k`, not even by a tie. The answer is therefore **the exact top `k` of the items of the probed lists**
+//! (same order, same ties by lower id, same exclusions): `nprobe = nlist` is the exact answer, and recall never
+//! falls as `nprobe` grows. `max_candidates` caps the re-ranked set (the highest upper bounds are kept); an answer
+//! whose cap cut into that set is counted in [`IvfStats::capped`].
+//!
+//! If the probed lists hold fewer than `k + |exclude|` items, further lists are probed in centroid order until they
+//! do, so an answer has as many items as the exact one.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::catalogue::{Catalogue, CodeRow, LANES, SearchQuery, SearchScratch};
+use super::kernel::{self, Isa};
+use super::select::{Scored, TopK, answer_order};
+use crate::repository::{OovPolicy, Storage, TableSpec};
+
+/// Bytes that stay where they are (a mapped file, or a buffer in tests).
+pub type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// The `format` an index file's metadata names, and the version of its layout.
+pub const FORMAT: &str = "recserve-ivf";
+pub const FORMAT_VERSION: &str = "1";
+
+/// A lane of a panel that holds no item (the tail of a list).
+const PADDING: u32 = u32::MAX;
+
+/// Relative slack on `‖q‖₁` as computed in f32 (its rounding is at most `dim · 2⁻²⁴` relative).
+const NORM_SLACK: f32 = 1e-4;
+
+/// How one query searches the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Lists scanned (1 to `nlist`; more if those hold fewer than `k + |exclude|` items).
+    pub nprobe: usize,
+    /// The most candidates re-ranked (at least `k`).
+    pub max_candidates: usize,
+}
+
+/// What a search did, summed over its queries (for metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IvfStats {
+    pub seconds: f64,
+    /// Lists scanned.
+    pub lists: u64,
+    /// Item codes scored.
+    pub codes: u64,
+    /// Candidates re-ranked with the exact score.
+    pub reranked: u64,
+    /// Queries whose candidates were cut by `max_candidates` (their answer may differ from the exact top `k` of the
+    /// probed lists).
+    pub capped: u64,
+}
+
+/// Buffers one executor reuses from search to search.
+#[derive(Debug, Default)]
+pub struct IvfScratch {
+    centroids: SearchScratch,
+    lists: Vec<u32>,
+    dots: Vec<[f32; LANES]>,
+    lower: TopK,
+    candidates: TopK,
+}
+
+/// Where the big arrays lie in the index file.
+#[derive(Clone, Debug)]
+struct Ranges {
+    ids: Range<usize>,
+    codes: Range<usize>,
+    scale: Range<usize>,
+    bias: Range<usize>,
+    err: Range<usize>,
+}
+
+/// An IVF index over one item table, with the table itself for re-ranking.
+pub struct IvfIndex {
+    dim: usize,
+    items: usize,
+    storage: Storage,
+    file: Bytes,
+    ranges: Ranges,
+    /// First panel of each list, and one past the last panel.
+    offsets: Vec<usize>,
+    /// Items of each list.
+    sizes: Vec<usize>,
+    centroids: Catalogue,
+    /// The item table in its documented row layout (`storage`).
+    table: Bytes,
+    isa: Isa,
+}
+
+impl std::fmt::Debug for IvfIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IvfIndex")
+            .field("dim", &self.dim)
+            .field("items", &self.items)
+            .field("nlist", &self.nlist())
+            .field("storage", &self.storage)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The checksum an index records of the item table it was built from: `Σ_i w_i · (2i + 1) mod 2⁶⁴` over the
+/// table tensor's bytes read as little-endian u64 words `w_i` (the last one zero-padded), as 16 hex digits.
+/// Position-weighted, so a changed, moved or swapped row changes it.
+pub fn table_checksum(bytes: &[u8]) -> String {
+    let (words, tail) = bytes.as_chunks::<8>();
+    let mut sum = 0u64;
+    for (i, w) in words.iter().enumerate() {
+        sum = sum.wrapping_add(u64::from_le_bytes(*w).wrapping_mul(2 * i as u64 + 1));
+    }
+    if !tail.is_empty() {
+        let mut last = [0u8; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        let i = words.len() as u64;
+        sum = sum.wrapping_add(u64::from_le_bytes(last).wrapping_mul(2 * i + 1));
+    }
+    format!("{sum:016x}")
+}
+
+/// The documented exact score of item row `row` (its bytes in the layout of `storage`) for `query`, whose element
+/// sum (in index order, f32) is `qsum`: bit for bit what the catalogue's kernels compute.
+#[inline]
+pub fn exact_score(storage: Storage, row: &[u8], query: &[f32], qsum: f32) -> f32 {
+    let mut s = 0.0f32;
+    match storage {
+        Storage::Fp32 => {
+            for (&q, x) in query.iter().zip(row.as_chunks::<4>().0) {
+                s += q * f32::from_le_bytes(*x);
+            }
+            s
+        }
+        Storage::Fp16 => {
+            for (&q, x) in query.iter().zip(row.as_chunks::<2>().0) {
+                s += q * half::f16::from_le_bytes(*x).to_f32();
+            }
+            s
+        }
+        Storage::Int8 => {
+            let (codes, params) = row.split_at(query.len());
+            for (&q, &c) in query.iter().zip(codes) {
+                s += q * f32::from(c);
+            }
+            let (params, _) = params.as_chunks::<4>();
+            let (scale, bias) = (f32::from_le_bytes(params[0]), f32::from_le_bytes(params[1]));
+            s * scale + bias * qsum
+        }
+    }
+}
+
+fn tensor_range(buffer: &[u8], data: &[u8]) -> Range<usize> {
+    let start = data.as_ptr() as usize - buffer.as_ptr() as usize;
+    start..start + data.len()
+}
+
+impl IvfIndex {
+    /// Reads an index file (`file`, the whole safetensors buffer) built for the item table `spec` (`table`, its
+    /// tensor's bytes), checking what it was built from (format, item count, dim, storage, the table's checksum)
+    /// and every structural invariant the search relies on. The problem names what does not match.
+    pub fn open(file: Bytes, spec: &TableSpec, table: Bytes) -> Result<IvfIndex, String> {
+        let buffer = (*file).as_ref();
+        let (_, metadata) = SafeTensors::read_metadata(buffer)
+            .map_err(|e| format!("is not a valid safetensors file (truncated or corrupt?): {e}"))?;
+        let empty = HashMap::new();
+        let meta = metadata.metadata().as_ref().unwrap_or(&empty);
+        let field = |key: &str| -> Result<&str, String> {
+            meta.get(key).map(String::as_str).ok_or_else(|| {
+                format!("has no {key:?} in its metadata: not an index written by `recserve_models index`")
+            })
+        };
+        if field("format")? != FORMAT {
+            return Err(format!(
+                "has format {:?} in its metadata, not {FORMAT:?}",
+                field("format")?
+            ));
+        }
+        if field("format_version")? != FORMAT_VERSION {
+            return Err(format!(
+                "has format_version {:?}; this server reads version {FORMAT_VERSION}",
+                field("format_version")?
+            ));
+        }
+        if field("codes")? != "int8" {
+            return Err(format!(
+                "has codes {:?}; this server reads \"int8\" codes",
+                field("codes")?
+            ));
+        }
+        let number = |key: &str| -> Result<usize, String> {
+            let v = field(key)?;
+            v.parse()
+                .map_err(|_| format!("has {key} = {v:?} in its metadata, not a count"))
+        };
+        let (items, dim, nlist) = (number("items")?, number("dim")?, number("nlist")?);
+        let stale = "the index is stale or for another table: rebuild it with `python -m recserve_models index`";
+        if items as u64 != spec.rows {
+            return Err(format!(
+                "was built for {items} items, but item table {:?} has {} rows; {stale}",
+                spec.name, spec.rows
+            ));
+        }
+        if dim != spec.dim {
+            return Err(format!(
+                "was built for dim {dim}, but item table {:?} has dim {}; {stale}",
+                spec.name, spec.dim
+            ));
+        }
+        let storage = field("item_storage")?;
+        if storage != spec.storage.as_str() {
+            return Err(format!(
+                "was built from a table stored as {storage:?}, but item table {:?} is stored as {:?}; {stale}",
+                spec.name,
+                spec.storage.as_str()
+            ));
+        }
+        let table_bytes = (*table).as_ref();
+        if table_bytes.len() != spec.bytes() as usize {
+            return Err(format!(
+                "item table {:?} holds {} bytes, expected {}",
+                spec.name,
+                table_bytes.len(),
+                spec.bytes()
+            ));
+        }
+        let recorded = field("item_checksum")?;
+        let actual = table_checksum(table_bytes);
+        if recorded != actual {
+            return Err(format!(
+                "records item table checksum {recorded}, but item table {:?} has checksum {actual}: the table \
+                 changed since the index was built; {stale}",
+                spec.name
+            ));
+        }
+        if nlist == 0 || dim == 0 {
+            return Err("has nlist or dim 0".to_owned());
+        }
+
+        let tensors = SafeTensors::deserialize(buffer)
+            .map_err(|e| format!("is not a valid safetensors file (truncated or corrupt?): {e}"))?;
+        let tensor = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<&[u8], String> {
+            let view = tensors
+                .tensor(name)
+                .map_err(|_| format!("has no tensor {name:?}"))?;
+            if view.dtype() != dtype || view.shape() != shape {
+                return Err(format!(
+                    "tensor {name:?} is {:?} {:?}, expected {dtype:?} {shape:?}",
+                    view.dtype(),
+                    view.shape()
+                ));
+            }
+            Ok(view.data())
+        };
+        let offsets: Vec<usize> = tensor("list_offsets", Dtype::I64, &[nlist + 1])?
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|b| usize::try_from(i64::from_le_bytes(*b)).unwrap_or(usize::MAX))
+            .collect();
+        let sizes: Vec<usize> = tensor("list_sizes", Dtype::I64, &[nlist])?
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|b| usize::try_from(i64::from_le_bytes(*b)).unwrap_or(usize::MAX))
+            .collect();
+        let panels = *offsets.last().unwrap_or(&0);
+        if offsets[0] != 0 {
+            return Err("tensor \"list_offsets\" does not start at 0".to_owned());
+        }
+        for l in 0..nlist {
+            let want = sizes[l].div_ceil(LANES);
+            if offsets[l] > offsets[l + 1] || offsets[l + 1] - offsets[l] != want {
+                return Err(format!(
+                    "list {l} holds {} items but spans panels {}..{} (expected {want} panels of {LANES})",
+                    sizes[l],
+                    offsets[l],
+                    offsets[l + 1]
+                ));
+            }
+        }
+        if sizes.iter().sum::<usize>() != items {
+            return Err(format!(
+                "its lists hold {} items in all, not the {items} of the catalogue",
+                sizes.iter().sum::<usize>()
+            ));
+        }
+        let centroid_bytes = tensor("centroids", Dtype::F32, &[nlist, dim])?;
+        let centroid_spec = TableSpec {
+            name: "centroids".to_owned(),
+            rows: nlist as u64,
+            dim,
+            storage: Storage::Fp32,
+            oov: OovPolicy::Reject,
+        };
+        let centroids = Catalogue::new(&centroid_spec, centroid_bytes, 1)
+            .map_err(|problem| format!("tensor \"centroids\" {problem}"))?;
+        let lanes = panels * LANES;
+        let ranges = Ranges {
+            ids: tensor_range(buffer, tensor("ids", Dtype::U32, &[lanes])?),
+            codes: tensor_range(buffer, tensor("codes", Dtype::U8, &[panels, dim, LANES])?),
+            scale: tensor_range(buffer, tensor("scale", Dtype::F32, &[panels, LANES])?),
+            bias: tensor_range(buffer, tensor("bias", Dtype::F32, &[panels, LANES])?),
+            err: tensor_range(buffer, tensor("err", Dtype::F32, &[panels, LANES])?),
+        };
+        drop(tensors);
+        let index = IvfIndex {
+            dim,
+            items,
+            storage: spec.storage,
+            file,
+            ranges,
+            offsets,
+            sizes,
+            centroids,
+            table,
+            isa: Isa::detect(),
+        };
+        index.check_lanes()?;
+        Ok(index)
+    }
+
+    /// Checks that the file's arrays can be read in place, that every item is in exactly one list lane and every
+    /// padding lane is marked, and that scales, biases and bounds are finite (bounds not negative).
+    fn check_lanes(&self) -> Result<(), String> {
+        let aligned = |name: &str, range: &Range<usize>| {
+            if ((*self.file).as_ref()[range.clone()].as_ptr() as usize).is_multiple_of(4) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "tensor {name:?} is not 4-byte aligned in the file (write it with the safetensors library, \
+                     which aligns tensors)"
+                ))
+            }
+        };
+        for (name, range) in [
+            ("ids", &self.ranges.ids),
+            ("scale", &self.ranges.scale),
+            ("bias", &self.ranges.bias),
+            ("err", &self.ranges.err),
+        ] {
+            aligned(name, range)?;
+        }
+        let ids = self.ids();
+        let mut seen = vec![false; self.items];
+        for (l, (&size, first)) in self.sizes.iter().zip(&self.offsets).enumerate() {
+            let lanes = &ids[first * LANES..(first + size.div_ceil(LANES)) * LANES];
+            for (i, &id) in lanes.iter().enumerate() {
+                if i >= size {
+                    if id != PADDING {
+                        return Err(format!(
+                            "list {l}: lane {i} is past its {size} items but holds id {id}, not {PADDING}"
+                        ));
+                    }
+                    continue;
+                }
+                match seen.get_mut(id as usize) {
+                    Some(s) if !*s => *s = true,
+                    Some(_) => return Err(format!("item {id} is in more than one list lane")),
+                    None => {
+                        return Err(format!(
+                            "list {l} holds id {id}, outside the {} items",
+                            self.items
+                        ));
+                    }
+                }
+            }
+        }
+        for (name, values) in [
+            ("scale", self.floats(&self.ranges.scale)),
+            ("bias", self.floats(&self.ranges.bias)),
+            ("err", self.floats(&self.ranges.err)),
+        ] {
+            if let Some(v) = values
+                .iter()
+                .flatten()
+                .find(|v| !v.is_finite() || (name == "err" && **v < 0.0))
+            {
+                return Err(format!("tensor {name:?} holds {v}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn ids(&self) -> &[u32] {
+        bytemuck::cast_slice(&(*self.file).as_ref()[self.ranges.ids.clone()])
+    }
+
+    fn codes(&self) -> &[CodeRow] {
+        bytemuck::cast_slice(&(*self.file).as_ref()[self.ranges.codes.clone()])
+    }
+
+    fn floats(&self, range: &Range<usize>) -> &[[f32; LANES]] {
+        bytemuck::cast_slice(&(*self.file).as_ref()[range.clone()])
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn items(&self) -> usize {
+        self.items
+    }
+
+    pub fn nlist(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Items of each list.
+    pub fn list_sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Bytes of the index file (codes, ids, per-item parameters, centroids), besides the item table.
+    pub fn bytes(&self) -> u64 {
+        (*self.file).as_ref().len() as u64
+    }
+
+    /// The ids of list `l`'s items, in lane order.
+    pub fn list_items(&self, l: usize) -> Vec<u32> {
+        let first = self.offsets[l] * LANES;
+        self.ids()[first..first + self.sizes[l]].to_vec()
+    }
+
+    /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, ascending.
+    pub fn probed_lists(
+        &self,
+        query: &[f32],
+        k: usize,
+        excluded: usize,
+        nprobe: usize,
+        scratch: &mut IvfScratch,
+    ) -> Vec<u32> {
+        self.probe(self.isa, query, k, excluded, nprobe, scratch);
+        scratch.lists.clone()
+    }
+
+    /// Fills `scratch.lists` (ascending) with the best `nprobe` lists by centroid score, and more in centroid order
+    /// while they hold fewer than `k + excluded` items.
+    fn probe(
+        &self,
+        isa: Isa,
+        query: &[f32],
+        k: usize,
+        excluded: usize,
+        nprobe: usize,
+        scratch: &mut IvfScratch,
+    ) {
+        let nlist = self.nlist();
+        let need = (k + excluded).min(self.items);
+        let mut want = nprobe.clamp(1, nlist);
+        loop {
+            let q = SearchQuery {
+                vector: query,
+                k: want,
+                exclude: &[],
+            };
+            let (mut found, _) = self
+                .centroids
+                .search_with(isa, &[q], &mut scratch.centroids);
+            let best = found.pop().unwrap_or_default();
+            scratch.lists.clear();
+            let mut held = 0;
+            for s in &best {
+                if scratch.lists.len() >= nprobe.max(1) && held >= need {
+                    break;
+                }
+                scratch.lists.push(s.id);
+                held += self.sizes[s.id as usize];
+            }
+            if held >= need || want == nlist {
+                break;
+            }
+            want = nlist;
+        }
+        scratch.lists.sort_unstable();
+    }
+
+    /// Every query's top `k`: the exact top `k` of the items in its probed lists (see the module docs).
+    ///
+    /// # Panics
+    /// If a query's vector does not hold `dim` values.
+    pub fn search(
+        &self,
+        queries: &[SearchQuery<'_>],
+        probe: Probe,
+        scratch: &mut IvfScratch,
+    ) -> (Vec<Vec<Scored>>, IvfStats) {
+        self.search_with(self.isa, queries, probe, scratch)
+    }
+
+    /// [`IvfIndex::search`] with the kernels of `isa` (which the CPU must support).
+    pub fn search_with(
+        &self,
+        isa: Isa,
+        queries: &[SearchQuery<'_>],
+        probe: Probe,
+        scratch: &mut IvfScratch,
+    ) -> (Vec<Vec<Scored>>, IvfStats) {
+        let started = Instant::now();
+        let mut stats = IvfStats::default();
+        let results = queries
+            .iter()
+            .map(|q| self.search_one(isa, q, probe, scratch, &mut stats))
+            .collect();
+        stats.seconds = started.elapsed().as_secs_f64();
+        (results, stats)
+    }
+
+    fn search_one(
+        &self,
+        isa: Isa,
+        q: &SearchQuery<'_>,
+        probe: Probe,
+        s: &mut IvfScratch,
+        stats: &mut IvfStats,
+    ) -> Vec<Scored> {
+        let dim = self.dim;
+        assert_eq!(q.vector.len(), dim, "a query vector holds dim values");
+        let (mut qsum, mut qabs) = (0.0f32, 0.0f32);
+        for &x in q.vector {
+            qsum += x;
+            qabs += x.abs();
+        }
+        let qabs = qabs * (1.0 + NORM_SLACK);
+        self.probe(isa, q.vector, q.k, q.exclude.len(), probe.nprobe, s);
+        let total: usize = s.lists.iter().map(|&l| self.sizes[l as usize]).sum();
+        s.lower.reset(q.k, total);
+        s.candidates.reset(probe.max_candidates.max(q.k), total);
+        let (ids, codes) = (self.ids(), self.codes());
+        let (scale, bias, err) = (
+            self.floats(&self.ranges.scale),
+            self.floats(&self.ranges.bias),
+            self.floats(&self.ranges.err),
+        );
+        for &l in &s.lists {
+            let (first, last) = (self.offsets[l as usize], self.offsets[l as usize + 1]);
+            s.dots.clear();
+            kernel::code_dots(
+                isa,
+                &codes[first * dim..last * dim],
+                dim,
+                q.vector,
+                &mut s.dots,
+            );
+            for (i, acc) in s.dots.iter().enumerate() {
+                let p = first + i;
+                let (mut lo, mut up) = ([0.0f32; LANES], [0.0f32; LANES]);
+                let mut best = f32::NEG_INFINITY;
+                for l in 0..LANES {
+                    let approx = acc[l] * scale[p][l] + bias[p][l] * qsum;
+                    let w = err[p][l] * qabs;
+                    lo[l] = approx - w;
+                    up[l] = approx + w;
+                    best = best.max(up[l]);
+                }
+                if best < s.lower.floor() {
+                    continue;
+                }
+                for l in 0..LANES {
+                    let at = p * LANES + l;
+                    let id = ids[at];
+                    if id == PADDING || up[l] < s.lower.floor() {
+                        continue;
+                    }
+                    if q.exclude.binary_search(&id).is_ok() {
+                        continue;
+                    }
+                    if s.lower.wants(lo[l]) {
+                        s.lower.push(at as u32, lo[l]);
+                    }
+                    if s.candidates.wants(up[l]) {
+                        s.candidates.push(at as u32, up[l]);
+                    }
+                }
+            }
+        }
+        let lows = s.lower.finish();
+        let floor = if lows.len() >= q.k {
+            lows[q.k - 1].score
+        } else {
+            f32::NEG_INFINITY
+        };
+        let cut = s.candidates.floor();
+        if cut > f32::NEG_INFINITY && cut >= floor {
+            stats.capped += 1;
+        }
+        let candidates = s.candidates.finish();
+        let table = (*self.table).as_ref();
+        let row_bytes = self.storage.row_bytes(dim);
+        let mut answer: Vec<Scored> = candidates
+            .iter()
+            .filter(|c| c.score >= floor)
+            .map(|c| {
+                let id = ids[c.id as usize];
+                let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];
+                Scored {
+                    id,
+                    score: exact_score(self.storage, row, q.vector, qsum),
+                }
+            })
+            .collect();
+        stats.lists += s.lists.len() as u64;
+        stats.codes += total as u64;
+        stats.reranked += answer.len() as u64;
+        answer.sort_unstable_by(answer_order);
+        answer.truncate(q.k);
+        answer
+    }
+}
+
+#[cfg(test)]
+#[path = "ivf_tests.rs"]
+mod tests;

@@ -1,0 +1,578 @@
+//! The IVF index against brute force: with `nprobe = nlist` every answer equals the naive exact top `k` (ids and
+//! score bits), with fewer lists it equals the naive top `k` of the probed lists' items, recall never falls as
+//! `nprobe` grows, and exclusions, ties, batches, every ISA and the exact path's shard layouts all agree. Also the
+//! refusals of a stale or malformed index file. Indexes are built here by a small builder that follows the
+//! documented format and bound (docs/model-repository.md); the toolchain's builder is tested in models/tests.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+
+use super::*;
+use crate::recall::reference;
+use crate::recall::tests::{Rng, encode, search_queries, spec};
+
+/// An f64-sized buffer, so that the file's f32 and u32 tensors are aligned as they are in a mapped file.
+struct Aligned(Vec<u64>, usize);
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.0)[..self.1]
+    }
+}
+
+fn bytes(b: &[u8]) -> Bytes {
+    let mut words = vec![0u64; b.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..b.len()].copy_from_slice(b);
+    Arc::new(Aligned(words, b.len()))
+}
+
+/// `γ_n` of f32 (as in the reference).
+fn gamma(n: usize) -> f64 {
+    let nu = n as f64 / (1u64 << 24) as f64;
+    nu / (1.0 - nu)
+}
+
+/// Builds an index file for `table` (layout of `spec.storage`): centroids are `nlist` evenly spaced items, each
+/// item goes to the list whose centroid scores it highest, codes and bounds as documented. `metadata` overrides
+/// metadata fields.
+fn build(spec: &TableSpec, table: &[u8], nlist: usize, metadata: &[(&str, &str)]) -> Vec<u8> {
+    let (n, dim) = (spec.rows as usize, spec.dim);
+    let row_bytes = spec.storage.row_bytes(dim);
+    let mut x = vec![0.0f32; n * dim];
+    for (i, row) in x.chunks_exact_mut(dim).enumerate() {
+        crate::embedding::cpu::decode_row(
+            spec.storage,
+            &table[i * row_bytes..(i + 1) * row_bytes],
+            row,
+        );
+    }
+    let centroids: Vec<f32> = (0..nlist)
+        .flat_map(|c| x[(c * n / nlist) * dim..(c * n / nlist + 1) * dim].to_vec())
+        .collect();
+    let mut lists = vec![Vec::new(); nlist];
+    for (i, row) in x.chunks_exact(dim).enumerate() {
+        let score = |c: usize| -> f64 {
+            row.iter()
+                .zip(&centroids[c * dim..(c + 1) * dim])
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum()
+        };
+        let best = (0..nlist)
+            .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+            .unwrap_or(0);
+        lists[best].push(i as u32);
+    }
+    let (mut offsets, mut sizes) = (vec![0i64], Vec::new());
+    let (mut ids, mut codes, mut scale, mut bias, mut err) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for list in &lists {
+        let panels = list.len().div_ceil(LANES);
+        sizes.push(list.len() as i64);
+        offsets.push(offsets.last().copied().unwrap_or(0) + panels as i64);
+        let mut panel_codes = vec![0u8; panels * dim * LANES];
+        for slot in 0..panels * LANES {
+            let Some(&id) = list.get(slot) else {
+                ids.push(u32::MAX);
+                scale.push(0.0f32);
+                bias.push(0.0f32);
+                err.push(0.0f32);
+                continue;
+            };
+            let row = &x[id as usize * dim..(id as usize + 1) * dim];
+            let min = row.iter().copied().fold(f32::INFINITY, f32::min);
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            // The table quantizer's rule: a constant row has scale 1.0 (models/recserve_models/quantize.py).
+            let s = if max > min { (max - min) / 255.0 } else { 1.0 };
+            let (mut diff, mut big) = (0.0f64, 0.0f64);
+            let (p, l) = (slot / LANES, slot % LANES);
+            for (j, &v) in row.iter().enumerate() {
+                let c = ((v - min) / s).round().clamp(0.0, 255.0);
+                panel_codes[(p * dim + j) * LANES + l] = c as u8;
+                let decoded = f64::from(c) * f64::from(s) + f64::from(min);
+                diff = diff.max((f64::from(v) - decoded).abs());
+                big = big.max(f64::from(v).abs());
+            }
+            let exact_range = match spec.storage {
+                Storage::Int8 => {
+                    let params = &table[id as usize * row_bytes + dim..];
+                    let ts = f32::from_le_bytes([params[0], params[1], params[2], params[3]]);
+                    let tb = f32::from_le_bytes([params[4], params[5], params[6], params[7]]);
+                    f64::from(tb.abs()) + 255.0 * f64::from(ts.abs())
+                }
+                Storage::Fp32 | Storage::Fp16 => big,
+            };
+            let approx_range = f64::from(min.abs()) + 255.0 * f64::from(s.abs());
+            let e =
+                (diff + 2.0 * gamma(dim + 2) * (exact_range + approx_range)) * (1.0 + 1.0 / 1024.0);
+            ids.push(id);
+            scale.push(s);
+            bias.push(min);
+            err.push(e as f32);
+        }
+        codes.extend(panel_codes);
+    }
+    let panels = *offsets.last().unwrap_or(&0) as usize;
+    let mut meta: HashMap<String, String> = [
+        ("format", FORMAT.to_owned()),
+        ("format_version", FORMAT_VERSION.to_owned()),
+        ("codes", "int8".to_owned()),
+        ("items", n.to_string()),
+        ("dim", dim.to_string()),
+        ("nlist", nlist.to_string()),
+        ("item_table", spec.name.clone()),
+        ("item_storage", spec.storage.as_str().to_owned()),
+        ("item_checksum", table_checksum(table)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in metadata {
+        meta.insert((*k).to_owned(), (*v).to_owned());
+    }
+    let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = vec![
+        ("centroids", Dtype::F32, vec![nlist, dim], le(&centroids)),
+        (
+            "list_offsets",
+            Dtype::I64,
+            vec![nlist + 1],
+            offsets.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        (
+            "list_sizes",
+            Dtype::I64,
+            vec![nlist],
+            sizes.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        (
+            "ids",
+            Dtype::U32,
+            vec![panels * LANES],
+            ids.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        ("codes", Dtype::U8, vec![panels, dim, LANES], codes),
+        ("scale", Dtype::F32, vec![panels, LANES], le(&scale)),
+        ("bias", Dtype::F32, vec![panels, LANES], le(&bias)),
+        ("err", Dtype::F32, vec![panels, LANES], le(&err)),
+    ];
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                *name,
+                TensorView::new(*dtype, shape.clone(), data).expect("a consistent tensor"),
+            )
+        })
+        .collect();
+    safetensors::serialize(views, Some(meta)).expect("serializes")
+}
+
+/// A catalogue of `clusters` groups of items around random centres (so that lists mean something), encoded as
+/// `storage`.
+fn clustered(
+    rng: &mut Rng,
+    items: usize,
+    dim: usize,
+    clusters: usize,
+    storage: Storage,
+) -> (TableSpec, Vec<u8>) {
+    let centres: Vec<f32> = (0..clusters * dim).map(|_| 2.0 * rng.unit()).collect();
+    let values: Vec<f32> = (0..items)
+        .flat_map(|_| {
+            let c = rng.below(clusters);
+            (0..dim)
+                .map(|j| centres[c * dim + j] + 0.4 * rng.unit())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    (spec(items, dim, storage), encode(&values, dim, storage))
+}
+
+fn open(spec: &TableSpec, table: &[u8], nlist: usize) -> IvfIndex {
+    IvfIndex::open(bytes(&build(spec, table, nlist, &[])), spec, bytes(table))
+        .expect("a valid index")
+}
+
+fn query(rng: &mut Rng, dim: usize) -> Vec<f32> {
+    (0..dim).map(|_| rng.unit()).collect()
+}
+
+fn same(got: &[Scored], want: &[Scored]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.id == b.id && a.score.to_bits() == b.score.to_bits())
+}
+
+const ALL: usize = usize::MAX;
+
+#[test]
+fn with_every_list_probed_the_answer_is_the_exact_answer() {
+    let mut rng = Rng(0x1F_0001);
+    let mut checked = 0;
+    for storage in [Storage::Fp32, Storage::Fp16, Storage::Int8] {
+        for (items, dim, nlist) in [
+            (1, 1, 1),
+            (40, 3, 4),
+            (300, 16, 7),
+            (1000, 24, 16),
+            (2049, 64, 32),
+        ] {
+            let (spec, table) = clustered(&mut rng, items, dim, 5, storage);
+            let index = open(&spec, &table, nlist);
+            let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..6)
+                .map(|i| {
+                    let k = [
+                        1,
+                        10,
+                        items,
+                        (items / 3).max(1),
+                        100.min(items),
+                        1 + rng.below(items),
+                    ][i];
+                    let exclude: Vec<u32> = {
+                        let mut e: Vec<u32> = (0..i * items / 12)
+                            .map(|_| rng.below(items) as u32)
+                            .collect();
+                        e.sort_unstable();
+                        e.dedup();
+                        e
+                    };
+                    (query(&mut rng, dim), k, exclude)
+                })
+                .collect();
+            let search = search_queries(&queries);
+            for isa in Isa::available() {
+                let probe = Probe {
+                    nprobe: nlist,
+                    max_candidates: ALL,
+                };
+                let (got, stats) =
+                    index.search_with(isa, &search, probe, &mut IvfScratch::default());
+                assert_eq!(stats.capped, 0);
+                assert_eq!(stats.codes, (queries.len() * items) as u64);
+                for (i, ((vector, k, exclude), got)) in queries.iter().zip(&got).enumerate() {
+                    let want =
+                        reference::top_k(&reference::scores(&spec, &table, vector), *k, exclude);
+                    assert!(
+                        same(got, &want),
+                        "{storage:?} {items}×{dim} nlist {nlist} {} query {i} k {k}:\n got  {:?}\n want {:?}",
+                        isa.as_str(),
+                        &got[..got.len().min(6)],
+                        &want[..want.len().min(6)]
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 90, "{checked}");
+}
+
+/// The naive top `k` of the items of `lists`, as the index promises.
+fn top_of_lists(
+    index: &IvfIndex,
+    lists: &[u32],
+    scores: &[f32],
+    k: usize,
+    exclude: &[u32],
+) -> Vec<Scored> {
+    let mut inside = vec![false; scores.len()];
+    for &l in lists {
+        for id in index.list_items(l as usize) {
+            inside[id as usize] = true;
+        }
+    }
+    let mut outside: Vec<u32> = (0..scores.len() as u32)
+        .filter(|&id| !inside[id as usize])
+        .collect();
+    outside.extend_from_slice(exclude);
+    outside.sort_unstable();
+    outside.dedup();
+    reference::top_k(scores, k, &outside)
+}
+
+#[test]
+fn with_fewer_lists_the_answer_is_the_exact_top_k_of_the_probed_lists_and_recall_never_falls() {
+    let mut rng = Rng(0x1F_0002);
+    for storage in [Storage::Fp32, Storage::Int8] {
+        let (items, dim, nlist) = (3000, 32, 24);
+        let (spec, table) = clustered(&mut rng, items, dim, 12, storage);
+        let index = open(&spec, &table, nlist);
+        let mut scratch = IvfScratch::default();
+        let (mut recall_one, mut recall_all) = (0.0f64, 0.0f64);
+        for qi in 0..20 {
+            let vector = query(&mut rng, dim);
+            let k = [10, 100, 1][qi % 3];
+            let exclude: Vec<u32> = if qi % 2 == 0 {
+                vec![]
+            } else {
+                (0..300).map(|i| i * 7).collect()
+            };
+            let scores = reference::scores(&spec, &table, &vector);
+            let exact = reference::top_k(&scores, k, &exclude);
+            let mut last_recall = 0.0;
+            for nprobe in 1..=nlist {
+                let q = SearchQuery {
+                    vector: &vector,
+                    k,
+                    exclude: &exclude,
+                };
+                let probe = Probe {
+                    nprobe,
+                    max_candidates: ALL,
+                };
+                let (mut got, stats) = index.search(&[q], probe, &mut scratch);
+                let got = got.pop().expect("one answer");
+                let lists = index.probed_lists(&vector, k, exclude.len(), nprobe, &mut scratch);
+                assert_eq!(stats.lists, lists.len() as u64);
+                let want = top_of_lists(&index, &lists, &scores, k, &exclude);
+                assert!(
+                    same(&got, &want),
+                    "{storage:?} query {qi} nprobe {nprobe}: {got:?}\n{want:?}"
+                );
+                assert_eq!(got.len(), exact.len(), "as many items as the exact answer");
+                let hits = got
+                    .iter()
+                    .filter(|g| exact.iter().any(|e| e.id == g.id))
+                    .count();
+                let recall = hits as f64 / exact.len() as f64;
+                assert!(
+                    recall >= last_recall,
+                    "query {qi}: recall fell at nprobe {nprobe}"
+                );
+                last_recall = recall;
+                if nprobe == 1 {
+                    recall_one += recall;
+                }
+                if nprobe == nlist {
+                    recall_all += recall;
+                }
+            }
+            assert_eq!(last_recall, 1.0);
+        }
+        assert!(
+            recall_one < recall_all,
+            "one list does not find everything: the test means something"
+        );
+    }
+}
+
+#[test]
+fn ties_and_the_zero_query_are_broken_by_lower_id() {
+    // Rows repeat every 5 items, so every score appears items / 5 times; a zero query ties every item at 0.
+    let (items, dim) = (203, 9);
+    let mut rng = Rng(0x1F_0003);
+    let base: Vec<f32> = (0..5 * dim).map(|_| rng.unit()).collect();
+    let values: Vec<f32> = (0..items)
+        .flat_map(|i| base[(i % 5) * dim..(i % 5 + 1) * dim].to_vec())
+        .collect();
+    for storage in [Storage::Fp32, Storage::Int8] {
+        let (spec, table) = (spec(items, dim, storage), encode(&values, dim, storage));
+        let index = open(&spec, &table, 6);
+        let zero = vec![0.0f32; dim];
+        let q = query(&mut rng, dim);
+        for (vector, k, exclude) in [
+            (&zero, 10, vec![]),
+            (&zero, items, vec![0, 1, 2]),
+            (&q, 7, vec![]),
+            (&q, 41, vec![3, 8]),
+        ] {
+            let search = SearchQuery {
+                vector,
+                k,
+                exclude: &exclude,
+            };
+            let probe = Probe {
+                nprobe: 6,
+                max_candidates: ALL,
+            };
+            let (got, _) = index.search(&[search], probe, &mut IvfScratch::default());
+            let want = reference::top_k(&reference::scores(&spec, &table, vector), k, &exclude);
+            assert!(
+                same(&got[0], &want),
+                "{storage:?} k {k}: {:?}\n{want:?}",
+                got[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn batches_answer_as_single_queries_and_as_the_exact_path_in_every_shard_layout() {
+    let mut rng = Rng(0x1F_0004);
+    let (items, dim) = (1500, 16);
+    let (spec, table) = clustered(&mut rng, items, dim, 6, Storage::Int8);
+    let index = open(&spec, &table, 12);
+    let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..9)
+        .map(|i| {
+            (
+                query(&mut rng, dim),
+                1 + 37 * i,
+                vec![i as u32, 100 + i as u32],
+            )
+        })
+        .collect();
+    let search = search_queries(&queries);
+    let all = Probe {
+        nprobe: 12,
+        max_candidates: ALL,
+    };
+    let few = Probe { nprobe: 3, ..all };
+    let mut scratch = IvfScratch::default();
+    let (batch, _) = index.search(&search, few, &mut scratch);
+    for (q, got) in search.iter().zip(&batch) {
+        let (alone, _) = index.search(std::slice::from_ref(q), few, &mut IvfScratch::default());
+        assert!(same(got, &alone[0]));
+    }
+    let (exact_index, _) = index.search(&search, all, &mut scratch);
+    for shards in [1, 2, 5] {
+        let catalogue = Catalogue::new(&spec, &table, shards).expect("valid table");
+        let (exact, _) = catalogue.search(&search, &mut SearchScratch::default());
+        for (a, b) in exact_index.iter().zip(&exact) {
+            assert!(same(a, b), "{shards} shards");
+        }
+    }
+}
+
+#[test]
+fn a_small_candidate_cap_is_counted_and_still_answers_k_items_best_first() {
+    let mut rng = Rng(0x1F_0005);
+    let (spec, table) = clustered(&mut rng, 2000, 8, 3, Storage::Fp32);
+    let index = open(&spec, &table, 4);
+    let vector = vec![0.0f32; 8];
+    let q = SearchQuery {
+        vector: &vector,
+        k: 20,
+        exclude: &[],
+    };
+    let probe = Probe {
+        nprobe: 4,
+        max_candidates: 20,
+    };
+    let (got, stats) = index.search(&[q], probe, &mut IvfScratch::default());
+    // The zero query ties all 2000 items, all of them candidates: the cap of 20 cuts in.
+    assert_eq!(stats.capped, 1);
+    assert_eq!(got[0].len(), 20);
+    assert!(
+        got[0]
+            .windows(2)
+            .all(|w| answer_order(&w[0], &w[1]).is_lt())
+    );
+    assert_eq!(stats.reranked, 20);
+}
+
+#[test]
+fn with_few_items_per_list_more_lists_are_probed_until_k_items_can_be_answered() {
+    let mut rng = Rng(0x1F_0006);
+    let (spec, table) = clustered(&mut rng, 400, 8, 20, Storage::Fp32);
+    let index = open(&spec, &table, 40);
+    let vector = query(&mut rng, 8);
+    let exclude: Vec<u32> = (0..50).collect();
+    let q = SearchQuery {
+        vector: &vector,
+        k: 300,
+        exclude: &exclude,
+    };
+    let probe = Probe {
+        nprobe: 1,
+        max_candidates: ALL,
+    };
+    let (got, stats) = index.search(&[q], probe, &mut IvfScratch::default());
+    assert_eq!(got[0].len(), 300);
+    assert!(stats.lists > 1);
+    assert!(got[0].iter().all(|s| s.id >= 50));
+}
+
+fn refusal(spec: &TableSpec, table: &[u8], file: Vec<u8>) -> String {
+    IvfIndex::open(bytes(&file), spec, bytes(table)).expect_err("refused")
+}
+
+#[test]
+fn a_stale_or_malformed_index_is_refused_naming_the_mismatch() {
+    let mut rng = Rng(0x1F_0007);
+    let (spec, table) = clustered(&mut rng, 100, 8, 3, Storage::Fp32);
+    let good = build(&spec, &table, 4, &[]);
+    assert!(IvfIndex::open(bytes(&good), &spec, bytes(&table)).is_ok());
+
+    // The table changed after the build (one value).
+    let mut changed = table.clone();
+    changed[37] ^= 1;
+    let err = IvfIndex::open(bytes(&good), &spec, bytes(&changed)).expect_err("stale");
+    assert!(
+        err.contains("checksum") && err.contains("changed since the index was built"),
+        "{err}"
+    );
+
+    // Built for another table.
+    let (other_spec, other) = clustered(&mut rng, 120, 8, 3, Storage::Fp32);
+    let err = refusal(&spec, &table, build(&other_spec, &other, 4, &[]));
+    assert!(
+        err.contains("built for 120 items") && err.contains("100 rows"),
+        "{err}"
+    );
+    let (wide_spec, wide) = clustered(&mut rng, 100, 16, 3, Storage::Fp32);
+    let err = refusal(&spec, &table, build(&wide_spec, &wide, 4, &[]));
+    assert!(err.contains("built for dim 16"), "{err}");
+    let int8 = spec.clone();
+    let err = IvfIndex::open(
+        bytes(&good),
+        &TableSpec {
+            storage: Storage::Int8,
+            ..int8
+        },
+        bytes(&encode(&vec![0.5; 100 * 8], 8, Storage::Int8)),
+    )
+    .expect_err("storage");
+    assert!(err.contains("stored as \"fp32\""), "{err}");
+
+    for (key, value, says) in [
+        ("format", "other", "format \"other\""),
+        ("format_version", "9", "format_version \"9\""),
+        ("codes", "pq4", "codes \"pq4\""),
+        ("nlist", "five", "nlist = \"five\""),
+    ] {
+        let err = refusal(&spec, &table, build(&spec, &table, 4, &[(key, value)]));
+        assert!(err.contains(says), "{key}: {err}");
+    }
+    let err = refusal(&spec, &table, build(&spec, &table, 4, &[("nlist", "5")]));
+    assert!(err.contains("list_offsets"), "{err}");
+    let err = refusal(&spec, &table, b"not a safetensors file".to_vec());
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+
+    // A duplicated id: the first two lanes' ids made equal.
+    let file = build(&spec, &table, 1, &[]);
+    let at = find_ids(&file);
+    let mut dup = file.clone();
+    let first: [u8; 4] = dup[at..at + 4].try_into().expect("4 bytes");
+    dup[at + 4..at + 8].copy_from_slice(&first);
+    let err = refusal(&spec, &table, dup);
+    assert!(err.contains("more than one list lane"), "{err}");
+}
+
+/// Where the `ids` tensor's data starts in an index file.
+fn find_ids(file: &[u8]) -> usize {
+    let parsed = safetensors::SafeTensors::deserialize(file).expect("valid");
+    let data = parsed.tensor("ids").expect("ids").data();
+    data.as_ptr() as usize - file.as_ptr() as usize
+}
+
+#[test]
+fn exact_score_is_the_reference_score_bit_for_bit() {
+    let mut rng = Rng(0x1F_0008);
+    for storage in [Storage::Fp32, Storage::Fp16, Storage::Int8] {
+        let (spec, table) = clustered(&mut rng, 50, 13, 2, storage);
+        let q = query(&mut rng, 13);
+        let qsum = q.iter().fold(0.0f32, |s, &x| s + x);
+        let want = reference::scores(&spec, &table, &q);
+        let rb = storage.row_bytes(13);
+        for (i, w) in want.iter().enumerate() {
+            let got = exact_score(storage, &table[i * rb..(i + 1) * rb], &q, qsum);
+            assert_eq!(got.to_bits(), w.to_bits(), "{storage:?} row {i}");
+        }
+    }
+}
