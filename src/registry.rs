@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
+use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, SessionOptions};
 use crate::gpu::Placement;
@@ -40,6 +41,8 @@ pub struct LoadContext {
     pub shards: usize,
     pub limits: RequestLimits,
     pub batching: BatchSettings,
+    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
+    pub tier: TierContext,
 }
 
 /// Bounds on what one request may carry, which the models' contracts check.
@@ -89,6 +92,7 @@ impl LoadContext {
                 queue_capacity: config.queue_capacity,
                 executor_niceness: config.executor_niceness,
             },
+            tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
         }
     }
 }

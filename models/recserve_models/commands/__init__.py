@@ -16,6 +16,7 @@ from . import (
     demo_cases,
     export,
     fixture,
+    publish,
     generate_criteo,
     quantize,
     report,
@@ -39,6 +40,7 @@ COMMANDS = {
     "check": (check, "validate a repository with the server's rules; compare precisions on held-out data"),
     "report": (report, "render docs/model-quality.md from the demo's quality.json"),
     "demo": (demo, "train, export, quantize and check the demo models; write models/demo and the quality report"),
+    "publish": (publish, "upload a version's tier = \"redis\" tables to a Redis Cluster, then its completion marker"),
     "demo-cases": (demo_cases, "write held-out rank requests and offline scores for the demo's DeepFM models"),
 }
 
