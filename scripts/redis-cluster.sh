@@ -2,7 +2,8 @@
 # A local Redis Cluster for tests and benchmarks: 3 masters and 3 replicas of Debian's redis-server on loopback
 # ports, each started in the foreground (--daemonize no) in the background of this script with its PID recorded,
 # joined by `redis-cli --cluster create --cluster-replicas 1`, and ready when every node's `cluster info` says
-# `cluster_state:ok`. Persistence is off (no RDB, no AOF): the cluster holds test data only.
+# `cluster_state:ok`. Persistence is off (no RDB, no AOF): the cluster holds test data only. DEBUG is allowed from
+# loopback (the fault test slows nodes with DEBUG SLEEP).
 #
 # Usage: scripts/redis-cluster.sh start DIR   starts the cluster with its files in DIR; prints the masters' and
 #                                             replicas' addresses (host:port,host:port,...) on stdout and writes
@@ -71,7 +72,7 @@ case "$command" in
       node=$dir/$port
       mkdir -p "$node"
       redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$node/nodes.conf" \
-        --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no \
+        --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --enable-debug-command local \
         --logfile "$node/redis.log" </dev/null >/dev/null 2>&1 &
       echo $! >"$dir/$port.pid"
     done

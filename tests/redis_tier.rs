@@ -53,12 +53,12 @@ fn move_to_redis(path: &Path, unfetched: &str, overrides: &[(&str, &str)]) {
 }
 
 /// `python -m recserve_models publish DIR --redis NODES`, which must succeed.
-fn publish(version_dir: &Path) {
+fn publish(version_dir: &Path, nodes: &str) {
     let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
     let output = std::process::Command::new(&python)
         .args(["-m", "recserve_models", "publish"])
         .arg(version_dir)
-        .args(["--redis", &cluster()])
+        .args(["--redis", nodes])
         .env(
             "PYTHONPATH",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("models"),
@@ -83,18 +83,34 @@ fn redis_model(
     unfetched: &str,
     overrides: &[(&str, &str)],
 ) {
+    redis_model_on(&cluster(), repository, demo, name, unfetched, overrides);
+}
+
+/// [`redis_model`] on the cluster of `nodes`.
+fn redis_model_on(
+    nodes: &str,
+    repository: &Path,
+    demo: &str,
+    name: &str,
+    unfetched: &str,
+    overrides: &[(&str, &str)],
+) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = repository.join(name);
     copy_dir(&root.join("models/demo").join(demo), &dir);
     let version = dir.join("1");
     move_to_redis(&version.join("model.toml"), unfetched, overrides);
-    publish(&version);
+    publish(&version, nodes);
     std::fs::remove_file(version.join("tables.safetensors")).expect("remove the table file");
 }
 
 fn redis_config(repository: &Path) -> recserve::config::Config {
+    redis_config_on(&cluster(), repository)
+}
+
+fn redis_config_on(nodes: &str, repository: &Path) -> recserve::config::Config {
     config(repository, |a| {
-        a.redis_url = cluster().split(',').map(str::to_owned).collect();
+        a.redis_url = nodes.split(',').map(str::to_owned).collect();
     })
 }
 
@@ -309,4 +325,218 @@ async fn a_version_without_its_marker_or_with_other_row_counts_is_refused_naming
         ),
         other => panic!("expected a load error, got {other:?}"),
     }
+}
+
+/// A cluster of this test's own (`scripts/redis-cluster.sh`), stopped by PID when dropped.
+struct OwnCluster {
+    dir: tempfile::TempDir,
+    nodes: String,
+}
+
+impl OwnCluster {
+    fn start() -> OwnCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let output = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
+        )
+        .arg("start")
+        .arg(dir.path())
+        .output()
+        .expect("run scripts/redis-cluster.sh");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let nodes = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        OwnCluster { dir, nodes }
+    }
+
+    fn ports(&self) -> Vec<String> {
+        self.nodes
+            .split(',')
+            .map(|n| n.rsplit(':').next().expect("port").to_owned())
+            .collect()
+    }
+
+    fn cli(&self, port: &str, args: &[&str]) -> String {
+        let output = std::process::Command::new("redis-cli")
+            .args(["-p", port])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The ports of the nodes that are masters now.
+    fn masters(&self) -> Vec<String> {
+        self.ports()
+            .into_iter()
+            .filter(|p| self.cli(p, &["role"]).starts_with("master"))
+            .collect()
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
+        )
+        .arg("stop")
+        .arg(self.dir.path())
+        .status();
+    }
+}
+
+/// The rank request with every user field moved to ids no request asked for before (`round` apart), so that its
+/// rows are not in the cache.
+fn fresh(request: &Value, round: i64) -> Value {
+    let mut r = request.clone();
+    let fields = r["user"]["fields"].as_object_mut().expect("fields");
+    for value in fields.values_mut() {
+        *value = Value::from(value.as_i64().expect("id") + round);
+    }
+    r
+}
+
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains("model=\"faults\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Slow nodes, then a master killed by PID, under a table policy of default rows: every request is answered
+/// (cached rows, default rows for the rest) without waiting past its deadline, the replica takes over, and the
+/// client fetches from it without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_client_follows_the_failover()
+ {
+    let own = OwnCluster::start();
+    let repository = tempfile::tempdir().expect("tempdir");
+    redis_model_on(
+        &own.nodes,
+        repository.path(),
+        "deepfm",
+        "faults",
+        "default_row",
+        &[],
+    );
+    let server = TestServer::start(redis_config_on(&own.nodes, repository.path())).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let request: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/demo/rank-request.json")).expect("request"),
+    )
+    .expect("json");
+    let rank = |body: Value, deadline_ms: u64| {
+        let client = server.client.clone();
+        let url = server.url("/v1/models/faults/rank");
+        async move {
+            let started = std::time::Instant::now();
+            let response = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("x-recserve-deadline-ms", deadline_ms.to_string())
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("json");
+            (status, body, started.elapsed())
+        }
+    };
+    let (status, cached, _) = rank(request.clone(), 5000).await;
+    assert_eq!(status, 200, "{cached}");
+
+    // Slow: every master sleeps 3 s. A request with uncached rows and a 300 ms deadline is answered with default
+    // rows; its cached twin with the same scores as before.
+    let sleepers: Vec<_> = own
+        .masters()
+        .into_iter()
+        .map(|p| {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &p, "DEBUG", "SLEEP", "3"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("DEBUG SLEEP")
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (status, slow, took) = rank(fresh(&request, 1), 300).await;
+    assert_eq!(status, 200, "{slow}");
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "answered after {took:?}, nodes sleep 3 s"
+    );
+    let (status, again, _) = rank(request.clone(), 300).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        scores(&again),
+        scores(&cached),
+        "cached rows answer while the nodes sleep"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        sample(
+            &metrics,
+            "recserve_embedding_tier_errors_total{kind=\"timeout\""
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(sample(&metrics, "recserve_embedding_unfetched_default_total") >= 1.0);
+    eprintln!(
+        "slow nodes: a request with uncached rows and a 300 ms deadline was answered in {took:?}"
+    );
+    for mut s in sleepers {
+        let _ = s.wait();
+    }
+
+    // Dead: one master killed by its PID. Requests keep being answered; the replica takes over; fetched rows
+    // come back without errors.
+    let victim = own.masters().into_iter().next().expect("a master");
+    let pid =
+        std::fs::read_to_string(own.dir.path().join(format!("{victim}.pid"))).expect("pid file");
+    let killed = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let (mut answered, mut failed, mut round) = (0, 0, 10);
+    let mut recovered = None;
+    while killed.elapsed() < std::time::Duration::from_secs(30) {
+        round += 1;
+        let (_, before) = server.get("/metrics").await;
+        let errors_before = sample(&before, "recserve_embedding_tier_errors_total");
+        let (status, body, _) = rank(fresh(&request, round), 500).await;
+        if status == 200 {
+            answered += 1;
+        } else {
+            failed += 1;
+            eprintln!("failed: {status} {body}");
+        }
+        let (_, after) = server.get("/metrics").await;
+        if killed.elapsed() > std::time::Duration::from_millis(500)
+            && sample(&after, "recserve_embedding_tier_errors_total") == errors_before
+        {
+            recovered = Some(killed.elapsed());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (_, metrics) = server.get("/metrics").await;
+    eprintln!(
+        "master on port {victim} killed: {answered} requests answered, {failed} failed, {} ids read default rows; \
+         rows fetched without error again {recovered:?} after the kill",
+        sample(&metrics, "recserve_embedding_unfetched_default_total")
+    );
+    assert_eq!(failed, 0);
+    let recovered =
+        recovered.expect("the client never fetched without errors after the failover (30 s)");
+    assert!(recovered > std::time::Duration::ZERO);
+    server.stop().await.expect("clean shutdown");
 }

@@ -60,13 +60,15 @@ impl BatchExecutor for RankExecutor {
         self.ids.resize(batch.bucket * fields, 0);
         self.dense.resize(batch.bucket * dense, 0.0);
         let (worker, ids, dense_values) = (&mut self.worker, &self.ids, &self.dense);
-        // The batch's rows are due when its earliest request is: a remote tier's rows are waited for until then.
-        let deadline = batch
+        // The batch's rows are due when its earliest request is, less the time its execution is predicted to take:
+        // a remote tier's rows are waited for until then, so the answer still comes by the deadline.
+        let due = batch
             .entries
             .iter()
             .map(|e| e.deadline)
             .min()
             .unwrap_or_else(Instant::now);
+        let deadline = due.checked_sub(batch.estimate).unwrap_or(due);
         let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values, deadline));
         match result {
             Ok(scores) => {
