@@ -2,7 +2,9 @@
 # Runs every test: the Rust unit and end-to-end tests (against a freshly generated test repository), the GPU
 # module's tests in a `--features cuda` build (the kernels compile to PTX through NVRTC here, with no GPU), and the
 # model toolchain's tests. Installs what they need first (scripts/setup.sh; promtool and the Prometheus server from
-# Debian's `prometheus` package when they are missing). Tests that need a CUDA device run only where one is
+# Debian's `prometheus` package, redis-server from Debian's `redis-server` package, when they are missing). The
+# tests of the Redis tier run against a real local Redis Cluster (scripts/redis-cluster.sh: 3 masters, 3 replicas)
+# that this script starts before the Rust tests and stops by PID when it exits; RECSERVE_TEST_REDIS names its nodes. Tests that need a CUDA device run only where one is
 # present (nvidia-smi sees it); elsewhere this prints a SKIPPED line for them, and scripts/gpu-check.sh runs them
 # on a GPU machine.
 set -euo pipefail
@@ -18,6 +20,19 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "test: installing Debian's redis-server package: the Redis Cluster the Redis tier's tests run against" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+fi
+redis_dir="$PWD/target/redis-cluster"
+scripts/redis-cluster.sh stop "$redis_dir"
+rm -rf "$redis_dir"
+trap 'scripts/redis-cluster.sh stop "$redis_dir"' EXIT
+RECSERVE_TEST_REDIS=$(scripts/redis-cluster.sh start "$redis_dir")
+export RECSERVE_TEST_REDIS
 
 export RECSERVE_TEST_FIXTURE="$PWD/target/test-fixture"
 rm -rf "$RECSERVE_TEST_FIXTURE"

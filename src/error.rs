@@ -210,6 +210,12 @@ pub enum ServiceError {
     /// Models are still loading, or the server is shutting down.
     #[error("the server is not ready: {0}")]
     Unavailable(&'static str),
+    /// Embedding rows of a table whose `unfetched = "unavailable"` could not be fetched from the Redis tier within
+    /// the batch's budget.
+    #[error(
+        "model {model:?}: embedding rows could not be fetched from the Redis tier before the request's deadline"
+    )]
+    TierUnavailable { model: String },
     /// A protected call (the repository API) came without the credentials it needs.
     #[error("{0}")]
     Unauthenticated(String),
@@ -263,7 +269,7 @@ impl ServiceError {
             | ServiceError::PipelineNotFound { .. } => 404,
             ServiceError::Overloaded { .. } => 429,
             ServiceError::DeadlineExceeded { .. } => 504,
-            ServiceError::Unavailable(_) => 503,
+            ServiceError::Unavailable(_) | ServiceError::TierUnavailable { .. } => 503,
             ServiceError::Unauthenticated(_) => 401,
             ServiceError::PermissionDenied(_) => 403,
             ServiceError::NotAllowed(_) => 409,
@@ -287,6 +293,7 @@ impl ServiceError {
             ServiceError::DeadlineTooShort { .. } => "deadline_too_short",
             ServiceError::DeadlineExceeded { .. } => "deadline_exceeded",
             ServiceError::Unavailable(_) => "unavailable",
+            ServiceError::TierUnavailable { .. } => "tier_unavailable",
             ServiceError::Unauthenticated(_) => "unauthenticated",
             ServiceError::PermissionDenied(_) => "permission_denied",
             ServiceError::NotAllowed(_) => "not_allowed",

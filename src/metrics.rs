@@ -64,6 +64,13 @@ pub struct Metrics {
     connections_open: IntGaugeVec,
     connections_refused: IntCounterVec,
     connections_timed_out: IntCounterVec,
+    cache_lookups: IntCounterVec,
+    cache_evictions: IntCounterVec,
+    cache_bytes: IntGaugeVec,
+    tier_fetch_duration: HistogramVec,
+    tier_rows_fetched: IntCounterVec,
+    tier_errors: IntCounterVec,
+    unfetched_default: IntCounterVec,
 }
 
 /// Buckets for loading a model: 10 ms to 20 minutes.
@@ -293,8 +300,46 @@ impl Metrics {
                  (no complete request head within --header-read-timeout-ms) or idle (--idle-timeout-ms).",
                 &["listener", "timeout"],
             ),
+            cache_lookups: counter(
+                "recserve_embedding_cache_lookups_total",
+                "Ids of Redis-tier tables looked up in the in-process row cache, by model and result (hit, miss).",
+                &["model", "result"],
+            ),
+            cache_evictions: counter(
+                "recserve_embedding_cache_evictions_total",
+                "Rows the in-process row cache evicted to stay within --embedding-cache-bytes.",
+                &["model"],
+            ),
+            cache_bytes: gauge(
+                "recserve_embedding_cache_bytes",
+                "Bytes the in-process row cache holds (rows as stored plus 64 bytes each).",
+                &["model"],
+            ),
+            tier_fetch_duration: histogram(
+                "recserve_embedding_tier_fetch_duration_seconds",
+                "Time to fetch one batch's missing rows from the Redis tier (every group, in flight together).",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            tier_rows_fetched: counter(
+                "recserve_embedding_tier_rows_fetched_total",
+                "Rows fetched from the Redis tier.",
+                &["model"],
+            ),
+            tier_errors: counter(
+                "recserve_embedding_tier_errors_total",
+                "Rows not fetched from the Redis tier, by why: timeout (the batch's deadline came first), \
+                 connection, server (an error reply), missing (no such key), bad_row (wrong length).",
+                &["model", "kind"],
+            ),
+            unfetched_default: counter(
+                "recserve_embedding_unfetched_default_total",
+                "Ids of Redis-tier tables with unfetched = \"default_row\" read from the default row because their \
+                 row was not fetched in time.",
+                &["model", "table"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 36] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 43] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -331,6 +376,13 @@ impl Metrics {
             Box::new(m.connections_open.clone()),
             Box::new(m.connections_refused.clone()),
             Box::new(m.connections_timed_out.clone()),
+            Box::new(m.cache_lookups.clone()),
+            Box::new(m.cache_evictions.clone()),
+            Box::new(m.cache_bytes.clone()),
+            Box::new(m.tier_fetch_duration.clone()),
+            Box::new(m.tier_rows_fetched.clone()),
+            Box::new(m.tier_errors.clone()),
+            Box::new(m.unfetched_default.clone()),
         ];
         for c in collectors {
             m.registry
@@ -410,6 +462,28 @@ impl Metrics {
 
     pub fn oov_counter(&self, model: &str, table: &str) -> IntCounter {
         self.oov.with_label_values(&[model, table])
+    }
+
+    /// `recserve_embedding_unfetched_default_total` of one Redis-tier table.
+    pub fn unfetched_default_counter(&self, model: &str, table: &str) -> IntCounter {
+        self.unfetched_default.with_label_values(&[model, table])
+    }
+
+    /// What the Redis tier and its row cache of `model` report into.
+    pub fn tier(&self, model: &str) -> crate::embedding::remote::TierMetrics {
+        use crate::embedding::remote::redis::FetchFailure;
+        crate::embedding::remote::TierMetrics {
+            hits: self.cache_lookups.with_label_values(&[model, "hit"]),
+            misses: self.cache_lookups.with_label_values(&[model, "miss"]),
+            fetch_duration: self.tier_fetch_duration.with_label_values(&[model]),
+            rows_fetched: self.tier_rows_fetched.with_label_values(&[model]),
+            failures: FetchFailure::ALL
+                .map(|f| self.tier_errors.with_label_values(&[model, f.as_str()])),
+            cache: crate::embedding::remote::cache::CacheMetrics {
+                evictions: self.cache_evictions.with_label_values(&[model]),
+                bytes: self.cache_bytes.with_label_values(&[model]),
+            },
+        }
     }
 
     pub fn set_model_info(

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
+use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, SessionOptions};
 use crate::gpu::Placement;
@@ -42,6 +43,8 @@ pub struct LoadContext {
     pub batching: BatchSettings,
     /// `--gather-user-once`: ranking executors gather each request's user columns once.
     pub gather_user_once: bool,
+    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
+    pub tier: TierContext,
 }
 
 /// Bounds on what one request may carry, which the models' contracts check.
@@ -92,6 +95,7 @@ impl LoadContext {
                 executor_niceness: config.executor_niceness,
             },
             gather_user_once: config.gather_user_once == Switch::On,
+            tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
         }
     }
 }

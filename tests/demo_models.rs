@@ -18,27 +18,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{TestServer, config, copy_dir};
+use common::{TestServer, config, copy_dir, demo_cases};
 use recserve::config::Config;
 use serde_json::{Value, json};
 
 /// The issue's bound for FP32, held for INT8 too: the server runs the same ONNX Runtime library at the same
 /// optimisation level on the same gathered rows.
 const TOLERANCE: f64 = 1e-5;
-
-fn demo_cases() -> Value {
-    let path = std::env::var_os("RECSERVE_DEMO_CASES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/demo-cases.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: run scripts/test.sh, which writes it \
-             (python -m recserve_models demo-cases --repository models/demo --out target/demo-cases.json)",
-            path.display()
-        )
-    });
-    serde_json::from_str(&text).expect("demo cases are JSON")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_scores_held_out_rows_like_the_toolchain() {

@@ -27,6 +27,9 @@ use crate::report::now_rfc3339;
 use crate::stats::{Durations, LatencySummary};
 use crate::workload::{IdDistribution, RankOptions, RankSchema, RankWorkload, WorkloadError};
 
+/// How long one in-process call may wait for rows (the ceiling serves mapped tables, which never wait).
+const CALL_BUDGET: Duration = Duration::from_secs(1);
+
 pub const CEILING_SCHEMA: &str = "recload.ceiling/v1";
 
 /// Settings of `recload ceiling` besides the server configuration.
@@ -354,7 +357,7 @@ fn measure(
         next += 1;
         let start = Instant::now();
         let scores = worker
-            .execute(input.rows, &input.ids, &input.dense)
+            .execute(input.rows, &input.ids, &input.dense, start + CALL_BUDGET)
             .map_err(|e| CeilingError::Execute(e.to_string()))?;
         let took = start.elapsed();
         std::hint::black_box(scores);

@@ -19,6 +19,8 @@ from typing import Any
 FORMAT_VERSION = 1
 STORAGES = ("fp32", "fp16", "int8")
 OOV_POLICIES = ("default", "reject")
+TIERS = ("file", "redis")
+UNFETCHED_POLICIES = ("default_row", "unavailable")
 SIDES = ("user", "item")
 PRECISIONS = ("fp32", "int8")
 # The server's `k` for a recall request without one when `[recall] default_k` is absent (src/repository/spec.rs).
@@ -46,6 +48,8 @@ class TableSpec:
     storage: str
     oov: str = "default"
     default_row: int = 0
+    tier: str = "file"
+    unfetched: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ def _section(header: str, pairs: list[tuple[str, object]]) -> str:
 
 def _table_section(t: TableSpec) -> str:
     keys = ("name", "file", "rows", "dim", "storage", "oov") + (("default_row",) if t.oov == "default" else ())
+    keys += (("tier",) if t.tier != "file" else ()) + (("unfetched",) if t.unfetched else ())
     return _section("[[tables]]", [(key, getattr(t, key)) for key in keys])
 
 
@@ -311,7 +316,7 @@ def read(path: Path) -> ModelToml:
     tables = []
     for i, raw in enumerate(top.get("tables", list, [])):
         t = _Reader(path, f"tables[{i}]", raw)
-        t.only("name", "file", "rows", "dim", "storage", "oov", "default_row")
+        t.only("name", "file", "rows", "dim", "storage", "oov", "default_row", "tier", "unfetched")
         spec = TableSpec(
             name=t.name("name"),
             file=t.relative_file("file"),
@@ -320,12 +325,18 @@ def read(path: Path) -> ModelToml:
             storage=t.get("storage", str, choices=STORAGES),
             oov=t.get("oov", str, "default", OOV_POLICIES),
             default_row=t.get("default_row", int, 0),
+            tier=t.get("tier", str, "file", TIERS),
+            unfetched=t.get("unfetched", str, "", UNFETCHED_POLICIES),
         )
         for key in ("rows", "dim"):
             if getattr(spec, key) < 1:
                 t.fail(key, "must be at least 1")
         if spec.oov == "reject" and "default_row" in raw:
             t.fail("default_row", 'is only meaningful with oov = "default"')
+        if spec.unfetched and spec.tier != "redis":
+            t.fail("unfetched", 'is only meaningful with tier = "redis"')
+        if spec.unfetched == "default_row" and spec.oov != "default":
+            t.fail("unfetched", '"default_row" needs oov = "default" (the row it reads is default_row)')
         if not 0 <= spec.default_row < spec.rows:
             t.fail("default_row", f"is {spec.default_row}, outside the table's {id_range(spec.rows)}")
         tables.append(spec)

@@ -59,6 +59,9 @@ pub enum ExecError {
     /// The executor dropped the job without answering it.
     #[error("the executor dropped the job")]
     Dropped,
+    /// Embedding rows could not be fetched from a remote tier in time, and their table's policy is to refuse.
+    #[error("{0}")]
+    TierUnavailable(String),
 }
 
 impl ExecError {
@@ -70,6 +73,9 @@ impl ExecError {
                 model: model.to_owned(),
             },
             ExecError::ShuttingDown => ServiceError::Unavailable("shutting down"),
+            ExecError::TierUnavailable(_) => ServiceError::TierUnavailable {
+                model: model.to_owned(),
+            },
             ExecError::Failed(_) | ExecError::Panicked(_) | ExecError::Dropped => {
                 ServiceError::Internal(format!("model {model:?}: {self}"))
             }

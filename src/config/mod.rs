@@ -14,10 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use settings::{
     BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR,
-    EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS, HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS,
-    INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS,
-    MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY,
-    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
+    EMBEDDING_CACHE_BYTES, EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS,
+    HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING,
+    MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
+    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REPOSITORY_POLL_S, SHARDS,
+    SHUTDOWN_TIMEOUT_S,
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
@@ -131,6 +132,9 @@ pub struct Config {
     /// The token's file, never the token (`check-config` prints this configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub redis_url: Vec<String>,
+    pub embedding_cache_bytes: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pipelines: BTreeMap<String, PipelineConfig>,
 }
@@ -297,6 +301,8 @@ impl ServeArgs {
             model_control: self.model_control.unwrap_or_default(),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
             admin_token_file: self.admin_token_file,
+            redis_url: self.redis_url,
+            embedding_cache_bytes: EMBEDDING_CACHE_BYTES.resolve(self.embedding_cache_bytes)?,
             pipelines: self.pipelines,
         })
     }

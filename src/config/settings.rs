@@ -68,6 +68,12 @@ pub const EXECUTORS: Setting<usize> = Setting {
     min: 1,
     max: 64,
 };
+pub const EMBEDDING_CACHE_BYTES: Setting<u64> = Setting {
+    flag: "--embedding-cache-bytes",
+    default: 256 << 20,
+    min: 1 << 16,
+    max: 1 << 42,
+};
 pub const SHARDS: Setting<usize> = Setting {
     flag: "--shards",
     default: 1,
@@ -375,6 +381,18 @@ pub struct ServeArgs {
     /// `Authorization: Bearer TOKEN`; without it those calls are refused. Inference calls never need it.
     #[arg(long, env = "RECSERVE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+
+    /// Nodes of the Redis Cluster that tables with `tier = "redis"` live in, as redis://HOST:PORT (or
+    /// HOST:PORT); comma-separate several, any one of them is enough to find the rest [default: none; a model
+    /// with such a table then fails to load].
+    #[arg(long, env = "RECSERVE_REDIS_URL", value_delimiter = ',')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redis_url: Vec<String>,
+
+    /// Bytes of hot rows each model keeps in memory from its tables with `tier = "redis"` (rows as stored plus
+    /// 64 bytes each) [default: 268435456].
+    #[arg(long, env = "RECSERVE_EMBEDDING_CACHE_BYTES")]
+    pub embedding_cache_bytes: Option<u64>,
 
     /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
     #[arg(skip)]

@@ -92,18 +92,7 @@ impl EmbeddingStore for CpuStore {
         let mut rows: Vec<&[u8]> = Vec::with_capacity(ids.len());
         for (p, &id) in ids.iter().enumerate() {
             let t = fields[p % nf];
-            let spec = &self.specs[t];
-            let row = if spec.contains(id) {
-                id as u64
-            } else {
-                let row = spec.resolve(id).ok_or_else(|| GatherError::Rejected {
-                    table: spec.name.clone(),
-                    row: p / nf,
-                    id,
-                })?;
-                self.tables[t].oov.inc();
-                row
-            };
+            let row = resolve_row(&self.specs[t], id, p / nf, &self.tables[t].oov)?;
             rows.push(self.row(t, row));
         }
 
@@ -119,6 +108,26 @@ impl EmbeddingStore for CpuStore {
         }
         Ok(())
     }
+}
+
+/// The row that `id` (in row `at` of the batch) reads under its table's OOV policy, counting defaults in `oov`.
+#[inline]
+pub(crate) fn resolve_row(
+    spec: &TableSpec,
+    id: i64,
+    at: usize,
+    oov: &IntCounter,
+) -> Result<u64, GatherError> {
+    if spec.contains(id) {
+        return Ok(id as u64);
+    }
+    let row = spec.resolve(id).ok_or_else(|| GatherError::Rejected {
+        table: spec.name.clone(),
+        row: at,
+        id,
+    })?;
+    oov.inc();
+    Ok(row)
 }
 
 /// Dequantizes one stored row into `dst` (`dim` values).

@@ -11,10 +11,12 @@ pub mod cpu;
 mod file;
 #[cfg(test)]
 pub(crate) mod reference;
+pub mod remote;
 mod shared;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::repository::TableSpec;
 
@@ -72,6 +74,16 @@ pub enum GatherError {
     /// The GPU failed (a CUDA call returned an error), or the lane cannot write where it was asked to.
     #[error("GPU gather failed: {0}")]
     Device(String),
+    /// Rows of a Redis-tier table whose policy is `unfetched = "unavailable"` were not fetched in time.
+    #[error(
+        "{rows} rows of the batch were not fetched from the Redis tier in time, table {table:?} refuses to go \
+         without them ({failure})"
+    )]
+    Unfetched {
+        table: String,
+        rows: usize,
+        failure: &'static str,
+    },
 }
 
 /// The embedding tables of one model, on some device, read by gathering rows.
@@ -87,6 +99,18 @@ pub trait EmbeddingStore: Send + Sync + fmt::Debug {
     fn device(&self) -> &str;
     /// Gathers rows into host memory, applying each table's OOV policy and counting defaults.
     fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError>;
+    /// [`EmbeddingStore::gather`] for a batch that must be answered by `deadline`: a store with a remote tier
+    /// waits for rows until then at most. Stores in local memory ignore it.
+    fn gather_until(
+        &self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<(), GatherError> {
+        let _ = deadline;
+        self.gather(fields, ids, out)
+    }
     /// A lane of its own for executor `executor`, when this store has one (GPU stores: a stream and buffers on
     /// the executor's GPU). `None`: executors gather through [`EmbeddingStore::gather`].
     fn lane(&self, executor: usize) -> Option<Result<Box<dyn GatherLane>, GatherError>> {
@@ -111,6 +135,17 @@ pub trait GatherLane: Send + fmt::Debug {
         ids: &[i64],
         out: &mut [f32],
     ) -> Result<(), GatherError>;
+    /// Gathers into host memory by `deadline`, as [`EmbeddingStore::gather_until`].
+    fn gather_host_until(
+        &mut self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<(), GatherError> {
+        let _ = deadline;
+        self.gather_host(fields, ids, out)
+    }
     /// Gathers into device memory on [`GatherLane::cuda_device`]; returns once the values are there.
     fn gather_device(
         &mut self,
@@ -147,6 +182,16 @@ impl GatherLane for HostLane {
         out: &mut [f32],
     ) -> Result<(), GatherError> {
         self.0.gather(fields, ids, out)
+    }
+
+    fn gather_host_until(
+        &mut self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<(), GatherError> {
+        self.0.gather_until(fields, ids, out, deadline)
     }
 
     fn gather_device(

@@ -9,6 +9,8 @@
 //! a new run just costs its own user lookups. An out-of-vocabulary user id read from a default row is counted once
 //! per run (once per request), not once per candidate.
 
+use std::time::Instant;
+
 use super::{GatherError, GatherLane};
 
 /// Which columns are user side, and the scratch buffers of the two gathers; owned by one executor thread.
@@ -56,17 +58,19 @@ impl SharedGather {
     }
 
     /// Gathers `ids` (`[rows, fields]`) into `out` (`[rows, fields, dim]`) through `lane`, each run's user rows
-    /// once. Errors as the lane's gather, with rows numbered as in `ids`.
+    /// once, waiting for rows of a remote tier until `deadline` at most. Errors as the lane's gather, with rows
+    /// numbered as in `ids`.
     pub fn gather(
         &mut self,
         lane: &mut dyn GatherLane,
         ids: &[i64],
         dim: usize,
         out: &mut [f32],
+        deadline: Instant,
     ) -> Result<(), GatherError> {
         let nf = self.fields.len();
         if self.user_columns.is_empty() || nf == 0 || !ids.len().is_multiple_of(nf) {
-            return lane.gather_host(&self.fields, ids, out);
+            return lane.gather_host_until(&self.fields, ids, out, deadline);
         }
         if out.len() != ids.len() * dim {
             return Err(GatherError::Shape(format!(
@@ -95,15 +99,20 @@ impl SharedGather {
         self.user_rows.clear();
         self.user_rows.resize(self.runs.len() * nu * dim, 0.0);
         let runs = &self.runs;
-        lane.gather_host(&self.user_tables, &self.user_ids, &mut self.user_rows)
-            .map_err(|e| match e {
-                GatherError::Rejected { table, row, id } => GatherError::Rejected {
-                    table,
-                    row: runs[row],
-                    id,
-                },
-                other => other,
-            })?;
+        lane.gather_host_until(
+            &self.user_tables,
+            &self.user_ids,
+            &mut self.user_rows,
+            deadline,
+        )
+        .map_err(|e| match e {
+            GatherError::Rejected { table, row, id } => GatherError::Rejected {
+                table,
+                row: runs[row],
+                id,
+            },
+            other => other,
+        })?;
 
         if ni > 0 {
             self.item_ids.clear();
@@ -113,7 +122,12 @@ impl SharedGather {
             }
             self.item_rows.clear();
             self.item_rows.resize(rows * ni * dim, 0.0);
-            lane.gather_host(&self.item_tables, &self.item_ids, &mut self.item_rows)?;
+            lane.gather_host_until(
+                &self.item_tables,
+                &self.item_ids,
+                &mut self.item_rows,
+                deadline,
+            )?;
         }
 
         let mut run = 0;
@@ -146,6 +160,11 @@ mod tests {
     use crate::embedding::{CpuStore, EmbeddingStore, lane};
     use crate::repository::{OovPolicy, Storage};
     use crate::testing::tables::{TestTable, oov_counter as counter, write_tables};
+
+    /// A deadline no test gather reaches.
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(3600)
+    }
 
     /// Request-shaped rows: `requests` runs of `candidates` rows sharing their user columns, the item columns
     /// drawn per row; some ids outside the tables (default rows), and two padding rows of zeros at the end.
@@ -216,7 +235,7 @@ mod tests {
                     let ids = batch(&rows_of, &user, requests, candidates, seed);
                     let mut got = vec![f32::NAN; ids.len() * 5];
                     shared
-                        .gather(lane.as_mut(), &ids, 5, &mut got)
+                        .gather(lane.as_mut(), &ids, 5, &mut got, far())
                         .expect("shared gather");
                     let mut want = vec![f32::NAN; ids.len() * 5];
                     store.gather(&fields, &ids, &mut want).expect("gather");
@@ -246,7 +265,7 @@ mod tests {
         let ids = [1, 2, 3, 4, 3, 5, 60, 6, 60, 7, -1, 8];
         let mut got = vec![0.0; ids.len() * 3];
         shared
-            .gather(lane.as_mut(), &ids, 3, &mut got)
+            .gather(lane.as_mut(), &ids, 3, &mut got, far())
             .expect("gather");
         let mut want = vec![0.0; ids.len() * 3];
         let before = counters[0].get();
@@ -272,7 +291,7 @@ mod tests {
         let ids = [1, 0, 1, 1, 9, 2];
         let mut out = vec![0.0; ids.len() * 2];
         let err = shared
-            .gather(lane.as_mut(), &ids, 2, &mut out)
+            .gather(lane.as_mut(), &ids, 2, &mut out, far())
             .expect_err("9 is outside rows = 4");
         assert_eq!(
             err,

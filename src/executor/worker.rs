@@ -3,12 +3,15 @@
 //! call it, and so does the in-process throughput benchmark.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::DenseGraph;
 use crate::batching::{Estimator, ExecError};
 use crate::embedding::{GatherError, GatherLane, SharedGather};
 use crate::metrics::ModelMetrics;
+
+/// How long a warm-up batch may wait for rows of a remote tier (it reads row 0 of every table, once per bucket).
+const WARM_UP_BUDGET: Duration = Duration::from_secs(10);
 
 /// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
 #[derive(Debug)]
@@ -49,15 +52,17 @@ impl Worker {
         self
     }
 
-    /// Gathers and scores `rows` rows, recording gather and inference durations.
+    /// Gathers and scores `rows` rows, recording gather and inference durations. Rows of a remote tier are
+    /// waited for until `deadline` at most (the batch's earliest deadline).
     pub fn execute(
         &mut self,
         rows: usize,
         ids: &[i64],
         dense: &[f32],
+        deadline: Instant,
     ) -> Result<Vec<f32>, ExecError> {
         let mut scores = Vec::with_capacity(rows);
-        let (gather, inference) = self.run(rows, ids, dense, &mut scores)?;
+        let (gather, inference) = self.run(rows, ids, dense, &mut scores, deadline)?;
         self.metrics.gather_duration.observe(gather);
         self.metrics.inference_duration.observe(inference);
         Ok(scores)
@@ -78,7 +83,7 @@ impl Worker {
             let dense = vec![0f32; rows * shape.dense];
             for round in 0..2 {
                 let start = Instant::now();
-                self.run(rows, &ids, &dense, &mut scores)?;
+                self.run(rows, &ids, &dense, &mut scores, start + WARM_UP_BUDGET)?;
                 if round == 1
                     && let Some(estimator) = estimator
                 {
@@ -102,9 +107,13 @@ impl Worker {
         ids: &[i64],
         dense: &[f32],
         scores: &mut Vec<f32>,
+        deadline: Instant,
     ) -> Result<(f64, f64), ExecError> {
         let inference = |e: ort::Error| ExecError::Failed(format!("ONNX Runtime failed: {e}"));
-        let gather = |e: GatherError| ExecError::Failed(format!("gather failed: {e}"));
+        let gather = |e: GatherError| match e {
+            GatherError::Unfetched { .. } => ExecError::TierUnavailable(e.to_string()),
+            _ => ExecError::Failed(format!("gather failed: {e}")),
+        };
         if self.graph.cuda_device().is_some() {
             // Gather into the session's device input (allocation included in the gather time).
             let start = Instant::now();
@@ -126,10 +135,16 @@ impl Worker {
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
         match &mut self.shared {
-            Some(shared) => shared.gather(self.lane.as_mut(), ids, shape.dim, &mut self.embeddings),
+            Some(shared) => shared.gather(
+                self.lane.as_mut(),
+                ids,
+                shape.dim,
+                &mut self.embeddings,
+                deadline,
+            ),
             None => self
                 .lane
-                .gather_host(&self.fields, ids, &mut self.embeddings),
+                .gather_host_until(&self.fields, ids, &mut self.embeddings, deadline),
         }
         .map_err(gather)?;
         let gathered = Instant::now();

@@ -16,11 +16,12 @@ pub use item_features::ItemFeatures;
 use crate::batching::{
     Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Work, catch_panic, split_rows,
 };
+use crate::embedding::remote::{TableSource, TieredStore};
 use crate::embedding::{self, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{DenseGraph, GraphShape, Worker};
 use crate::registry::LoadContext;
-use crate::repository::{ModelSpec, ModelVersion};
+use crate::repository::{ModelSpec, ModelVersion, TableEntry, Tier};
 
 /// The rows of one request (or chunk of one) to score: `ids` is `[rows, fields]`, `dense` `[rows, dense]`.
 #[derive(Debug)]
@@ -59,7 +60,16 @@ impl BatchExecutor for RankExecutor {
         self.ids.resize(batch.bucket * fields, 0);
         self.dense.resize(batch.bucket * dense, 0.0);
         let (worker, ids, dense_values) = (&mut self.worker, &self.ids, &self.dense);
-        let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values));
+        // The batch's rows are due when its earliest request is, less the time its execution is predicted to take:
+        // a remote tier's rows are waited for until then, so the answer still comes by the deadline.
+        let due = batch
+            .entries
+            .iter()
+            .map(|e| e.deadline)
+            .min()
+            .unwrap_or_else(Instant::now);
+        let deadline = due.checked_sub(batch.estimate).unwrap_or(due);
+        let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values, deadline));
         match result {
             Ok(scores) => {
                 let mut at = 0;
@@ -77,6 +87,66 @@ impl BatchExecutor for RankExecutor {
             }
         }
     }
+}
+
+/// The model's embedding store: its tables mapped and placed by `--device`, or, when any table has
+/// `tier = "redis"`, a [`TieredStore`] on the CPU (the Redis tier has no GPU store yet).
+fn open_store(
+    ctx: &LoadContext,
+    mv: &ModelVersion,
+    spec: &ModelSpec,
+) -> Result<Arc<dyn EmbeddingStore>, LoadError> {
+    let counters = spec
+        .tables
+        .iter()
+        .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
+        .collect();
+    let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
+    if spec.tables.iter().all(|t| t.tier == Tier::File) {
+        let bytes = open_tables(&mv.dir, &spec.tables)?;
+        return crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters).map_err(
+            |e| {
+                LoadError::new(
+                    &mv.dir,
+                    format!("cannot place the embedding tables (--device): {e}"),
+                )
+            },
+        );
+    }
+    let files: Vec<TableEntry> = spec
+        .tables
+        .iter()
+        .filter(|t| t.tier == Tier::File)
+        .cloned()
+        .collect();
+    let mut mapped = open_tables(&mv.dir, &files)?.into_iter();
+    let mut sources = Vec::with_capacity(spec.tables.len());
+    for t in &spec.tables {
+        sources.push(match t.tier {
+            Tier::File => TableSource::File(
+                mapped
+                    .next()
+                    .ok_or_else(|| LoadError::new(&mv.dir, "a mapped table went missing"))?,
+            ),
+            Tier::Redis { unfetched } => TableSource::Redis {
+                unfetched,
+                defaulted: ctx
+                    .metrics
+                    .unfetched_default_counter(&mv.name, &t.spec.name),
+            },
+        });
+    }
+    let store = TieredStore::open(
+        &mv.dir,
+        &ctx.tier,
+        &mv.name,
+        mv.version,
+        specs,
+        sources,
+        counters,
+        ctx.metrics.tier(&mv.name),
+    )?;
+    Ok(Arc::new(store))
 }
 
 /// A loaded DeepFM model: its embedding store, its item feature table, and the batcher in front of its executor
@@ -108,20 +178,7 @@ impl RankingModel {
                 "a deepfm model needs [dense_graph]",
             )
         })?;
-        let bytes = open_tables(&mv.dir, &spec.tables)?;
-        let counters = spec
-            .tables
-            .iter()
-            .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
-            .collect();
-        let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
-        let store = crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)
-            .map_err(|e| {
-                LoadError::new(
-                    &mv.dir,
-                    format!("cannot place the embedding tables (--device): {e}"),
-                )
-            })?;
+        let store = open_store(ctx, mv, &spec)?;
         for shard in store.device_memory() {
             ctx.metrics.set_gpu_memory_bytes(
                 &mv.name,

@@ -15,7 +15,7 @@ pub use spec::{
     DEFAULT_MAX_CANDIDATES, DenseGraphSpec, FORMAT_VERSION, FieldSpec, IndexSpec, ItemFeaturesSpec,
     ModelKind, ModelSpec, Precision, RankingSpec, RecallSpec, Side, TableEntry,
 };
-pub use table::{OovPolicy, Storage, TableSpec};
+pub use table::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 
 use crate::error::LoadError;
 

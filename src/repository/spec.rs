@@ -11,7 +11,7 @@ use std::path::{Component, Path};
 use serde::Deserialize;
 
 use super::BatchingSpec;
-use crate::repository::{OovPolicy, Storage, TableSpec};
+use crate::repository::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 
 /// The only `format_version` this build reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -83,6 +83,8 @@ pub struct TableEntry {
     pub spec: TableSpec,
     /// Relative to the version directory.
     pub file: String,
+    /// Where the server reads the rows from.
+    pub tier: Tier,
 }
 
 #[derive(Clone, Debug)]
@@ -230,6 +232,27 @@ struct RawTable {
     #[serde(default = "default_oov")]
     oov: RawOov,
     default_row: Option<u64>,
+    #[serde(default = "default_tier")]
+    tier: RawTier,
+    unfetched: Option<RawUnfetched>,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawTier {
+    File,
+    Redis,
+}
+
+fn default_tier() -> RawTier {
+    RawTier::File
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawUnfetched {
+    DefaultRow,
+    Unavailable,
 }
 
 #[derive(Clone, Copy, Deserialize)]
@@ -407,6 +430,30 @@ impl RawModel {
                     ));
                 }
             };
+            let tier = match (t.tier, t.unfetched) {
+                (RawTier::File, None) => Tier::File,
+                (RawTier::File, Some(_)) => {
+                    return Err(format!(
+                        "table {:?}: unfetched is only meaningful with tier = \"redis\"",
+                        t.name
+                    ));
+                }
+                (RawTier::Redis, None | Some(RawUnfetched::Unavailable)) => Tier::Redis {
+                    unfetched: Unfetched::Unavailable,
+                },
+                (RawTier::Redis, Some(RawUnfetched::DefaultRow)) => {
+                    if oov == OovPolicy::Reject {
+                        return Err(format!(
+                            "table {:?}: unfetched = \"default_row\" needs oov = \"default\" (the row it reads is \
+                             default_row)",
+                            t.name
+                        ));
+                    }
+                    Tier::Redis {
+                        unfetched: Unfetched::DefaultRow,
+                    }
+                }
+            };
             tables.push(TableEntry {
                 spec: TableSpec {
                     name: t.name,
@@ -416,6 +463,7 @@ impl RawModel {
                     oov,
                 },
                 file: t.file,
+                tier,
             });
         }
         let table_index = |name: &str| tables.iter().position(|t| t.spec.name == name);
@@ -524,6 +572,12 @@ impl RawModel {
                         "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking], [[fields]] or [item_features])"
                             .to_owned(),
                     );
+                }
+                if let Some(t) = tables.iter().find(|t| t.tier != Tier::File) {
+                    return Err(format!(
+                        "table {:?}: tier = \"redis\" is for deepfm tables only (recall holds its item table whole)",
+                        t.spec.name
+                    ));
                 }
                 let recall = self
                     .recall
@@ -688,6 +742,51 @@ table = "item"
     }
 
     #[test]
+    fn reads_each_tables_tier_and_unfetched_policy() {
+        let spec = ModelSpec::parse(&DEEPFM.replace(
+            "dim = 5\nstorage = \"fp32\"",
+            "dim = 5\nstorage = \"fp32\"\ntier = \"redis\"\nunfetched = \"default_row\"",
+        ))
+        .expect("valid spec");
+        assert_eq!(
+            spec.tables[0].tier,
+            Tier::Redis {
+                unfetched: Unfetched::DefaultRow
+            }
+        );
+        assert_eq!(spec.tables[1].tier, Tier::File);
+        let spec = ModelSpec::parse(
+            &DEEPFM.replace("storage = \"int8\"", "storage = \"int8\"\ntier = \"redis\""),
+        )
+        .expect("valid spec");
+        assert_eq!(
+            spec.tables[1].tier,
+            Tier::Redis {
+                unfetched: Unfetched::Unavailable
+            }
+        );
+        let err = parse_err(&DEEPFM.replace(
+            "storage = \"int8\"",
+            "storage = \"int8\"\ntier = \"redis\"\nunfetched = \"default_row\"",
+        ));
+        assert!(
+            err.contains("table \"item\": unfetched = \"default_row\" needs oov = \"default\""),
+            "{err}"
+        );
+        let err = parse_err(&DEEPFM.replace(
+            "storage = \"int8\"",
+            "storage = \"int8\"\nunfetched = \"unavailable\"",
+        ));
+        assert!(
+            err.contains("table \"item\": unfetched is only meaningful with tier = \"redis\""),
+            "{err}"
+        );
+        let err =
+            parse_err(&DEEPFM.replace("storage = \"int8\"", "storage = \"int8\"\ntier = \"s3\""));
+        assert!(err.contains("unknown variant `s3`"), "{err}");
+    }
+
+    #[test]
     fn refuses_unknown_keys() {
         let err = parse_err(&DEEPFM.replace(
             "dim = 5\nstorage = \"fp32\"",
@@ -817,6 +916,14 @@ storage = "fp32"
         assert_eq!(recall.default_k, 5);
         let with_k =
             |k: &str| text.replace("popularity = ", &format!("default_k = {k}\npopularity = "));
+        let err = parse_err(&text.replace(
+            "rows = 3\ndim = 4\nstorage = \"fp32\"",
+            "rows = 3\ndim = 4\nstorage = \"fp32\"\ntier = \"redis\"",
+        ));
+        assert!(
+            err.contains("table \"user\": tier = \"redis\" is for deepfm tables only"),
+            "{err}"
+        );
         let three = ModelSpec::parse(&with_k("3")).expect("valid");
         assert_eq!(three.recall.expect("recall").default_k, 3);
         for bad in ["0", "6"] {

@@ -51,6 +51,43 @@ impl OovPolicy {
     }
 }
 
+/// Where a table's rows live (`tier` in `model.toml`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// The table's safetensors file, memory-mapped in full.
+    File,
+    /// A Redis Cluster (`--redis-url`), under an in-process cache of hot rows; the file is only what
+    /// `recserve_models publish` uploads.
+    Redis { unfetched: Unfetched },
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::File => "file",
+            Tier::Redis { .. } => "redis",
+        }
+    }
+}
+
+/// What a row of a Redis-tier table that could not be fetched within its batch's budget does (`unfetched`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unfetched {
+    /// Read the table's `default_row` (held in memory from load on) instead, and count it.
+    DefaultRow,
+    /// Fail the requests of the batch with 503.
+    Unavailable,
+}
+
+impl Unfetched {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unfetched::DefaultRow => "default_row",
+            Unfetched::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// One table as `model.toml` declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableSpec {

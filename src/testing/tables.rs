@@ -115,6 +115,7 @@ pub fn write_tables(
                 .expect("file name")
                 .to_string_lossy()
                 .into_owned(),
+            tier: crate::repository::Tier::File,
         })
         .collect();
     let bytes = open_tables(dir, &entries).expect("open tables");

@@ -41,6 +41,22 @@ pub fn cases() -> Value {
     serde_json::from_str(&text).expect("cases.json is JSON")
 }
 
+/// Held-out rank requests of the demo's DeepFM models and the toolchain's offline scores
+/// (`python -m recserve_models demo-cases`, which `scripts/test.sh` runs; `RECSERVE_DEMO_CASES`).
+pub fn demo_cases() -> Value {
+    let path = std::env::var_os("RECSERVE_DEMO_CASES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/demo-cases.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run scripts/test.sh, which writes it \
+             (python -m recserve_models demo-cases --repository models/demo --out target/demo-cases.json)",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).expect("demo cases are JSON")
+}
+
 /// The ONNX Runtime library the tests load (`scripts/env.sh` sets ORT_DYLIB_PATH).
 pub fn ort_library() -> PathBuf {
     let path = std::env::var_os("ORT_DYLIB_PATH")

@@ -16,6 +16,7 @@ from . import (
     demo_cases,
     export,
     fixture,
+    publish,
     generate_criteo,
     index,
     quantize,
@@ -43,6 +44,7 @@ COMMANDS = {
     "report": (report, "render docs/model-quality.md from the demo's quality.json"),
     "demo": (demo, "train, export, quantize and check the demo models; write models/demo and the quality report"),
     "synth": (synth, "write a benchmark model of realistic size (random weights), its requests and offline scores"),
+    "publish": (publish, "upload a version's tier = \"redis\" tables to a Redis Cluster, then its completion marker"),
     "demo-cases": (demo_cases, "write held-out rank requests and offline scores for the demo's DeepFM models"),
 }
 

@@ -52,7 +52,7 @@ pub fn code_of(error: &ServiceError) -> Code {
         ServiceError::DeadlineExceeded { .. } | ServiceError::BodyTimeout { .. } => {
             Code::DeadlineExceeded
         }
-        ServiceError::Unavailable(_) => Code::Unavailable,
+        ServiceError::Unavailable(_) | ServiceError::TierUnavailable { .. } => Code::Unavailable,
         ServiceError::Unauthenticated(_) => Code::Unauthenticated,
         ServiceError::PermissionDenied(_) => Code::PermissionDenied,
         ServiceError::NotAllowed(_) => Code::FailedPrecondition,

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# A local Redis Cluster for tests and benchmarks: 3 masters and 3 replicas of Debian's redis-server on loopback
+# ports, each started in the foreground (--daemonize no) in the background of this script with its PID recorded,
+# joined by `redis-cli --cluster create --cluster-replicas 1`, and ready when every node's `cluster info` says
+# `cluster_state:ok`. Persistence is off (no RDB, no AOF): the cluster holds test data only. DEBUG is allowed from
+# loopback (the fault test slows nodes with DEBUG SLEEP).
+#
+# Usage: scripts/redis-cluster.sh start DIR   starts the cluster with its files in DIR; prints the masters' and
+#                                             replicas' addresses (host:port,host:port,...) on stdout and writes
+#                                             them to DIR/addresses, and each node's PID to DIR/PORT.pid
+#        scripts/redis-cluster.sh stop DIR    stops every node of DIR by its PID, waits for it to exit
+#
+# Ports are picked free at random between 20000 and 29999 (a node also uses port+10000 for the cluster bus).
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 start|stop DIR" >&2
+  exit 2
+}
+[ $# -eq 2 ] || usage
+command=$1
+dir=$2
+
+free_port() {
+  # A port that, with its cluster-bus port (+10000), nothing listens on now.
+  python3 - "$@" <<'EOF'
+import random, socket, sys
+taken = {int(p) for p in sys.argv[1:]}
+for _ in range(1000):
+    port = random.randint(20000, 29999)
+    if port in taken or port + 10000 in taken:
+        continue
+    try:
+        for p in (port, port + 10000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    print(port)
+    break
+else:
+    sys.exit("no free port")
+EOF
+}
+
+stop() {
+  shopt -s nullglob
+  for pidfile in "$dir"/*.pid; do
+    pid=$(cat "$pidfile")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+      done
+      kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+  done
+}
+
+case "$command" in
+  start)
+    command -v redis-server >/dev/null || { echo "redis-cluster: redis-server is not installed (apt-get install redis-server)" >&2; exit 1; }
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    ports=()
+    for _ in 1 2 3 4 5 6; do
+      ports+=("$(free_port "${ports[@]}")")
+    done
+    for port in "${ports[@]}"; do
+      node=$dir/$port
+      mkdir -p "$node"
+      redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$node/nodes.conf" \
+        --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --enable-debug-command local \
+        --logfile "$node/redis.log" </dev/null >/dev/null 2>&1 &
+      echo $! >"$dir/$port.pid"
+    done
+    for port in "${ports[@]}"; do
+      for _ in $(seq 200); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && break
+        sleep 0.05
+      done
+      redis-cli -p "$port" ping >/dev/null 2>&1 || { echo "redis-cluster: node $port did not start (see $dir/$port/redis.log)" >&2; stop; exit 1; }
+    done
+    nodes=()
+    for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
+      { echo "redis-cluster: cluster create failed:" >&2; cat "$dir/create.log" >&2; stop; exit 1; }
+    # Every node must see the whole cluster as ok (slots assigned, every master reachable) and know all 6 nodes.
+    for port in "${ports[@]}"; do
+      for _ in $(seq 400); do
+        info=$(redis-cli -p "$port" cluster info 2>/dev/null || true)
+        if grep -q 'cluster_state:ok' <<<"$info" && grep -q 'cluster_known_nodes:6' <<<"$info"; then
+          break
+        fi
+        sleep 0.05
+      done
+      grep -q 'cluster_state:ok' <<<"$info" || { echo "redis-cluster: node $port never reported cluster_state:ok" >&2; stop; exit 1; }
+    done
+    # The replicas must have synced with their masters before a test kills one of those.
+    for port in "${ports[@]}"; do
+      for _ in $(seq 400); do
+        role=$(redis-cli -p "$port" info replication 2>/dev/null || true)
+        if grep -q 'role:master' <<<"$role" || grep -q 'master_link_status:up' <<<"$role"; then
+          break
+        fi
+        sleep 0.05
+      done
+    done
+    (IFS=,; echo "${nodes[*]}") | tee "$dir/addresses"
+    ;;
+  stop)
+    [ -d "$dir" ] || exit 0
+    stop
+    ;;
+  *)
+    usage
+    ;;
+esac

@@ -1,0 +1,420 @@
+//! The `redis` tier of embedding tables: a table with `tier = "redis"` in `model.toml` lives in a Redis Cluster
+//! ([`redis`]) under an in-process cache of hot rows ([`cache`]), behind the same [`EmbeddingStore`] gather as the
+//! mapped files. A model may mix tiers: its `file` tables are memory-mapped as on the CPU store.
+//!
+//! A gather resolves every id (OOV policy as everywhere), reads what it can from the cache, and fetches the
+//! batch's distinct missing rows from the cluster in one go: one MGET per hash-tag group, all in flight together,
+//! waited for until the batch's earliest deadline at most. A row that did not come in time follows its table's
+//! `unfetched` policy: the table's default row (held in memory from load on, counted), or the batch fails with 503.
+//!
+//! Where the waiting happens: on the executor thread that gathers (an OS thread of its own, never a tokio
+//! worker), while the Redis client's own runtime thread does the I/O. So a fetch blocks one executor for about
+//! one round trip, never the HTTP/gRPC workers or the batcher, and other executors keep running. The other place
+//! considered, fetching a request's misses in its async task before it is queued, would keep executors from ever
+//! waiting but needs the rows pinned in the cache from that fetch to the gather, and a batch would make one round
+//! trip per request instead of one per batch.
+
+pub mod cache;
+pub mod redis;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prometheus::{Histogram, IntCounter};
+
+use self::cache::{CacheMetrics, RowCache};
+use self::redis::{FetchFailure, RedisCluster};
+use super::cpu::{decode_row, resolve_row};
+use super::{EmbeddingStore, GatherError, ShardLayout, TableBytes, check_gather_shape};
+use crate::error::LoadError;
+use crate::repository::{TableSpec, Unfetched};
+
+/// The server's side of the tier: where the cluster is (`--redis-url`), how much each model may cache
+/// (`--embedding-cache-bytes`), and the one connection every model shares, made when a model first needs it.
+#[derive(Debug, Clone)]
+pub struct TierContext {
+    nodes: Vec<String>,
+    pub cache_bytes: u64,
+    cluster: Arc<Mutex<Option<Arc<RedisCluster>>>>,
+}
+
+impl TierContext {
+    pub fn new(nodes: Vec<String>, cache_bytes: u64) -> TierContext {
+        TierContext {
+            nodes,
+            cache_bytes,
+            cluster: Arc::default(),
+        }
+    }
+
+    /// The shared connection, connecting now if there is none yet (a failed attempt is tried again by the next
+    /// load).
+    pub fn cluster(&self) -> Result<Arc<RedisCluster>, String> {
+        if self.nodes.is_empty() {
+            return Err(
+                "it has tables with tier = \"redis\", but the server has no --redis-url".to_owned(),
+            );
+        }
+        let mut cluster = self.cluster.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cluster) = cluster.as_ref() {
+            return Ok(Arc::clone(cluster));
+        }
+        let connected = Arc::new(RedisCluster::connect(&self.nodes)?);
+        *cluster = Some(Arc::clone(&connected));
+        Ok(connected)
+    }
+}
+
+/// What the tier reports into, for one model (`docs/metrics.md`).
+#[derive(Clone, Debug)]
+pub struct TierMetrics {
+    pub hits: IntCounter,
+    pub misses: IntCounter,
+    /// One observation per batch that fetched.
+    pub fetch_duration: Histogram,
+    pub rows_fetched: IntCounter,
+    /// Rows not fetched, by [`FetchFailure::ALL`] order.
+    pub failures: [IntCounter; 5],
+    pub cache: CacheMetrics,
+}
+
+/// A table of a [`TieredStore`], as `model.toml` places it.
+#[derive(Debug)]
+pub enum TableSource {
+    /// Mapped from its file (as [`super::open_tables`] returns it).
+    File(TableBytes),
+    /// In the cluster; `unfetched` rows read the default row (fetched at load) or fail the batch.
+    Redis {
+        unfetched: Unfetched,
+        /// `recserve_embedding_unfetched_total` of the table: ids read from the default row because their row
+        /// was not fetched in time.
+        defaulted: IntCounter,
+    },
+}
+
+#[derive(Debug)]
+enum Source {
+    File(TableBytes),
+    Redis {
+        defaulted: IntCounter,
+        /// The table's `default_row` when `unfetched = "default_row"`; `None`: unfetched rows fail the batch.
+        default_row: Option<Bytes>,
+    },
+}
+
+/// Where one model's rows are in the cluster.
+#[derive(Debug)]
+struct Remote {
+    cluster: Arc<RedisCluster>,
+    model: String,
+    version: u64,
+    /// Hash-tag groups of the version's keys, from its completion marker.
+    groups: u64,
+    cache: RowCache,
+    metrics: TierMetrics,
+}
+
+/// Tables of one model in the Redis tier (and possibly mapped files), gathered on the CPU.
+#[derive(Debug)]
+pub struct TieredStore {
+    specs: Vec<TableSpec>,
+    layouts: Vec<ShardLayout>,
+    sources: Vec<Source>,
+    row_bytes: Vec<usize>,
+    oov: Vec<IntCounter>,
+    remote: Remote,
+}
+
+/// How long a load may wait for the default rows.
+const LOAD_BUDGET: Duration = Duration::from_secs(10);
+
+/// A row of the batch, as the gather finds it.
+enum Slot<'a> {
+    Mapped(&'a [u8]),
+    Held(Bytes),
+    /// Index into the batch's distinct misses.
+    Miss(usize),
+}
+
+impl TieredStore {
+    /// Checks the version's completion marker in the cluster (present, every Redis table's row count equal to
+    /// `model.toml`'s), fetches the default rows of tables that fall back on them, and sets up the cache.
+    /// `version_dir` is for messages.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one store of one model version, built once at load"
+    )]
+    pub fn open(
+        version_dir: &std::path::Path,
+        tier: &TierContext,
+        model: &str,
+        version: u64,
+        specs: Vec<TableSpec>,
+        sources: Vec<TableSource>,
+        oov: Vec<IntCounter>,
+        metrics: TierMetrics,
+    ) -> Result<TieredStore, LoadError> {
+        let fail = |m: String| LoadError::new(version_dir, m);
+        let cluster = tier.cluster().map_err(&fail)?;
+        let marker = cluster.marker(model, version).map_err(&fail)?;
+        let marker_key = redis::marker_key(model, version);
+        if marker.is_empty() {
+            return Err(fail(format!(
+                "the Redis tier has no completion marker for this version ({marker_key} on {:?}): it was not \
+                 published, or its publishing did not finish (python -m recserve_models publish)",
+                cluster.nodes()
+            )));
+        }
+        let groups = marker
+            .get("groups")
+            .and_then(|g| g.parse::<u64>().ok())
+            .filter(|&g| g > 0)
+            .ok_or_else(|| fail(format!("{marker_key} has no valid `groups` field")))?;
+        for (spec, source) in specs.iter().zip(&sources) {
+            if let TableSource::Redis { .. } = source {
+                let published = marker.get(&format!("rows:{}", spec.name));
+                match published.map(|r| r.parse::<u64>()) {
+                    Some(Ok(rows)) if rows == spec.rows => {}
+                    Some(Ok(rows)) => {
+                        return Err(fail(format!(
+                            "table {:?}: the Redis tier holds {rows} rows of it, but model.toml declares rows = {}",
+                            spec.name, spec.rows
+                        )));
+                    }
+                    _ => {
+                        return Err(fail(format!(
+                            "table {:?}: the Redis tier's completion marker {marker_key} does not list it (was it \
+                             published with tier = \"redis\"?)",
+                            spec.name
+                        )));
+                    }
+                }
+            }
+        }
+        let row_bytes: Vec<usize> = specs.iter().map(|s| s.storage.row_bytes(s.dim)).collect();
+        let widest = row_bytes.iter().copied().max().unwrap_or(1);
+        let remote = Remote {
+            cache: RowCache::new(tier.cache_bytes, widest, metrics.cache.clone()),
+            cluster,
+            model: model.to_owned(),
+            version,
+            groups,
+            metrics,
+        };
+        let mut store = TieredStore {
+            layouts: specs.iter().map(|s| ShardLayout::new(s.rows, 1)).collect(),
+            sources: Vec::with_capacity(sources.len()),
+            row_bytes,
+            specs,
+            oov,
+            remote,
+        };
+        for (t, source) in sources.into_iter().enumerate() {
+            let source = match source {
+                TableSource::File(bytes) => Source::File(bytes),
+                TableSource::Redis {
+                    unfetched,
+                    defaulted,
+                } => {
+                    let default_row = match (unfetched, store.specs[t].oov) {
+                        (Unfetched::DefaultRow, crate::repository::OovPolicy::Default { row }) => {
+                            let fetched = store.fetch(&[(t, row)], Instant::now() + LOAD_BUDGET);
+                            match fetched.into_iter().next() {
+                                Some(Ok(bytes)) => Some(bytes),
+                                Some(Err(failure)) => {
+                                    return Err(fail(format!(
+                                        "table {:?}: cannot fetch its default_row = {row} from the Redis tier ({})",
+                                        store.specs[t].name,
+                                        failure.as_str()
+                                    )));
+                                }
+                                None => None,
+                            }
+                        }
+                        _ => None,
+                    };
+                    Source::Redis {
+                        defaulted,
+                        default_row,
+                    }
+                }
+            };
+            store.sources.push(source);
+        }
+        Ok(store)
+    }
+
+    /// Fetches rows `(table, row)` (distinct) until `deadline`, caching those that came; one answer per row.
+    fn fetch(&self, rows: &[(usize, u64)], deadline: Instant) -> Vec<Result<Bytes, FetchFailure>> {
+        let remote = &self.remote;
+        let started = Instant::now();
+        // Rows by hash-tag group, each group one MGET.
+        let mut by_group: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, &(_, row)) in rows.iter().enumerate() {
+            by_group.entry(row % remote.groups).or_default().push(i);
+        }
+        let members: Vec<Vec<usize>> = by_group.into_values().collect();
+        let groups = members
+            .iter()
+            .map(|member| {
+                member
+                    .iter()
+                    .map(|&i| {
+                        let (t, row) = rows[i];
+                        redis::row_key(
+                            &remote.model,
+                            remote.version,
+                            remote.groups,
+                            &self.specs[t].name,
+                            row,
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let answers = remote.cluster.fetch(groups, deadline);
+        let mut out = vec![Err(FetchFailure::Timeout); rows.len()];
+        for (member, answer) in members.iter().zip(answers) {
+            match answer {
+                Ok(values) => {
+                    for (&i, value) in member.iter().zip(values) {
+                        let (t, row) = rows[i];
+                        out[i] = match value {
+                            None => Err(FetchFailure::Missing),
+                            Some(v) if v.len() != self.row_bytes[t] => Err(FetchFailure::BadRow),
+                            Some(v) => {
+                                let bytes = Bytes::from(v);
+                                remote.cache.insert(cache::key(t, row), bytes.clone());
+                                Ok(bytes)
+                            }
+                        };
+                    }
+                }
+                Err(failure) => {
+                    for &i in member {
+                        out[i] = Err(failure);
+                    }
+                }
+            }
+        }
+        let m = &remote.metrics;
+        m.fetch_duration.observe(started.elapsed().as_secs_f64());
+        for result in &out {
+            match result {
+                Ok(_) => m.rows_fetched.inc(),
+                Err(failure) => m.failures[failure_index(*failure)].inc(),
+            }
+        }
+        remote.cache.report();
+        out
+    }
+}
+
+fn failure_index(failure: FetchFailure) -> usize {
+    FetchFailure::ALL
+        .iter()
+        .position(|&f| f == failure)
+        .unwrap_or(0)
+}
+
+/// How long a gather without a deadline (not on the request path) may wait for rows.
+const UNTIMED_BUDGET: Duration = Duration::from_secs(1);
+
+impl EmbeddingStore for TieredStore {
+    fn tables(&self) -> &[TableSpec] {
+        &self.specs
+    }
+
+    fn shard_layouts(&self) -> &[ShardLayout] {
+        &self.layouts
+    }
+
+    fn device(&self) -> &str {
+        "cpu"
+    }
+
+    fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError> {
+        self.gather_until(fields, ids, out, Instant::now() + UNTIMED_BUDGET)
+    }
+
+    fn gather_until(
+        &self,
+        fields: &[usize],
+        ids: &[i64],
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<(), GatherError> {
+        let dim = check_gather_shape(&self.specs, fields, ids, out)?;
+        let nf = fields.len();
+        let remote = &self.remote;
+        let mut slots = Vec::with_capacity(ids.len());
+        let mut misses: Vec<(usize, u64)> = Vec::new();
+        let mut missed: HashMap<u64, usize> = HashMap::new();
+        let (mut hits, mut lookups) = (0u64, 0u64);
+        for (p, &id) in ids.iter().enumerate() {
+            let t = fields[p % nf];
+            let row = resolve_row(&self.specs[t], id, p / nf, &self.oov[t])?;
+            let slot = match &self.sources[t] {
+                Source::File(bytes) => {
+                    let start = row as usize * self.row_bytes[t];
+                    Slot::Mapped(&bytes.as_slice()[start..start + self.row_bytes[t]])
+                }
+                Source::Redis { .. } => {
+                    lookups += 1;
+                    let key = cache::key(t, row);
+                    match remote.cache.get(key) {
+                        Some(bytes) => {
+                            hits += 1;
+                            Slot::Held(bytes)
+                        }
+                        None => Slot::Miss(*missed.entry(key).or_insert_with(|| {
+                            misses.push((t, row));
+                            misses.len() - 1
+                        })),
+                    }
+                }
+            };
+            slots.push(slot);
+        }
+        remote.metrics.hits.inc_by(hits);
+        remote.metrics.misses.inc_by(lookups - hits);
+        let fetched = if misses.is_empty() {
+            Vec::new()
+        } else {
+            self.fetch(&misses, deadline)
+        };
+        for (p, (slot, dst)) in slots.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+            let t = fields[p % nf];
+            let storage = self.specs[t].storage;
+            match slot {
+                Slot::Mapped(row) => decode_row(storage, row, dst),
+                Slot::Held(row) => decode_row(storage, row, dst),
+                Slot::Miss(i) => match (&fetched[*i], &self.sources[t]) {
+                    (Ok(row), _) => decode_row(storage, row, dst),
+                    (
+                        Err(_),
+                        Source::Redis {
+                            default_row: Some(row),
+                            defaulted,
+                            ..
+                        },
+                    ) => {
+                        defaulted.inc();
+                        decode_row(storage, row, dst);
+                    }
+                    (Err(failure), _) => {
+                        let rows = fetched.iter().filter(|r| r.is_err()).count();
+                        return Err(GatherError::Unfetched {
+                            table: self.specs[t].name.clone(),
+                            rows,
+                            failure: failure.as_str(),
+                        });
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! The Redis Cluster the `redis` tier reads: the key scheme (shared with `recserve_models publish`, documented in
+//! `docs/model-repository.md`), the connection (the `redis` crate's cluster client, which follows MOVED/ASK,
+//! refreshes its slot map and reconnects to nodes that come back), and the fetch of one batch's missing rows.
+//!
+//! The client runs on a tokio runtime of its own (one thread, `recserve-redis`), so that Redis I/O never waits
+//! behind the HTTP/gRPC workers and the executor threads, which are not tokio threads, can hand it work: an
+//! executor sends a batch's misses over and waits at most the batch's budget for the answer.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+
+/// The version of the key scheme; the first part of every key.
+pub const SCHEME: &str = "rs1";
+
+/// The key of row `id` of `table` of `model` version `version`: `rs1:{model/version/g}:table:id` with
+/// `g = id mod groups`. The hash tag `{model/version/g}` puts every row of a version into one of `groups` slots
+/// whatever its table, so a batch's rows are fetched with at most `groups` MGETs.
+pub fn row_key(model: &str, version: u64, groups: u64, table: &str, id: u64) -> String {
+    format!(
+        "{SCHEME}:{{{model}/{version}/{}}}:{table}:{id}",
+        id % groups
+    )
+}
+
+/// The key of a version's completion marker, a hash that `publish` writes after every row: `groups` and, for each
+/// table, `rows:<table>`.
+pub fn marker_key(model: &str, version: u64) -> String {
+    format!("{SCHEME}:{{{model}/{version}}}:published")
+}
+
+/// Why rows were not fetched, as `recserve_embedding_tier_errors_total` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FetchFailure {
+    /// The batch's budget ran out first.
+    Timeout,
+    /// No connection to the node (down, partitioned, failing over).
+    Connection,
+    /// The node answered with an error.
+    Server,
+    /// The key does not exist: the version was not (fully) published.
+    Missing,
+    /// The value's length is not the table's row length.
+    BadRow,
+}
+
+impl FetchFailure {
+    pub const ALL: [FetchFailure; 5] = [
+        FetchFailure::Timeout,
+        FetchFailure::Connection,
+        FetchFailure::Server,
+        FetchFailure::Missing,
+        FetchFailure::BadRow,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FetchFailure::Timeout => "timeout",
+            FetchFailure::Connection => "connection",
+            FetchFailure::Server => "server",
+            FetchFailure::Missing => "missing",
+            FetchFailure::BadRow => "bad_row",
+        }
+    }
+
+    fn of(e: &redis::RedisError) -> FetchFailure {
+        if e.is_timeout() {
+            FetchFailure::Timeout
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            FetchFailure::Connection
+        } else {
+            FetchFailure::Server
+        }
+    }
+}
+
+/// One MGET: keys of one hash-tag group.
+pub type Group = Vec<String>;
+
+/// The answer to one group: a value (or nil) per key, or why the group failed.
+pub type GroupAnswer = Result<Vec<Option<Vec<u8>>>, FetchFailure>;
+
+/// A connection to a Redis Cluster, shared by every model that has tables in it.
+pub struct RedisCluster {
+    /// Always `Some` until dropped: [`Drop`] shuts it down without waiting, which is allowed anywhere (the last
+    /// model holding the connection may be dropped on a tokio worker).
+    runtime: Option<tokio::runtime::Runtime>,
+    connection: ClusterConnection,
+    nodes: Vec<String>,
+}
+
+impl std::fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long connecting to a node may take before the client tries another.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the start-up commands (connect, the marker, the default rows) may take.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RedisCluster {
+    /// Connects to the cluster through any of `nodes` (`redis://host:port` or `host:port`).
+    pub fn connect(nodes: &[String]) -> Result<RedisCluster, String> {
+        let nodes: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                if n.contains("://") {
+                    n.clone()
+                } else {
+                    format!("redis://{n}")
+                }
+            })
+            .collect();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("recserve-redis")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the Redis client's thread: {e}"))?;
+        let client = ClusterClientBuilder::new(nodes.clone())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(200)
+            .build()
+            .map_err(|e| format!("invalid Redis Cluster address in {nodes:?}: {e}"))?;
+        let connection = wait_on(&runtime, LOAD_TIMEOUT, async move {
+            client.get_async_connection().await
+        })
+        .ok_or_else(|| {
+            format!("no answer from the Redis Cluster at {nodes:?} within {LOAD_TIMEOUT:?}")
+        })?
+        .map_err(|e| format!("cannot connect to the Redis Cluster at {nodes:?}: {e}"))?;
+        Ok(RedisCluster {
+            runtime: Some(runtime),
+            connection,
+            nodes,
+        })
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives until the connection is dropped")
+    }
+
+    /// The nodes it was given, for messages.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The completion marker of a version (empty when there is none). For loading only: blocks the caller.
+    pub fn marker(&self, model: &str, version: u64) -> Result<HashMap<String, String>, String> {
+        let mut connection = self.connection.clone();
+        let key = marker_key(model, version);
+        let hgetall = redis::cmd("HGETALL").arg(&key).clone();
+        wait_on(self.runtime(), LOAD_TIMEOUT, async move {
+            hgetall
+                .query_async::<HashMap<String, String>>(&mut connection)
+                .await
+        })
+        .ok_or_else(|| format!("no answer for {key} within {LOAD_TIMEOUT:?}"))?
+        .map_err(|e| format!("cannot read {key}: {e}"))
+    }
+
+    /// Fetches `groups` (one MGET each, all in flight together: the client sends each to its node over that
+    /// node's one multiplexed connection, so the batch waits about one round trip to the slowest node) and waits
+    /// until `deadline` at most. A group not answered by then is [`FetchFailure::Timeout`]; the others keep their
+    /// answers. Callable from any thread that is not one of the client's own.
+    pub fn fetch(&self, groups: Vec<Group>, deadline: Instant) -> Vec<GroupAnswer> {
+        let n = groups.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let connection = self.connection.clone();
+        let until = tokio::time::Instant::from_std(deadline);
+        let requests = groups.into_iter().map(move |keys| {
+            let mut connection = connection.clone();
+            async move {
+                let mut cmd = redis::cmd("MGET");
+                cmd.arg(&keys);
+                let mget = cmd.query_async::<Vec<Option<Vec<u8>>>>(&mut connection);
+                match tokio::time::timeout_at(until, mget).await {
+                    Err(_) => Err(FetchFailure::Timeout),
+                    Ok(Err(e)) => Err(FetchFailure::of(&e)),
+                    Ok(Ok(values)) if values.len() != keys.len() => Err(FetchFailure::Server),
+                    Ok(Ok(values)) => Ok(values),
+                }
+            }
+        });
+        let all = futures_util::future::join_all(requests.collect::<Vec<_>>());
+        // Each group times out by itself at the deadline; the margin covers a client thread slow to be scheduled.
+        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5);
+        wait_on(self.runtime(), wait, all).unwrap_or_else(|| vec![Err(FetchFailure::Timeout); n])
+    }
+}
+
+/// Runs `future` on `runtime` and waits for it `timeout` at most; `None` when it did not finish in time. Unlike
+/// `block_on`, callable from any thread, a tokio worker's included.
+fn wait_on<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    timeout: Duration,
+    future: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        if let Ok(value) = tokio::time::timeout(timeout, future).await {
+            let _ = tx.send(value);
+        }
+    });
+    rx.recv_timeout(timeout + Duration::from_millis(100)).ok()
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_model_version_table_and_id_and_group_by_hash_tag() {
+        assert_eq!(
+            row_key("deepfm", 3, 64, "C1", 4113),
+            "rs1:{deepfm/3/17}:C1:4113"
+        );
+        assert_eq!(
+            row_key("deepfm", 3, 64, "C2", 17),
+            "rs1:{deepfm/3/17}:C2:17"
+        );
+        assert_eq!(marker_key("deepfm", 3), "rs1:{deepfm/3}:published");
+    }
+}

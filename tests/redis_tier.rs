@@ -1,0 +1,542 @@
+//! End to end against a real Redis Cluster (`scripts/redis-cluster.sh`, which `scripts/test.sh` starts and names
+//! in `RECSERVE_TEST_REDIS`): the demo DeepFM models published with `python -m recserve_models publish` and served
+//! from the Redis tier, with their table files removed from the server's repository, score the demo's held-out
+//! requests bit for bit as the same models served from mapped files; a version without its completion marker, or
+//! whose row counts differ from `model.toml`, is refused naming the table; rows that cannot be fetched follow
+//! their table's `unfetched` policy (the default row, counted; or 503).
+
+mod common;
+
+use std::path::Path;
+
+use common::{TestServer, config, copy_dir, demo_cases, metric_sample};
+use recserve::service::StartError;
+use serde_json::Value;
+
+/// The cluster's nodes, as scripts/test.sh started it. No cluster is a failure, never a skip.
+fn cluster() -> String {
+    std::env::var("RECSERVE_TEST_REDIS").unwrap_or_else(|_| {
+        panic!(
+            "RECSERVE_TEST_REDIS is not set: run scripts/test.sh, or start a cluster with \
+             `scripts/redis-cluster.sh start DIR` and export RECSERVE_TEST_REDIS=<the addresses it prints>"
+        )
+    })
+}
+
+/// Every table of the `model.toml` at `path` moved to the Redis tier with policy `unfetched`, except the tables
+/// named in `overrides`, which get their own policy.
+fn move_to_redis(path: &Path, unfetched: &str, overrides: &[(&str, &str)]) {
+    let text = std::fs::read_to_string(path).expect("model.toml");
+    let mut out = String::new();
+    let mut table = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("name = ") {
+            table = Some(name.trim_matches('"').to_owned());
+        }
+        out.push_str(line);
+        out.push('\n');
+        if line.starts_with("default_row = ") {
+            let name = table.clone().unwrap_or_default();
+            let policy = overrides
+                .iter()
+                .find(|(t, _)| *t == name)
+                .map_or(unfetched, |(_, p)| *p);
+            out.push_str(&format!("tier = \"redis\"\nunfetched = \"{policy}\"\n"));
+        }
+    }
+    assert!(
+        out.contains("tier = \"redis\""),
+        "{} has no default_row lines",
+        path.display()
+    );
+    std::fs::write(path, out).expect("write model.toml");
+}
+
+/// `python -m recserve_models publish DIR --redis NODES`, which must succeed.
+fn publish(version_dir: &Path, nodes: &str) {
+    let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
+    let output = std::process::Command::new(&python)
+        .args(["-m", "recserve_models", "publish"])
+        .arg(version_dir)
+        .args(["--redis", nodes])
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("models"),
+        )
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python:?}: {e} (source scripts/env.sh)"));
+    assert!(
+        output.status.success(),
+        "publish {} failed:\n{}\n{}",
+        version_dir.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A repository with `name` copied from the demo's `demo` model, its tables moved to the Redis tier, published,
+/// and its table file removed (so the server can only read the cluster).
+fn redis_model(
+    repository: &Path,
+    demo: &str,
+    name: &str,
+    unfetched: &str,
+    overrides: &[(&str, &str)],
+) {
+    redis_model_on(&cluster(), repository, demo, name, unfetched, overrides);
+}
+
+/// [`redis_model`] on the cluster of `nodes`.
+fn redis_model_on(
+    nodes: &str,
+    repository: &Path,
+    demo: &str,
+    name: &str,
+    unfetched: &str,
+    overrides: &[(&str, &str)],
+) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = repository.join(name);
+    copy_dir(&root.join("models/demo").join(demo), &dir);
+    let version = dir.join("1");
+    move_to_redis(&version.join("model.toml"), unfetched, overrides);
+    publish(&version, nodes);
+    std::fs::remove_file(version.join("tables.safetensors")).expect("remove the table file");
+}
+
+fn redis_config(repository: &Path) -> recserve::config::Config {
+    redis_config_on(&cluster(), repository)
+}
+
+fn redis_config_on(nodes: &str, repository: &Path) -> recserve::config::Config {
+    config(repository, |a| {
+        a.redis_url = nodes.split(',').map(str::to_owned).collect();
+    })
+}
+
+/// The scores of a `/v1` rank answer, by candidate index.
+fn scores(body: &Value) -> Vec<f64> {
+    let scores = body["scores"].as_array().expect("scores");
+    let mut out = vec![f64::NAN; scores.len()];
+    for s in scores {
+        out[s["index"].as_u64().expect("index") as usize] = s["score"].as_f64().expect("score");
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_tier_scores_like_the_mapped_files_bit_for_bit() {
+    let repository = tempfile::tempdir().expect("tempdir");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for demo in ["deepfm", "deepfm-fp32"] {
+        copy_dir(
+            &root.join("models/demo").join(demo),
+            &repository.path().join(demo),
+        );
+        redis_model(
+            repository.path(),
+            demo,
+            &format!("{demo}-redis"),
+            "unavailable",
+            &[],
+        );
+    }
+    let server = TestServer::start(redis_config(repository.path())).await;
+    let all = demo_cases();
+    let cases = all["cases"].as_array().expect("cases");
+    let mut compared = [0usize; 2];
+    // Twice: the first pass fetches rows from the cluster, the second reads most from the cache.
+    for (pass, count) in compared.iter_mut().enumerate() {
+        for case in cases {
+            let model = case["model"].as_str().expect("model");
+            let (status, mapped) = server
+                .post(&format!("/v1/models/{model}/rank"), &case["request"])
+                .await;
+            assert_eq!(status, 200, "{model}: {mapped}");
+            let (status, tiered) = server
+                .post(&format!("/v1/models/{model}-redis/rank"), &case["request"])
+                .await;
+            assert_eq!(status, 200, "{model}-redis: {tiered}");
+            let (a, b) = (scores(&mapped), scores(&tiered));
+            assert_eq!(a.len(), b.len());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(
+                    (*x as f32).to_bits(),
+                    (*y as f32).to_bits(),
+                    "pass {pass}, {} ({model}), candidate {i}: mapped {x}, redis {y}",
+                    case["what"]
+                );
+            }
+            *count += a.len();
+        }
+    }
+    assert!(
+        compared[0] >= 400,
+        "only {} candidates compared",
+        compared[0]
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    for model in ["deepfm-redis", "deepfm-fp32-redis"] {
+        let fetched = metric_sample(
+            &metrics,
+            &format!("recserve_embedding_tier_rows_fetched_total{{model=\"{model}\"}}"),
+        );
+        let hits = metric_sample(
+            &metrics,
+            &format!("recserve_embedding_cache_lookups_total{{model=\"{model}\",result=\"hit\"}}"),
+        );
+        assert!(
+            fetched > 0.0 && hits > 0.0,
+            "{model}: fetched {fetched}, hits {hits}"
+        );
+    }
+    eprintln!("bit-identical scores: {} candidates per pass", compared[0]);
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Removes row keys from the cluster, as a half-published or damaged version would lack them.
+async fn delete_keys(keys: &[String]) {
+    let nodes: Vec<String> = cluster()
+        .split(',')
+        .map(|n| format!("redis://{n}"))
+        .collect();
+    let client = redis::cluster::ClusterClient::new(nodes).expect("cluster client");
+    let mut connection = client.get_async_connection().await.expect("connect");
+    for key in keys {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .expect("DEL");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_not_fetched_read_the_default_row_or_fail_with_503() {
+    let repository = tempfile::tempdir().expect("tempdir");
+    redis_model(
+        repository.path(),
+        "deepfm",
+        "policy",
+        "default_row",
+        &[("C2", "unavailable")],
+    );
+    // Row 7 of C1 (unfetched = "default_row") and row 9 of C2 (unfetched = "unavailable") are gone.
+    use recserve::embedding::remote::redis::row_key;
+    delete_keys(&[
+        row_key("policy", 1, 64, "C1", 7),
+        row_key("policy", 1, 64, "C2", 9),
+    ])
+    .await;
+    let server = TestServer::start(redis_config(repository.path())).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let request: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/demo/rank-request.json")).expect("request"),
+    )
+    .expect("json");
+    let with = |table: &str, id: i64| {
+        let mut r = request.clone();
+        r["user"]["fields"][table] = Value::from(id);
+        r
+    };
+    let (status, missing) = server.post("/v1/models/policy/rank", &with("C1", 7)).await;
+    assert_eq!(status, 200, "{missing}");
+    let (status, default) = server.post("/v1/models/policy/rank", &with("C1", 0)).await;
+    assert_eq!(status, 200, "{default}");
+    assert_eq!(
+        scores(&missing),
+        scores(&default),
+        "row 7 of C1 must read the default row 0"
+    );
+    let (status, other) = server.post("/v1/models/policy/rank", &with("C1", 8)).await;
+    assert_eq!(status, 200);
+    assert_ne!(
+        scores(&other),
+        scores(&default),
+        "a fetched row differs from the default row"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metric_sample(
+            &metrics,
+            "recserve_embedding_unfetched_default_total{model=\"policy\",table=\"C1\"}"
+        ) >= 1.0
+    );
+    assert!(
+        metric_sample(
+            &metrics,
+            "recserve_embedding_tier_errors_total{kind=\"missing\",model=\"policy\"}"
+        ) >= 1.0
+    );
+    let (status, body) = server.post("/v1/models/policy/rank", &with("C2", 9)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.to_string()
+            .contains("could not be fetched from the Redis tier"),
+        "{body}"
+    );
+    server.stop().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_without_its_marker_or_with_other_row_counts_is_refused_naming_the_table() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Never published.
+    let repository = tempfile::tempdir().expect("tempdir");
+    let version = repository.path().join("unpublished/1");
+    copy_dir(
+        &root.join("models/demo/deepfm"),
+        &repository.path().join("unpublished"),
+    );
+    move_to_redis(&version.join("model.toml"), "unavailable", &[]);
+    let server = TestServer::spawn(redis_config(repository.path())).await;
+    match server.finished().await {
+        Err(StartError::Load(e)) => {
+            assert_eq!(e.path, version);
+            assert!(e.problem.contains("no completion marker"), "{}", e.problem);
+            assert!(
+                e.problem.contains("rs1:{unpublished/1}:published"),
+                "{}",
+                e.problem
+            );
+        }
+        other => panic!("expected a load error, got {other:?}"),
+    }
+    // Published, then model.toml says C6 has another row count.
+    let repository = tempfile::tempdir().expect("tempdir");
+    redis_model(repository.path(), "deepfm", "recounted", "unavailable", &[]);
+    let toml = repository.path().join("recounted/1/model.toml");
+    let text = std::fs::read_to_string(&toml).expect("model.toml");
+    std::fs::write(
+        &toml,
+        text.replace(
+            "name = \"C6\"\nfile = \"tables.safetensors\"\nrows = 26",
+            "name = \"C6\"\nfile = \"tables.safetensors\"\nrows = 25",
+        ),
+    )
+    .expect("write");
+    let server = TestServer::spawn(redis_config(repository.path())).await;
+    match server.finished().await {
+        Err(StartError::Load(e)) => assert!(
+            e.problem
+                .contains("table \"C6\": the Redis tier holds 26 rows of it, but model.toml declares rows = 25"),
+            "{}",
+            e.problem
+        ),
+        other => panic!("expected a load error, got {other:?}"),
+    }
+}
+
+/// A cluster of this test's own (`scripts/redis-cluster.sh`), stopped by PID when dropped.
+struct OwnCluster {
+    dir: tempfile::TempDir,
+    nodes: String,
+}
+
+impl OwnCluster {
+    fn start() -> OwnCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let output = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
+        )
+        .arg("start")
+        .arg(dir.path())
+        .output()
+        .expect("run scripts/redis-cluster.sh");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let nodes = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        OwnCluster { dir, nodes }
+    }
+
+    fn ports(&self) -> Vec<String> {
+        self.nodes
+            .split(',')
+            .map(|n| n.rsplit(':').next().expect("port").to_owned())
+            .collect()
+    }
+
+    fn cli(&self, port: &str, args: &[&str]) -> String {
+        let output = std::process::Command::new("redis-cli")
+            .args(["-p", port])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The ports of the nodes that are masters now.
+    fn masters(&self) -> Vec<String> {
+        self.ports()
+            .into_iter()
+            .filter(|p| self.cli(p, &["role"]).starts_with("master"))
+            .collect()
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
+        )
+        .arg("stop")
+        .arg(self.dir.path())
+        .status();
+    }
+}
+
+/// The rank request with every user field moved to ids no request asked for before (`round` apart), so that its
+/// rows are not in the cache.
+fn fresh(request: &Value, round: i64) -> Value {
+    let mut r = request.clone();
+    let fields = r["user"]["fields"].as_object_mut().expect("fields");
+    for value in fields.values_mut() {
+        *value = Value::from(value.as_i64().expect("id") + round);
+    }
+    r
+}
+
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains("model=\"faults\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Slow nodes, then a master killed by PID, under a table policy of default rows: every request is answered
+/// (cached rows, default rows for the rest) without waiting past its deadline, the replica takes over, and the
+/// client fetches from it without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_client_follows_the_failover()
+ {
+    let own = OwnCluster::start();
+    let repository = tempfile::tempdir().expect("tempdir");
+    redis_model_on(
+        &own.nodes,
+        repository.path(),
+        "deepfm",
+        "faults",
+        "default_row",
+        &[],
+    );
+    let server = TestServer::start(redis_config_on(&own.nodes, repository.path())).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let request: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/demo/rank-request.json")).expect("request"),
+    )
+    .expect("json");
+    let rank = |body: Value, deadline_ms: u64| {
+        let client = server.client.clone();
+        let url = server.url("/v1/models/faults/rank");
+        async move {
+            let started = std::time::Instant::now();
+            let response = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("x-recserve-deadline-ms", deadline_ms.to_string())
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("json");
+            (status, body, started.elapsed())
+        }
+    };
+    let (status, cached, _) = rank(request.clone(), 5000).await;
+    assert_eq!(status, 200, "{cached}");
+
+    // Slow: every master sleeps 3 s. A request with uncached rows and a 300 ms deadline is answered with default
+    // rows; its cached twin with the same scores as before.
+    let sleepers: Vec<_> = own
+        .masters()
+        .into_iter()
+        .map(|p| {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &p, "DEBUG", "SLEEP", "3"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("DEBUG SLEEP")
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (status, slow, took) = rank(fresh(&request, 1), 300).await;
+    assert_eq!(status, 200, "{slow}");
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "answered after {took:?}, nodes sleep 3 s"
+    );
+    let (status, again, _) = rank(request.clone(), 300).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        scores(&again),
+        scores(&cached),
+        "cached rows answer while the nodes sleep"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        sample(
+            &metrics,
+            "recserve_embedding_tier_errors_total{kind=\"timeout\""
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(sample(&metrics, "recserve_embedding_unfetched_default_total") >= 1.0);
+    eprintln!(
+        "slow nodes: a request with uncached rows and a 300 ms deadline was answered in {took:?}"
+    );
+    for mut s in sleepers {
+        let _ = s.wait();
+    }
+
+    // Dead: one master killed by its PID. Requests keep being answered; the replica takes over; fetched rows
+    // come back without errors.
+    let victim = own.masters().into_iter().next().expect("a master");
+    let pid =
+        std::fs::read_to_string(own.dir.path().join(format!("{victim}.pid"))).expect("pid file");
+    let killed = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let (mut answered, mut failed, mut round) = (0, 0, 10);
+    let mut recovered = None;
+    while killed.elapsed() < std::time::Duration::from_secs(30) {
+        round += 1;
+        let (_, before) = server.get("/metrics").await;
+        let errors_before = sample(&before, "recserve_embedding_tier_errors_total");
+        let (status, body, _) = rank(fresh(&request, round), 500).await;
+        if status == 200 {
+            answered += 1;
+        } else {
+            failed += 1;
+            eprintln!("failed: {status} {body}");
+        }
+        let (_, after) = server.get("/metrics").await;
+        if killed.elapsed() > std::time::Duration::from_millis(500)
+            && sample(&after, "recserve_embedding_tier_errors_total") == errors_before
+        {
+            recovered = Some(killed.elapsed());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (_, metrics) = server.get("/metrics").await;
+    eprintln!(
+        "master on port {victim} killed: {answered} requests answered, {failed} failed, {} ids read default rows; \
+         rows fetched without error again {recovered:?} after the kill",
+        sample(&metrics, "recserve_embedding_unfetched_default_total")
+    );
+    assert_eq!(failed, 0);
+    let recovered =
+        recovered.expect("the client never fetched without errors after the failover (30 s)");
+    assert!(recovered > std::time::Duration::ZERO);
+    server.stop().await.expect("clean shutdown");
+}
