@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use recserve::api::v1::rank_body::decode_rank;
 use recserve::config::Config;
-use recserve::embedding::{self, open_tables};
+use recserve::embedding;
 use recserve::error::LoadError;
 use recserve::executor::{DenseGraph, GraphShape, Runtime, RuntimeError, Worker};
 use recserve::gpu::{self, GpuError};
@@ -217,14 +217,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             batching.max_batch_rows
         )));
     }
-    let bytes = open_tables(&mv.dir, &spec.tables)?;
-    let counters = spec
-        .tables
-        .iter()
-        .map(|t| ctx.metrics.oov_counter(&mv.name, &t.spec.name))
-        .collect();
-    let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
-    let store = gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters)?;
+    let store = recserve::ranking::open_store(&ctx, mv, &spec)?;
     let contract = RankContract::new(Arc::clone(&spec), options.candidates);
     let shape = GraphShape {
         fields: contract.fields(),

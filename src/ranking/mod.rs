@@ -90,8 +90,9 @@ impl BatchExecutor for RankExecutor {
 }
 
 /// The model's embedding store: its tables mapped and placed by `--device`, or, when any table has
-/// `tier = "redis"`, a [`TieredStore`] on the CPU (the Redis tier has no GPU store yet).
-fn open_store(
+/// `tier = "redis"`, a [`TieredStore`] on the CPU (the Redis tier has no GPU store yet). The in-process ceiling
+/// (`recload ceiling`) opens its store here too.
+pub fn open_store(
     ctx: &LoadContext,
     mv: &ModelVersion,
     spec: &ModelSpec,
