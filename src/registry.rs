@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
 use crate::config::{Config, Switch};
+use crate::embedding::Preload;
 use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
 use crate::executor::{Runtime, SessionOptions};
@@ -43,6 +44,8 @@ pub struct LoadContext {
     pub batching: BatchSettings,
     /// `--gather-user-once`: ranking executors gather each request's user columns once.
     pub gather_user_once: bool,
+    /// `--preload`: when the pages of table and index files are read in.
+    pub preload: Preload,
     /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
     pub tier: TierContext,
 }
@@ -95,6 +98,10 @@ impl LoadContext {
                 executor_niceness: config.executor_niceness,
             },
             gather_user_once: config.gather_user_once == Switch::On,
+            preload: match config.preload {
+                Switch::On => Preload::Populate,
+                Switch::Off => Preload::OnDemand,
+            },
             tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
         }
     }

@@ -278,6 +278,12 @@ pub struct ServeArgs {
     #[arg(long, value_enum, env = "RECSERVE_GATHER_USER_ONCE")]
     pub gather_user_once: Option<Switch>,
 
+    /// Embedding tables and indexes: `on` reads every page of their files in before a version is ready, so the
+    /// first requests pay no page faults; `off` maps them and reads each page in when a request first touches it
+    /// (ready sooner, less memory resident, slower first requests) [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_PRELOAD")]
+    pub preload: Option<Switch>,
+
     /// A batch closes when it holds this many rows; larger requests are split [default: the model's
     /// [batching] max_batch_rows, else 1024].
     #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]

@@ -1,7 +1,9 @@
 //! Opening embedding tables: safetensors files memory-mapped once each, every table's tensor checked against its
-//! `model.toml` entry (present, dtype, shape) before anything is served. Every page is read in at load, so the
-//! first requests pay no page faults; a file of [`PROGRESS_BYTES`] or more is read in steps with a log line of
-//! the bytes read so far and the rate, so a load of many gigabytes says how far it has got.
+//! `model.toml` entry (present, dtype, shape) before anything is served. With [`Preload::Populate`] (`--preload
+//! on`, the default) every page is read in at load, so the first requests pay no page faults; a file of
+//! [`PROGRESS_BYTES`] or more is read in steps with a log line of the bytes read so far and the rate, so a load of
+//! many gigabytes says how far it has got. With [`Preload::OnDemand`] (`--preload off`) pages are read in when a
+//! request first touches them, with no read-ahead: ready sooner and with less memory resident, first requests slower.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,9 +55,19 @@ impl AsRef<[u8]> for TableBytes {
     }
 }
 
-/// Maps a file of the version (such as an IVF index) read-only with every page read in, as table files are.
-pub fn map_file(path: &Path) -> Result<Mmap, LoadError> {
-    map_table_file(path, PROGRESS_BYTES)
+/// When the pages of a mapped file are read in (`--preload`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preload {
+    /// All of them at load, before the version is ready.
+    Populate,
+    /// Each when a request first touches it; the kernel reads no pages ahead of it (random access).
+    OnDemand,
+}
+
+/// Maps a file of the version (such as an IVF index) read-only, its pages read in as `preload` says, as table
+/// files are.
+pub fn map_file(path: &Path, preload: Preload) -> Result<Mmap, LoadError> {
+    map_table_file(path, preload, PROGRESS_BYTES)
 }
 
 fn expected_dtype(storage: Storage) -> Dtype {
@@ -67,7 +79,11 @@ fn expected_dtype(storage: Storage) -> Dtype {
 }
 
 /// Maps every file the tables name and returns each table's bytes, in `entries` order.
-pub fn open_tables(dir: &Path, entries: &[TableEntry]) -> Result<Vec<TableBytes>, LoadError> {
+pub fn open_tables(
+    dir: &Path,
+    entries: &[TableEntry],
+    preload: Preload,
+) -> Result<Vec<TableBytes>, LoadError> {
     let mut maps: HashMap<&str, Arc<Mmap>> = HashMap::new();
     let mut out = Vec::with_capacity(entries.len());
     for entry in entries {
@@ -75,7 +91,7 @@ pub fn open_tables(dir: &Path, entries: &[TableEntry]) -> Result<Vec<TableBytes>
         let map = match maps.get(entry.file.as_str()) {
             Some(map) => Arc::clone(map),
             None => {
-                let map = Arc::new(map_table_file(&path, PROGRESS_BYTES)?);
+                let map = Arc::new(map_table_file(&path, preload, PROGRESS_BYTES)?);
                 maps.insert(&entry.file, Arc::clone(&map));
                 map
             }
@@ -148,9 +164,10 @@ const STEP_BYTES: usize = 256 << 20;
 /// The least time between two progress lines of one file.
 const REPORT_EVERY: Duration = Duration::from_secs(2);
 
-/// Maps a table file read-only with every page read in: by the kernel in one call (`MAP_POPULATE`) below
-/// `progress_from` bytes, else step by step with a progress line in the log every [`REPORT_EVERY`].
-fn map_table_file(path: &Path, progress_from: u64) -> Result<Mmap, LoadError> {
+/// Maps a table file read-only. With [`Preload::Populate`], every page is read in: by the kernel in one call
+/// (`MAP_POPULATE`) below `progress_from` bytes, else step by step with a progress line in the log every
+/// [`REPORT_EVERY`]. With [`Preload::OnDemand`], none is, and the map is advised for random access.
+fn map_table_file(path: &Path, preload: Preload, progress_from: u64) -> Result<Mmap, LoadError> {
     let file = File::open(path)
         .map_err(|e| LoadError::new(path, format!("cannot open table file: {e}")))?;
     let len = file
@@ -158,13 +175,22 @@ fn map_table_file(path: &Path, progress_from: u64) -> Result<Mmap, LoadError> {
         .map_err(|e| LoadError::new(path, format!("cannot read the table file's size: {e}")))?
         .len();
     let mut options = MmapOptions::new();
-    if len < progress_from {
+    if preload == Preload::Populate && len < progress_from {
         options.populate();
     }
     // SAFETY: the map is read-only and the model repository is not modified while it is served (new versions go
     // into new directories).
     let map = unsafe { options.map(&file) }
         .map_err(|e| LoadError::new(path, format!("cannot memory-map table file: {e}")))?;
+    if preload == Preload::OnDemand {
+        // Gathers touch rows scattered over the table: read-ahead around each fault would read (and keep
+        // resident) pages no request asked for. Advice is a hint; a kernel that ignores it serves the same bytes.
+        #[cfg(unix)]
+        if let Err(e) = map.advise(memmap2::Advice::Random) {
+            tracing::debug!(file = %path.display(), error = %e, "madvise(MADV_RANDOM) failed");
+        }
+        return Ok(map);
+    }
     if len >= progress_from {
         let started = Instant::now();
         let mut reported = started;
@@ -280,13 +306,66 @@ mod tests {
         let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
         file.write_all(&bytes).expect("write");
         for progress_from in [0, u64::MAX] {
-            let map = map_table_file(file.path(), progress_from).expect("map");
-            assert_eq!(&map[..], &bytes[..]);
+            for preload in [Preload::Populate, Preload::OnDemand] {
+                let map = map_table_file(file.path(), preload, progress_from).expect("map");
+                assert_eq!(&map[..], &bytes[..]);
+            }
         }
-        let map = map_table_file(file.path(), u64::MAX).expect("map");
+        let map = map_table_file(file.path(), Preload::Populate, u64::MAX).expect("map");
         let mut steps = Vec::new();
         read_in(&map, 4096, |done| steps.push(done));
         assert_eq!(steps, vec![4096, 8192, 12288, 12388]);
+    }
+
+    /// Kilobytes of `map` resident in this process, from /proc/self/smaps.
+    #[cfg(target_os = "linux")]
+    fn resident_kib(map: &Mmap) -> u64 {
+        let start = format!("{:x}-", map.as_ptr() as usize);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        assert!(lines.next().is_some(), "the map is not in /proc/self/smaps");
+        let rss = lines
+            .find(|l| l.starts_with("Rss:"))
+            .expect("an Rss line for the map");
+        rss.split_whitespace()
+            .nth(1)
+            .and_then(|kib| kib.parse().ok())
+            .expect("Rss in kB")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn preload_reads_every_page_in_and_on_demand_only_pages_near_a_touch() {
+        let pages = 8192;
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        let bytes: Vec<u8> = (0..pages * 4096).map(|i| (i % 253) as u8).collect();
+        file.write_all(&bytes).expect("write");
+        file.flush().expect("flush");
+        let size_kib = (pages * 4096 / 1024) as u64;
+        for progress_from in [0, u64::MAX] {
+            let map = map_table_file(file.path(), Preload::Populate, progress_from).expect("map");
+            assert_eq!(
+                resident_kib(&map),
+                size_kib,
+                "progress_from {progress_from}"
+            );
+        }
+        let map = map_table_file(file.path(), Preload::OnDemand, u64::MAX).expect("map");
+        assert_eq!(resident_kib(&map), 0, "nothing is read in before a touch");
+        // Touch one byte of three pages. The kernel maps with each the neighbours it already holds in its page cache
+        // (fault-around; on kernels with large page-cache folios, as ext4 has since 6.16, the whole folio around
+        // it, up to 2 MiB), but not the rest of the 32 MiB file.
+        let touched = [map[0], map[3000 * 4096 + 7], map[8191 * 4096]];
+        assert_eq!(
+            touched,
+            [bytes[0], bytes[3000 * 4096 + 7], bytes[8191 * 4096]]
+        );
+        let resident = resident_kib(&map);
+        assert!(
+            (4..=3 * 2048).contains(&resident),
+            "{resident} KiB of {size_kib} resident after touching 3 pages"
+        );
+        assert_eq!(&map[..], &bytes[..]);
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub fn open_store(
         .collect();
     let specs = spec.tables.iter().map(|t| t.spec.clone()).collect();
     if spec.tables.iter().all(|t| t.tier == Tier::File) {
-        let bytes = open_tables(&mv.dir, &spec.tables)?;
+        let bytes = open_tables(&mv.dir, &spec.tables, ctx.preload)?;
         return crate::gpu::open_store(&ctx.placement, specs, bytes, ctx.shards, counters).map_err(
             |e| {
                 LoadError::new(
@@ -120,7 +120,7 @@ pub fn open_store(
         .filter(|t| t.tier == Tier::File)
         .cloned()
         .collect();
-    let mut mapped = open_tables(&mv.dir, &files)?.into_iter();
+    let mut mapped = open_tables(&mv.dir, &files, ctx.preload)?.into_iter();
     let mut sources = Vec::with_capacity(spec.tables.len());
     for t in &spec.tables {
         sources.push(match t.tier {

@@ -557,7 +557,7 @@ impl RecallModel {
             .ok_or_else(|| LoadError::new(&toml, "a lightgcn model needs [recall]"))?;
         let entry = |t: usize| spec.tables[t].clone();
         let item = entry(recall.item_table);
-        let item_bytes = open_tables(&mv.dir, std::slice::from_ref(&item))?;
+        let item_bytes = open_tables(&mv.dir, std::slice::from_ref(&item), ctx.preload)?;
         let catalogue = Catalogue::new(&item.spec, item_bytes[0].as_slice(), ctx.shards).map_err(
             |problem| {
                 LoadError::new(
@@ -569,13 +569,13 @@ impl RecallModel {
         let index = recall
             .index
             .as_ref()
-            .map(|spec| open_index(&mv.dir, spec, &item.spec, &item_bytes[0]))
+            .map(|spec| open_index(&mv.dir, spec, &item.spec, &item_bytes[0], ctx.preload))
             .transpose()?;
         drop(item_bytes);
 
         let mut store_entries = vec![entry(recall.user_table)];
         store_entries.extend(recall.history_table.map(entry));
-        let bytes = open_tables(&mv.dir, &store_entries)?;
+        let bytes = open_tables(&mv.dir, &store_entries, ctx.preload)?;
         let mut zero_rows = Vec::with_capacity(store_entries.len());
         for (e, b) in store_entries.iter().zip(&bytes) {
             zero_rows.push(scan_rows(&e.spec, b.as_slice()).map_err(|problem| {
@@ -886,9 +886,10 @@ fn open_index(
     spec: &IndexSpec,
     item: &TableSpec,
     table: &crate::embedding::TableBytes,
+    preload: crate::embedding::Preload,
 ) -> Result<(IvfIndex, Probe), LoadError> {
     let path = dir.join(&spec.file);
-    let map = crate::embedding::map_file(&path)?;
+    let map = crate::embedding::map_file(&path, preload)?;
     let file: ivf::Bytes = Arc::new(map);
     let index = IvfIndex::open(file, item, Arc::new(table.clone()))
         .map_err(|problem| LoadError::new(&path, format!("recall.index: {problem}")))?;

@@ -118,7 +118,8 @@ pub fn write_tables(
             tier: crate::repository::Tier::File,
         })
         .collect();
-    let bytes = open_tables(dir, &entries).expect("open tables");
+    let bytes =
+        open_tables(dir, &entries, crate::embedding::Preload::Populate).expect("open tables");
     (tables.iter().map(|t| t.spec.clone()).collect(), bytes, file)
 }
 
