@@ -2,6 +2,7 @@
 //! (`scripts/test.sh` generates it; `RECSERVE_TEST_FIXTURE` points at it): every request recload generates, from
 //! `GET /v1/models` or from `model.toml`, with Zipf ids or a dataset file, is accepted and answered; `check` finds
 //! a server equal to itself and tells two different models apart; the in-process ceiling runs a fixture model.
+//! The recall and recommend workloads run against the demo repository (`models/demo`, its `demo` pipeline).
 //! No assertion depends on how fast anything ran.
 
 mod common;
@@ -35,12 +36,24 @@ struct Server {
 }
 
 async fn start_recserve() -> Server {
+    start_recserve_with(serve_config(|_| {})).await
+}
+
+/// The demo repository as scripts/run-demo.sh serves it (with the `demo` pipeline of its recserve.toml).
+async fn start_demo_recserve() -> Server {
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/demo");
+    start_recserve_with(serve_config(|a| {
+        a.config = Some(demo.join("recserve.toml"));
+        a.repository = Some(demo);
+    }))
+    .await
+}
+
+async fn start_recserve_with(mut config: recserve::config::Config) -> Server {
     // However slow the machine (a debug build beside other work), every request waits for its answer: deadlines
     // (a minute) and the queue are long enough, so that no assertion depends on how fast anything ran.
-    let config = serve_config(|a| {
-        a.default_deadline_ms = Some(60_000);
-        a.queue_capacity = Some(1 << 16);
-    });
+    config.default_deadline_ms = Some(60_000);
+    config.queue_capacity = 1 << 16;
     let bind = || async {
         tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -89,6 +102,17 @@ async fn run(args: &[&str]) -> RunReport {
     run_report(&run).await.expect("the run completes")
 }
 
+/// Runs recload against `server` with `case` and `timing` and checks that every request was answered.
+async fn every_request_answered(server: &Server, case: &[&str], timing: &[&str]) {
+    let url = format!("http://{}", server.addr);
+    let args: Vec<&str> = ["--url", url.as_str()]
+        .into_iter()
+        .chain(case.iter().copied())
+        .chain(timing.iter().copied())
+        .collect();
+    all_answered(&run(&args).await);
+}
+
 fn all_answered(report: &RunReport) {
     assert!(report.requests.scheduled > 0, "{report}");
     assert_eq!(report.requests.errors, 0, "{report}\n{:?}", report.errors);
@@ -98,7 +122,6 @@ fn all_answered(report: &RunReport) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recserve_answers_every_request_recload_generates() {
     let server = start_recserve().await;
-    let url = format!("http://{}", server.addr);
     let repo = fixture_repo();
     let repo = repo.to_str().expect("UTF-8 path");
     let timing = [
@@ -156,13 +179,69 @@ async fn recserve_answers_every_request_recload_generates() {
         ],
     ];
     for case in cases {
-        let args: Vec<&str> = ["--url", url.as_str()]
-            .into_iter()
-            .chain(case.iter().copied())
-            .chain(timing)
-            .collect();
-        let report = run(&args).await;
-        all_answered(&report);
+        every_request_answered(&server, &case, &timing).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recall_and_recommend_workloads_are_answered_by_the_demo_repository() {
+    let server = start_demo_recserve().await;
+    let timing = [
+        "--closed",
+        "--concurrency",
+        "2",
+        "--warmup",
+        "200ms",
+        "--duration",
+        "1s",
+        "--timeout",
+        "60s",
+        "--quiet",
+    ];
+    let cases: Vec<Vec<&str>> = vec![
+        // Recall by user id (the demo's 29,858 Gowalla users), and by a history of items.
+        vec![
+            "--workload",
+            "recall",
+            "--model",
+            "lightgcn",
+            "--users",
+            "29858",
+            "--k",
+            "20",
+        ],
+        vec![
+            "--workload",
+            "recall",
+            "--model",
+            "lightgcn",
+            "--recall-input",
+            "history",
+            "--items",
+            "40981",
+            "--history-len",
+            "10",
+        ],
+        // Recommend: the ranker (deepfm-gowalla) reads the user id from its user field `user` and the user's
+        // activity bucket from `activity`.
+        vec![
+            "--workload",
+            "recommend",
+            "--pipeline",
+            "demo",
+            "--users",
+            "29858",
+            "--user-id-field",
+            "user",
+            "--body-extra",
+            r#"{"user": {"fields": {"activity": 4}}}"#,
+            "--k",
+            "10",
+        ],
+    ];
+    for case in cases {
+        every_request_answered(&server, &case, &timing).await;
     }
     server.stop().await;
 }

@@ -76,7 +76,9 @@ pub struct WorkloadArgs {
     /// Users (and their items) from a file of lines `user item item ...`, e.g. Gowalla's test.txt.
     #[arg(long, env = "RECLOAD_DATASET")]
     pub dataset: Option<PathBuf>,
-    /// Ranking with --dataset: the user-side field that carries the dataset's user id.
+    /// Ranking with --dataset: the user-side field that carries the dataset's user id. Recommend: the ranking
+    /// model's user-side field that carries the request's user id (`user.fields`; other user fields come from
+    /// --body-extra's `user.fields`).
     #[arg(long, env = "RECLOAD_USER_ID_FIELD")]
     pub user_id_field: Option<String>,
     /// Results per recall or recommend request.

@@ -71,7 +71,11 @@ pub async fn build_workload(
             args.pipeline.clone().ok_or_else(|| {
                 CliError::Usage("--pipeline is required for --workload recommend".to_owned())
             })?,
-            RecommendOptions { k: args.k, extra },
+            RecommendOptions {
+                k: args.k,
+                extra,
+                user_id_field: args.user_id_field.clone(),
+            },
             population,
         )?),
     };

@@ -1,10 +1,9 @@
 //! The recall and recommend workloads: `POST /v1/models/{model}/recall` with `{"user_id": u, "k": k}` (optionally
 //! `"exclude"`: the user's known items) or `{"history": [items], "k": k}`, and `POST /v1/recommend/{pipeline}` with
-//! `{"user_id": u, "k": k}`. Users and items come from a dataset file (e.g. Gowalla's `test.txt`) or are drawn
-//! from `0..--users` / `0..--items`. `--body-extra` adds fixed keys to every body (for options these APIs grow).
-//!
-//! These shapes follow the planned recall and recommend APIs; they are checked here for the bodies they
-//! generate, not against a server yet.
+//! `{"user_id": u, "k": k}`, with `"user": {"fields": {F: u}}` when the pipeline's ranking model reads the user
+//! id from a user-side field F (`--user-id-field`). Users and items come from a dataset file (e.g. Gowalla's
+//! `test.txt`) or are drawn from `0..--users` / `0..--items`. `--body-extra` adds fixed keys to every body (for
+//! options these APIs grow, and the ranking model's other user fields, which are merged with F).
 
 use std::sync::Arc;
 
@@ -224,6 +223,8 @@ impl RecallWorkload {
 pub struct RecommendOptions {
     pub k: usize,
     pub extra: Map<String, Value>,
+    /// The ranking model's user-side field that carries the request's user id: `user.fields[F] = user_id`.
+    pub user_id_field: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -243,6 +244,28 @@ impl RecommendWorkload {
             return Err(WorkloadError::Invalid("--k must be at least 1".to_owned()));
         }
         check_extra(&options.extra, &["user_id", "k"])?;
+        if let Some(field) = &options.user_id_field {
+            let fields = options
+                .extra
+                .get("user")
+                .map(|user| user.as_object().map(|u| u.get("fields")));
+            match fields {
+                None | Some(Some(None)) => {}
+                Some(Some(Some(Value::Object(fields)))) if fields.contains_key(field) => {
+                    return Err(WorkloadError::Invalid(format!(
+                        "--body-extra sets user.fields.{field}, which --user-id-field {field} generates"
+                    )));
+                }
+                Some(Some(Some(Value::Object(_)))) => {}
+                _ => {
+                    return Err(WorkloadError::Invalid(
+                        "--body-extra's \"user\" must be an object whose \"fields\" is an object, to merge \
+                         --user-id-field into"
+                            .to_owned(),
+                    ));
+                }
+            }
+        }
         Ok(RecommendWorkload {
             pipeline,
             options,
@@ -255,11 +278,21 @@ impl RecommendWorkload {
     }
 
     pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
-        let (user, _) = self.users.draw(rng);
+        let (user_id, _) = self.users.draw(rng);
         let mut body = Map::new();
-        body.insert("user_id".to_owned(), json!(user));
+        body.insert("user_id".to_owned(), json!(user_id));
         body.insert("k".to_owned(), json!(self.options.k));
         body.extend(self.options.extra.clone());
+        if let Some(field) = &self.options.user_id_field {
+            // `new` checked that an extra `user` is an object whose `fields`, if any, is an object.
+            let user = body.entry("user").or_insert_with(|| json!({}));
+            if let Some(user) = user.as_object_mut() {
+                let fields = user.entry("fields").or_insert_with(|| json!({}));
+                if let Some(fields) = fields.as_object_mut() {
+                    fields.insert(field.clone(), json!(user_id));
+                }
+            }
+        }
         serde_json::to_vec(&Value::Object(body)).expect("JSON values serialize")
     }
 }
@@ -435,7 +468,11 @@ mod tests {
         extra.insert("candidates".to_owned(), json!(200));
         let w = RecommendWorkload::new(
             "feed".to_owned(),
-            RecommendOptions { k: 10, extra },
+            RecommendOptions {
+                k: 10,
+                extra,
+                user_id_field: None,
+            },
             population(Some(gowalla_like()), None, None),
         )
         .expect("valid");
@@ -444,16 +481,71 @@ mod tests {
         assert!((0..4).contains(&v["user_id"].as_i64().expect("user")));
         assert_eq!(v["k"], 10);
         assert_eq!(v["candidates"], 200);
+        assert!(v.get("user").is_none());
 
         let err = RecommendWorkload::new(
             "feed".to_owned(),
             RecommendOptions {
                 k: 0,
                 extra: Map::new(),
+                user_id_field: None,
             },
             population(None, Some(3), None),
         )
         .expect_err("k = 0");
         assert!(err.to_string().contains("--k must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn recommend_puts_the_user_id_in_the_ranking_user_field_beside_the_extra_fields() {
+        let options = |extra: Value| RecommendOptions {
+            k: 5,
+            extra: extra.as_object().expect("object").clone(),
+            user_id_field: Some("user".to_owned()),
+        };
+        let w = RecommendWorkload::new(
+            "demo".to_owned(),
+            options(json!({"user": {"fields": {"activity": 4}}, "exact": true})),
+            population(None, Some(1000), None),
+        )
+        .expect("valid");
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..100 {
+            let v = decode(&w.body(&mut rng));
+            let user = v["user_id"].as_i64().expect("user_id");
+            assert!((0..1000).contains(&user));
+            assert_eq!(
+                v["user"],
+                json!({"fields": {"user": user, "activity": 4}}),
+                "{v}"
+            );
+            assert_eq!(v["exact"], true);
+        }
+        // Without extra user fields, the id is the only one.
+        let w = RecommendWorkload::new(
+            "demo".to_owned(),
+            options(json!({})),
+            population(None, Some(3), None),
+        )
+        .expect("valid");
+        let v = decode(&w.body(&mut rng));
+        assert_eq!(v["user"]["fields"]["user"], v["user_id"]);
+
+        for (extra, problem) in [
+            (
+                json!({"user": {"fields": {"user": 1}}}),
+                "which --user-id-field user generates",
+            ),
+            (json!({"user": 3}), "must be an object"),
+            (json!({"user": {"fields": [1]}}), "must be an object"),
+        ] {
+            let err = RecommendWorkload::new(
+                "demo".to_owned(),
+                options(extra.clone()),
+                population(None, Some(3), None),
+            )
+            .expect_err("refused");
+            assert!(err.to_string().contains(problem), "{extra}: {err}");
+        }
     }
 }
