@@ -13,6 +13,8 @@
 #
 # Usage: scripts/bench-realistic.sh            (about 8 minutes; writes target/bench-repo first if missing)
 # Environment: REPOSITORY [target/bench-repo] DURATION [8s] WARMUP [2s] OVERLOAD [1.3] ROUNDS [2]
+#   CONNECTIONS [1024] recload's connections in open loop: more than the server's queue (256 requests), so that
+#                      overload is refused by the server's admission (429) instead of waiting in recload's pool
 #   BENCH_NOTE [a line printed above the figures, e.g. that the CPU was shared]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ DURATION=${DURATION:-8s}
 WARMUP=${WARMUP:-2s}
 OVERLOAD=${OVERLOAD:-1.3}
 ROUNDS=${ROUNDS:-2}
+CONNECTIONS=${CONNECTIONS:-1024}
 results=$root/target/bench-realistic
 
 log() { echo "bench-realistic: $*" >&2; }
@@ -104,7 +107,7 @@ saturate() {
   rate=$(python -c "print(max(1, round($closed * $OVERLOAD)))")
   log "$model, $candidates candidates $*: open loop at $rate/s ($OVERLOAD × closed-loop $closed/s)"
   curl -sf "$url/metrics" > "$dir/metrics-before.txt"
-  load "$dir/open" "$model" --candidates "$candidates" --rate "$rate" --connections 256 --timeout 2s \
+  load "$dir/open" "$model" --candidates "$candidates" --rate "$rate" --connections "$CONNECTIONS" --timeout 2s \
     --warmup "$WARMUP" --duration "$DURATION"
   curl -sf "$url/metrics" > "$dir/metrics-after.txt"
   stop_server
@@ -136,5 +139,5 @@ for c in 100 1000; do
 done
 
 python scripts/bench_realistic_report.py --results "$results" --repository "$REPOSITORY" --rounds "$ROUNDS" \
-  --overload "$OVERLOAD" --doc docs/benchmarks.md --note "${BENCH_NOTE:-}"
+  --overload "$OVERLOAD" --connections "$CONNECTIONS" --doc docs/benchmarks.md --note "${BENCH_NOTE:-}"
 log "done: docs/benchmarks.md (realistic model section); reports in $results"

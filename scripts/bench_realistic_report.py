@@ -46,15 +46,16 @@ def _saturation_row(results: Path, name: str, label: str) -> tuple[str, float]:
     c_rows, c_one = _ceiling(d / "ceiling.json", at_rows), _ceiling(d / "ceiling.json", 100)
     bucket = next(b["bucket"] for b in ceiling["batches"] if b["rows"] == at_rows)
     sat = opened["achieved_rps"]
+    failed = ", ".join(f"{k} {v}" for k, v in sorted(opened["errors"].items())) or "none"
     line = (
         f"| {label} | {closed['achieved_rps']:.0f}/s ({_cpu(d / 'closed')}) | {opened['offered_rps']:.0f}/s | "
-        f"**{sat:.0f}/s** ({_cpu(d / 'open')}) | {rows:.0f} | {c_rows:.0f}/s ({at_rows} → {bucket}) | "
+        f"**{sat:.0f}/s** ({_cpu(d / 'open')}) | {failed} | {rows:.0f} | {c_rows:.0f}/s ({at_rows} → {bucket}) | "
         f"**{sat / c_rows:.2f}** | {c_one:.0f}/s |"
     )
     return line, sat / c_rows
 
 
-def render(results: Path, repository: Path, rounds: int, overload: float, note: str) -> str:
+def render(results: Path, repository: Path, rounds: int, overload: float, connections: int, note: str) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
@@ -76,17 +77,20 @@ def render(results: Path, repository: Path, rounds: int, overload: float, note: 
     lines += [
         "### Serving efficiency",
         "",
-        f"Open-loop saturation: recload offers {overload} × the closed-loop saturation (Poisson arrivals, 256 "
+        f"Open-loop saturation: recload offers {overload} × the closed-loop saturation (Poisson arrivals, {connections} "
         "connections, 2 s timeout) and the rate of successful answers is the server's saturation throughput (the rest "
-        "are refused with 429 at admission). The ceiling is `recload ceiling`, recserve's own gather + ONNX Runtime "
+        "are refused with 429 at admission: the connections outnumber the server's queue of 256 requests, so the "
+        "excess is refused by the server instead of waiting in recload's connection pool, where its send delay would "
+        "count against the 2 s timeout and cap the rate recload sees below what the server answers). The ceiling is `recload ceiling`, recserve's own gather + ONNX Runtime "
         "code without a server, on the server's core, at the mean batch the server executed in that open-loop run "
         "(from its `/metrics`, rounded to whole requests, padded to the server's bucket as the server pads it). "
         "Efficiency = open-loop saturation ÷ that ceiling. In brackets beside each rate: recload's own CPU use, in "
         "% of its core.",
         "",
-        "| graph | closed-loop saturation (recload CPU) | offered | open-loop saturation (recload CPU) | mean batch rows "
-        "| ceiling at that batch (rows → bucket) | efficiency | ceiling at 1 request per batch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| graph | closed-loop saturation (recload CPU) | offered | open-loop saturation (recload CPU) | failed in the "
+        "open-loop window | mean batch rows | ceiling at that batch (rows → bucket) | efficiency | ceiling at 1 request "
+        "per batch |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for name, label in (("realistic-int8", "INT8"), ("realistic-fp32", "FP32")):
         lines.append(_saturation_row(results, name, label)[0])
@@ -134,10 +138,11 @@ def main() -> None:
     parser.add_argument("--repository", type=Path, required=True)
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--overload", type=float, required=True)
+    parser.add_argument("--connections", type=int, required=True)
     parser.add_argument("--doc", type=Path, required=True)
     parser.add_argument("--note", default="")
     args = parser.parse_args()
-    section = render(args.results, args.repository, args.rounds, args.overload, args.note)
+    section = render(args.results, args.repository, args.rounds, args.overload, args.connections, args.note)
     text = args.doc.read_text(encoding="utf-8")
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) + 1 :]
