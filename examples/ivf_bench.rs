@@ -242,20 +242,21 @@ fn run(o: &Options) -> Result<(), String> {
             "codes_per_query": codes as f64 / n,
             "reranked_per_query": reranked as f64 / n,
         });
+        let batch_ms = |p: f64| {
+            if batches.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.2}", percentile(&batches, p) * 1e3)
+            }
+        };
         println!(
             "| {nprobe} | {:.4} | {:.3} | {:.3} | {:.0} | {} | {} | {:.0} | {:.0} |",
             got_recall / n,
             percentile(&single, 50.0) * 1e3,
             percentile(&single, 99.0) * 1e3,
             1.0 / mean,
-            batches
-                .is_empty()
-                .then(|| "-".to_owned())
-                .unwrap_or_else(|| format!("{:.2}", percentile(&batches, 50.0) * 1e3)),
-            batches
-                .is_empty()
-                .then(|| "-".to_owned())
-                .unwrap_or_else(|| format!("{:.2}", percentile(&batches, 99.0) * 1e3)),
+            batch_ms(50.0),
+            batch_ms(99.0),
             codes as f64 / n,
             reranked as f64 / n,
         );
