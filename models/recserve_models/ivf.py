@@ -68,15 +68,29 @@ def table_checksum(stored: np.ndarray) -> str:
     return f"{int(total):016x}"
 
 
-def nearest(x: np.ndarray, centroids: np.ndarray, chunk: int = 65536) -> np.ndarray:
-    """For every row of `x`, the index of its nearest centroid by squared L2 (ties: the lower index)."""
-    c64 = centroids.astype(np.float32)
-    norms = np.einsum("ij,ij->i", c64, c64)
+def nearest(
+    x: np.ndarray,
+    centroids: np.ndarray,
+    chunk: int | None = None,
+    progress: Progress | None = None,
+) -> np.ndarray:
+    """For every row of `x`, the index of its nearest centroid by squared L2 (ties: the lower index). Rows are
+    taken `chunk` at a time (default: as many as keep the distance block near 64 MB, so memory does not grow with
+    the catalogue); `progress` advances by the rows of each chunk."""
+    c32 = np.ascontiguousarray(centroids, dtype=np.float32)
+    half = np.float32(0.5) * np.einsum("ij,ij->i", c32, c32)
+    if chunk is None:
+        chunk = max(256, (1 << 24) // max(1, c32.shape[0]))
     out = np.empty(x.shape[0], dtype=np.int64)
     for start in range(0, x.shape[0], chunk):
-        block = x[start : start + chunk].astype(np.float32)
-        # ‖x − c‖² = ‖x‖² − 2x·c + ‖c‖²; ‖x‖² is the same for every c.
-        out[start : start + chunk] = np.argmin(norms[None, :] - 2.0 * (block @ c64.T), axis=1)
+        block = np.asarray(x[start : start + chunk], dtype=np.float32)
+        # ‖x − c‖² = ‖x‖² − 2·(x·c − ‖c‖²/2); ‖x‖² is the same for every c, and scaling by −2 is exact in float32,
+        # so the largest x·c − ‖c‖²/2 is the smallest ‖c‖² − 2x·c, ties included.
+        scores = block @ c32.T
+        scores -= half
+        out[start : start + chunk] = np.argmax(scores, axis=1)
+        if progress:
+            progress.advance(len(block))
     return out
 
 
@@ -133,9 +147,23 @@ class Codes:
     err: np.ndarray  # float32 [items]
 
 
-def encode(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Codes:
+def encode(values: np.ndarray, spec: TableSpec, stored: np.ndarray, block: int = 1 << 18) -> Codes:
     """The int8 codes of `values` (the item table as the server decodes it, float32 [items, dim]) and each row's
-    bound, for an item table stored as `stored` under `spec` (see the module docs)."""
+    bound, for an item table stored as `stored` under `spec` (see the module docs); `block` rows at a time, so the
+    float64 intermediates stay a few hundred MB whatever the catalogue."""
+    rows, dim = values.shape
+    out = Codes(
+        np.empty((rows, dim), np.uint8), np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, np.float32)
+    )
+    for a in range(0, rows, block):
+        b = min(rows, a + block)
+        part = _encode_block(np.asarray(values[a:b], dtype=np.float32), spec, np.asarray(stored[a:b]))
+        for name in ("codes", "scale", "bias", "err"):
+            getattr(out, name)[a:b] = getattr(part, name)
+    return out
+
+
+def _encode_block(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Codes:
     rows, dim = values.shape
     fused = quantize_rowwise_int8(spec.name, values)
     codes = fused[:, :dim]
@@ -158,8 +186,9 @@ def encode(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Codes:
     return Codes(np.ascontiguousarray(codes), scale, bias, err)
 
 
-def layout(assign: np.ndarray, nlist: int, codes: Codes) -> dict[str, np.ndarray]:
-    """The index tensors (all but `centroids`) for items assigned to lists by `assign` (int64 [items])."""
+def layout(assign: np.ndarray, nlist: int, codes: Codes, block: int = 1 << 20) -> dict[str, np.ndarray]:
+    """The index tensors (all but `centroids`) for items assigned to lists by `assign` (int64 [items]); codes are
+    placed `block` items at a time."""
     items, dim = codes.codes.shape
     sizes = np.bincount(assign, minlength=nlist).astype(np.int64)
     panels = (sizes + LANES - 1) // LANES
@@ -174,14 +203,17 @@ def layout(assign: np.ndarray, nlist: int, codes: Codes) -> dict[str, np.ndarray
     total = int(offsets[-1]) * LANES
     ids = np.full(total, PADDING, dtype=np.uint32)
     ids[lane] = order.astype(np.uint32)
-    lanes_codes = np.zeros((total, dim), dtype=np.uint8)
-    lanes_codes[lane] = codes.codes[order]
     per_lane = {}
     for name in ("scale", "bias", "err"):
         column = np.zeros(total, dtype=np.float32)
         column[lane] = getattr(codes, name)[order]
         per_lane[name] = column.reshape(-1, LANES)
-    panel_codes = np.ascontiguousarray(lanes_codes.reshape(-1, LANES, dim).transpose(0, 2, 1))
+    # Codes go straight into their panels ([panel, dim, lane]), a block of items at a time: no second copy of them.
+    panel_codes = np.zeros((total // LANES, dim, LANES), dtype=np.uint8)
+    by_lane = panel_codes.transpose(0, 2, 1)  # a view: [panel, lane, dim]
+    for a in range(0, items, block):
+        at = lane[a : a + block]
+        by_lane[at // LANES, at % LANES] = codes.codes[order[a : a + block]]
     return {
         "list_offsets": offsets,
         "list_sizes": sizes,
@@ -228,8 +260,14 @@ def build_file(
     centroids = kmeans(train, nlist, iterations, seed, report)
     if report:
         report(f"assigning {items} items to their nearest centroid")
-    assign = nearest(values, centroids)
+    progress = Progress("items assigned", total=items, report=report) if report else None
+    assign = nearest(values, centroids, progress=progress)
+    if report:
+        report(f"coding {items} items as int8 and laying out {nlist} lists")
     tensors = layout(assign, nlist, encode(values, spec, stored))
+    del assign
+    if report:
+        report(f"checksum of the item table and writing {path}")
     tensors["centroids"] = centroids
     metadata = {
         "format": FORMAT,

@@ -10,6 +10,8 @@ ignored by the server and by `check`; a LightGCN version's popularity order is n
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -193,18 +195,26 @@ class TableError(ValueError):
     """A table tensor that is missing or does not match its model.toml entry."""
 
 
-def load_tables(directory: Path, model: ModelToml) -> dict[str, Table]:
-    """Every table of `model` from the safetensors files in `directory`, checked against its spec."""
+def load_tables(directory: Path, model: ModelToml, mapped: bool = False) -> dict[str, Table]:
+    """Every table of `model` from the safetensors files in `directory`, checked against its spec. With `mapped`,
+    each table is a read-only `np.memmap` of its file (for catalogues too large to copy), not an array in memory."""
     tables = {}
     for spec in model.tables:
         path = directory / spec.file
         try:
-            with safe_open(path, framework="numpy") as f:
-                names = f.keys()
-                if spec.name not in names:
-                    raise TableError(f"{path}: no tensor named {spec.name!r} (table {spec.name!r} in {MODEL_TOML})")
-                stored = f.get_tensor(spec.name)
-        except (OSError, SafetensorError) as e:
+            if mapped:
+                stored = _map_tensor(path, spec.name)
+            else:
+                with safe_open(path, framework="numpy") as f:
+                    names = f.keys()
+                    if spec.name not in names:
+                        raise TableError(
+                            f"{path}: no tensor named {spec.name!r} (table {spec.name!r} in {MODEL_TOML})"
+                        )
+                    stored = f.get_tensor(spec.name)
+        except (OSError, SafetensorError, ValueError) as e:
+            if isinstance(e, TableError):
+                raise
             raise TableError(f"{path}: cannot read table {spec.name!r}: {e}") from e
         expected_dtype, expected_shape = np.dtype(_DTYPES[spec.storage]), stored_shape(spec)
         if stored.dtype != expected_dtype or stored.shape != expected_shape:
@@ -214,6 +224,27 @@ def load_tables(directory: Path, model: ModelToml) -> dict[str, Table]:
             )
         tables[spec.name] = Table(spec=spec, stored=stored)
     return tables
+
+
+_SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "U8": "u1", "I64": "<i8", "U32": "<u4"}
+
+
+def _map_tensor(path: Path, name: str) -> np.ndarray:
+    """Tensor `name` of the safetensors file `path` as a read-only memory map (the layout: an 8-byte
+    little-endian header length, the JSON header with each tensor's dtype, shape and data offsets, then the data)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    if name not in header or name == "__metadata__":
+        raise TableError(f"{path}: no tensor named {name!r} (table {name!r} in {MODEL_TOML})")
+    entry = header[name]
+    if entry["dtype"] not in _SAFETENSORS_DTYPES:
+        raise TableError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which no table uses")
+    start, end = entry["data_offsets"]
+    dtype, shape = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]]), tuple(entry["shape"])
+    if end - start != dtype.itemsize * int(np.prod(shape)):
+        raise TableError(f"{path}: tensor {name!r} spans {end - start} bytes, not those of {entry['dtype']} {shape}")
+    return np.memmap(path, dtype=dtype, mode="r", offset=8 + size + start, shape=shape)
 
 
 class OutOfVocabulary(ValueError):

@@ -237,3 +237,14 @@ def test_served_figures_agree_with_check_over_the_same_users(checked, server, ca
     assert recall.asked == {"user_id": rows["user table"]["test_users"], "history": rows["history"]["test_users"]}
     assert f"history: {len(WITHOUT_TRAINING)} test users without training items left out" in out
     assert out.count(" yes (") == 2
+
+
+def test_a_wider_tolerance_agrees_within_it_and_not_beyond(checked) -> None:
+    row = _offline(checked[2])["user_id"]
+    near = {"user_id": recall_check.Figure(row["recall@20"] - 0.0018, row["ndcg@20"] - 0.001, row["test_users"])}
+    far = {"user_id": recall_check.Figure(row["recall@20"] - 0.0021, row["ndcg@20"], row["test_users"])}
+    lines: list[str] = []
+    assert recall_check.compare(near, {"user_id": row}, lines.append, tolerance=0.002) == recall_check.AGREE
+    assert "agree within 0.002" in lines[0]
+    assert recall_check.compare(near, {"user_id": row}, lambda _: None) == recall_check.DISAGREE
+    assert recall_check.compare(far, {"user_id": row}, lambda _: None, tolerance=0.002) == recall_check.DISAGREE

@@ -108,3 +108,19 @@ def test_tables_that_do_not_match_model_toml_are_refused(tmp_path: Path) -> None
         load_tables(directory, missing)
     with pytest.raises(ValueError, match=r"table 'a' has shape \[40, 9\], model.toml says \[41, 9\]"):
         encode_table(TableSpec("a", "a.safetensors", 41, 9, "fp32"), values["a"])
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp16", "int8"])
+def test_mapped_tables_equal_the_tables_read_into_memory(tmp_path: Path, storage: str) -> None:
+    directory, model, _ = write(tmp_path, {"a": storage, "b": storage, "c": storage})
+    read, mapped = load_tables(directory, model), load_tables(directory, model, mapped=True)
+    for name, table in read.items():
+        assert isinstance(mapped[name].stored, np.memmap) and not mapped[name].stored.flags.writeable
+        assert mapped[name].stored.dtype == table.stored.dtype
+        np.testing.assert_array_equal(mapped[name].stored, table.stored)
+    missing = DeepFMToml((TableSpec("zz", "a.safetensors", 40, 9, storage),), model.fields[:1], model.dense_graph)
+    with pytest.raises(TableError, match=r"a\.safetensors: no tensor named 'zz'"):
+        load_tables(directory, missing, mapped=True)
+    wrong = DeepFMToml((TableSpec("a", "a.safetensors", 41, 9, storage),), model.fields[:1], model.dense_graph)
+    with pytest.raises(TableError, match=r"a\.safetensors: tensor 'a' is"):
+        load_tables(directory, wrong, mapped=True)

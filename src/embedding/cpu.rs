@@ -132,7 +132,7 @@ pub(crate) fn resolve_row(
 
 /// Dequantizes one stored row into `dst` (`dim` values).
 #[inline]
-pub(crate) fn decode_row(storage: Storage, row: &[u8], dst: &mut [f32]) {
+pub fn decode_row(storage: Storage, row: &[u8], dst: &mut [f32]) {
     match storage {
         Storage::Fp32 => {
             for (d, b) in dst.iter_mut().zip(row.as_chunks::<4>().0) {

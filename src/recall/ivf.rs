@@ -8,10 +8,12 @@
 //! itself ([`exact_score`]), so every score in an answer is bit for bit the exact path's.
 //!
 //! Which items are candidates is decided by a bound, not a fixed depth: each item carries `err`, such that for any
-//! query `q` its exact f32 score lies within `err · ‖q‖₁` of its approximate (code) score. The scan keeps the
-//! `k`-th best lower bound `L` seen so far, and an item is a candidate when its upper bound reaches `L`; an item
-//! below `L` has an exact score strictly below the `k`-th best exact score of the scanned items, so it cannot be in
-//! their top `k`, not even by a tie. The answer is therefore **the exact top `k` of the items of the probed lists**
+//! query `q` its exact f32 score lies within `err · ‖q‖₁` of its approximate (code) score. A first pass over the
+//! probed lists finds `L`, the `k`-th best lower bound of their (non-excluded) items, and keeps every item's upper
+//! bound; a second pass takes as candidates the items whose upper bound reaches `L` (no sort: a handful more than
+//! `k` on trained catalogues), and only those are re-ranked. An item whose upper bound is below `L` has an exact
+//! score strictly below the `k`-th best exact score of the scanned items, so it cannot be in their top `k`, not
+//! even by a tie. The answer is therefore **the exact top `k` of the items of the probed lists**
 //! (same order, same ties by lower id, same exclusions): `nprobe = nlist` is the exact answer, and recall never
 //! falls as `nprobe` grows. `max_candidates` caps the re-ranked set (the highest upper bounds are kept); an answer
 //! whose cap cut into that set is counted in [`IvfStats::capped`].
@@ -75,7 +77,10 @@ pub struct IvfScratch {
     lists: Vec<u32>,
     dots: Vec<[f32; LANES]>,
     lower: TopK,
-    candidates: TopK,
+    /// Upper bounds of every scanned panel's lanes, and which panel each row is (the second pass reads them).
+    upper: Vec<[f32; LANES]>,
+    panels: Vec<u32>,
+    candidates: Vec<Scored>,
 }
 
 /// Where the big arrays lie in the index file.
@@ -540,13 +545,15 @@ impl IvfIndex {
         self.probe(isa, q.vector, q.k, q.exclude.len(), probe.nprobe, s);
         let total: usize = s.lists.iter().map(|&l| self.sizes[l as usize]).sum();
         s.lower.reset(q.k, total);
-        s.candidates.reset(probe.max_candidates.max(q.k), total);
+        s.upper.clear();
+        s.panels.clear();
         let (ids, codes) = (self.ids(), self.codes());
         let (scale, bias, err) = (
             self.floats(&self.ranges.scale),
             self.floats(&self.ranges.bias),
             self.floats(&self.ranges.err),
         );
+        // First pass: every probed item's bounds; the k-th best lower bound of the non-excluded ones.
         for &l in &s.lists {
             let (first, last) = (self.offsets[l as usize], self.offsets[l as usize + 1]);
             s.dots.clear();
@@ -564,28 +571,33 @@ impl IvfIndex {
                 for l in 0..LANES {
                     let approx = acc[l] * scale[p][l] + bias[p][l] * qsum;
                     let w = err[p][l] * qabs;
-                    lo[l] = approx - w;
-                    up[l] = approx + w;
-                    best = best.max(up[l]);
+                    let padding = ids[p * LANES + l] == PADDING;
+                    lo[l] = if padding {
+                        f32::NEG_INFINITY
+                    } else {
+                        approx - w
+                    };
+                    up[l] = if padding {
+                        f32::NEG_INFINITY
+                    } else {
+                        approx + w
+                    };
+                    best = best.max(lo[l]);
                 }
-                if best < s.lower.floor() {
+                s.upper.push(up);
+                s.panels.push(p as u32);
+                if !s.lower.wants(best) {
                     continue;
                 }
-                for l in 0..LANES {
+                for (l, &low) in lo.iter().enumerate() {
                     let at = p * LANES + l;
-                    let id = ids[at];
-                    if id == PADDING || up[l] < s.lower.floor() {
+                    if low == f32::NEG_INFINITY || !s.lower.wants(low) {
                         continue;
                     }
-                    if q.exclude.binary_search(&id).is_ok() {
+                    if q.exclude.binary_search(&ids[at]).is_ok() {
                         continue;
                     }
-                    if s.lower.wants(lo[l]) {
-                        s.lower.push(at as u32, lo[l]);
-                    }
-                    if s.candidates.wants(up[l]) {
-                        s.candidates.push(at as u32, up[l]);
-                    }
+                    s.lower.push(at as u32, low);
                 }
             }
         }
@@ -595,16 +607,48 @@ impl IvfIndex {
         } else {
             f32::NEG_INFINITY
         };
-        let cut = s.candidates.floor();
-        if cut > f32::NEG_INFINITY && cut >= floor {
-            stats.capped += 1;
+        // Second pass: the candidates are the items whose upper bound reaches that floor (see the module docs).
+        s.candidates.clear();
+        for (up, &p) in s.upper.iter().zip(&s.panels) {
+            if up.iter().all(|&u| u < floor) {
+                continue;
+            }
+            for (l, &u) in up.iter().enumerate() {
+                let at = p as usize * LANES + l;
+                if u < floor || u == f32::NEG_INFINITY {
+                    continue;
+                }
+                if q.exclude.binary_search(&ids[at]).is_ok() {
+                    continue;
+                }
+                s.candidates.push(Scored {
+                    id: at as u32,
+                    score: u,
+                });
+            }
         }
-        let candidates = s.candidates.finish();
+        let most = probe.max_candidates.max(q.k);
+        if s.candidates.len() > most {
+            // The highest upper bounds (equal ones: the lower lane) are kept.
+            stats.capped += 1;
+            s.candidates.select_nth_unstable_by(most - 1, answer_order);
+            s.candidates.truncate(most);
+        }
+        let candidates = &s.candidates;
         let table = (*self.table).as_ref();
         let row_bytes = self.storage.row_bytes(dim);
+        // Every candidate's row is touched first: these loads are independent, so their cache and TLB misses
+        // overlap, where each exact score's long chain of dependent adds would take them one at a time.
+        let mut touched = 0u8;
+        for c in candidates {
+            let start = ids[c.id as usize] as usize * row_bytes;
+            for b in table[start..start + row_bytes].iter().step_by(64) {
+                touched ^= *b;
+            }
+        }
+        std::hint::black_box(touched);
         let mut answer: Vec<Scored> = candidates
             .iter()
-            .filter(|c| c.score >= floor)
             .map(|c| {
                 let id = ids[c.id as usize];
                 let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];

@@ -880,8 +880,9 @@ fn warm_up(
 }
 
 /// Maps `[recall.index]`'s file and checks it against the item table (`table`, mapped): what it was built from, its
-/// structure, and `nprobe` against its `nlist`. The error names the file and the mismatch.
-fn open_index(
+/// structure, and `nprobe` against its `nlist`. The error names the file and the mismatch. Public so that tools
+/// (`examples/ivf_bench.rs`) open an index exactly as the server does.
+pub fn open_index(
     dir: &std::path::Path,
     spec: &IndexSpec,
     item: &TableSpec,

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> None:
     if args.max_candidates is not None and args.max_candidates < 1:
         raise SystemExit("index: --max-candidates must be at least 1")
     try:
-        table = load_tables(args.version, model)[model.recall.item_table]
+        # Mapped, not read: a 10M × 64 fp32 catalogue is 2.56 GB, and the builder reads it in blocks.
+        table = load_tables(args.version, model, mapped=True)[model.recall.item_table]
     except TableError as e:
         raise SystemExit(f"index: {e}") from e
     report = to_stderr("index")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> None:
             args.version,
             model,
             table.stored,
-            values(table),
+            table.stored if table.spec.storage == "fp32" else values(table),
             args.nlist,
             sample,
             args.iterations,
