@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use recserve::embedding::cpu::decode_row;
-use recserve::embedding::open_tables;
+use recserve::embedding::{Preload, open_tables};
 use recserve::recall::{
     Catalogue, IvfScratch, Probe, Scored, SearchQuery, SearchScratch, open_index,
 };
@@ -122,15 +122,21 @@ fn run(o: &Options) -> Result<(), String> {
     let item = spec.tables[recall_spec.item_table].clone();
     let user = spec.tables[recall_spec.user_table].clone();
     let started = Instant::now();
-    let bytes =
-        open_tables(&o.version, &[item.clone(), user.clone()]).map_err(|e| e.to_string())?;
+    let bytes = open_tables(&o.version, &[item.clone(), user.clone()], Preload::Populate)
+        .map_err(|e| e.to_string())?;
     let opened = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let catalogue = Catalogue::new(&item.spec, bytes[0].as_slice(), 1)?;
     let laid_out = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let (index, default) =
-        open_index(&o.version, index_spec, &item.spec, &bytes[0]).map_err(|e| e.to_string())?;
+    let (index, default) = open_index(
+        &o.version,
+        index_spec,
+        &item.spec,
+        &bytes[0],
+        Preload::Populate,
+    )
+    .map_err(|e| e.to_string())?;
     let index_opened = started.elapsed().as_secs_f64();
     let (rss_loaded, _) = rss();
 
