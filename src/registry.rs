@@ -43,6 +43,8 @@ pub struct LoadContext {
     pub batching: BatchSettings,
     /// `--gather-user-once`: ranking executors gather each request's user columns once.
     pub gather_user_once: bool,
+    /// `--split-graph`: models with `[dense_graph.split]` run their user part once per request.
+    pub split_graph: bool,
     /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
     pub tier: TierContext,
 }
@@ -95,6 +97,7 @@ impl LoadContext {
                 executor_niceness: config.executor_niceness,
             },
             gather_user_once: config.gather_user_once == Switch::On,
+            split_graph: config.split_graph == Switch::On,
             tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
         }
     }
