@@ -116,7 +116,9 @@ fn offline(cases: &[Value], model: &str) -> Vec<Vec<f64>> {
         .map(|case| {
             case["expected_scores"][model]
                 .as_array()
-                .unwrap_or_else(|| panic!("no offline scores for {model}: write the model with --split"))
+                .unwrap_or_else(|| {
+                    panic!("no offline scores for {model}: write the model with --split")
+                })
                 .iter()
                 .map(|v| v.as_f64().expect("float"))
                 .collect()

@@ -250,8 +250,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
         if ctx.gather_user_once {
             worker = worker.with_user_columns(&contract.user_fields);
         }
-        if let Some(split) =
-            recserve::ranking::split_graph(&ctx, mv, graph_spec, shape, &session)?
+        if let Some(split) = recserve::ranking::split_graph(&ctx, mv, graph_spec, shape, &session)?
         {
             worker = worker.with_split(split);
         }

@@ -95,7 +95,14 @@ impl Worker {
             let dense = vec![0f32; rows * shape.dense];
             for round in 0..2 {
                 let start = Instant::now();
-                self.run(rows, &ids, &dense, &[rows], &mut scores, start + WARM_UP_BUDGET)?;
+                self.run(
+                    rows,
+                    &ids,
+                    &dense,
+                    &[rows],
+                    &mut scores,
+                    start + WARM_UP_BUDGET,
+                )?;
                 if round == 1
                     && let Some(estimator) = estimator
                 {

@@ -19,9 +19,9 @@ use crate::batching::{
 use crate::embedding::remote::{TableSource, TieredStore};
 use crate::embedding::{self, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
+use crate::executor::SessionOptions;
 use crate::executor::{DenseGraph, GraphShape, SplitGraph, Worker};
 use crate::registry::LoadContext;
-use crate::executor::SessionOptions;
 use crate::repository::{DenseGraphSpec, ModelSpec, ModelVersion, TableEntry, Tier};
 
 /// The rows of one request (or chunk of one) to score: `ids` is `[rows, fields]`, `dense` `[rows, dense]`.
@@ -75,7 +75,8 @@ impl BatchExecutor for RankExecutor {
             .min()
             .unwrap_or_else(Instant::now);
         let deadline = due.checked_sub(batch.estimate).unwrap_or(due);
-        let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values, requests, deadline));
+        let result =
+            catch_panic(|| worker.execute(batch.bucket, ids, dense_values, requests, deadline));
         match result {
             Ok(scores) => {
                 let mut at = 0;
@@ -166,14 +167,9 @@ pub fn split_graph(
     options: &SessionOptions,
 ) -> Result<Option<SplitGraph>, LoadError> {
     match &graph_spec.split {
-        Some(split) if ctx.split_graph && options.cuda_device.is_none() => Ok(Some(SplitGraph::open(
-            &ctx.runtime,
-            &mv.dir,
-            graph_spec,
-            split,
-            shape,
-            options,
-        )?)),
+        Some(split) if ctx.split_graph && options.cuda_device.is_none() => Ok(Some(
+            SplitGraph::open(&ctx.runtime, &mv.dir, graph_spec, split, shape, options)?,
+        )),
         Some(_) if ctx.split_graph => {
             tracing::info!(model = %mv.name, "the split graph runs on the CPU only; the GPU executor runs the whole graph");
             Ok(None)

@@ -531,7 +531,9 @@ impl RawModel {
                     if !fields.iter().any(|f| f.side == Side::User)
                         || !fields.iter().any(|f| f.side == Side::Item)
                     {
-                        return Err("[dense_graph.split] needs user-side and item-side fields".to_owned());
+                        return Err(
+                            "[dense_graph.split] needs user-side and item-side fields".to_owned()
+                        );
                     }
                 }
                 let ranking = self.ranking.unwrap_or(RawRanking {
