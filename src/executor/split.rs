@@ -173,8 +173,9 @@ impl SplitGraph {
             dense: n,
         } = self.shape;
         let row_len = fields * dim;
-        let used: usize = requests.iter().sum();
-        if used > rows || requests.contains(&0) {
+        // Entries without rows (none reach here today) have no user side to compute.
+        let requests: Vec<usize> = requests.iter().copied().filter(|&r| r > 0).collect();
+        if requests.iter().sum::<usize>() > rows {
             return Err(ort::Error::new(format!(
                 "requests of {requests:?} rows do not fit a batch of {rows} rows"
             )));
@@ -183,7 +184,7 @@ impl SplitGraph {
         self.user_embeddings.clear();
         self.user_dense.clear();
         let mut at = 0;
-        for &count in requests {
+        for &count in &requests {
             self.user_embeddings
                 .extend_from_slice(&embeddings[at * row_len..(at + 1) * row_len]);
             self.user_dense
@@ -192,8 +193,7 @@ impl SplitGraph {
         }
         if requests.is_empty() {
             // Only padding: any user side will do.
-            self.user_embeddings
-                .extend_from_slice(&embeddings[..row_len]);
+            self.user_embeddings.extend_from_slice(&embeddings[..row_len]);
             self.user_dense.extend_from_slice(&dense[..n]);
         }
         let emb = TensorRef::from_array_view(([runs, fields, dim], &self.user_embeddings[..]))?;
