@@ -193,7 +193,8 @@ impl SplitGraph {
         }
         if requests.is_empty() {
             // Only padding: any user side will do.
-            self.user_embeddings.extend_from_slice(&embeddings[..row_len]);
+            self.user_embeddings
+                .extend_from_slice(&embeddings[..row_len]);
             self.user_dense.extend_from_slice(&dense[..n]);
         }
         let emb = TensorRef::from_array_view(([runs, fields, dim], &self.user_embeddings[..]))?;
