@@ -785,6 +785,38 @@ table = "item"
     }
 
     #[test]
+    fn reads_a_split_graph_and_checks_its_files_and_sides() {
+        let split = "precision = \"fp32\"\n\n[dense_graph.split]\nuser_file = \"user.onnx\"\nitem_file = \"item.onnx\"";
+        let spec = ModelSpec::parse(&DEEPFM.replacen("precision = \"fp32\"", split, 1))
+            .expect("valid spec");
+        let graph = spec.dense_graph.expect("graph");
+        let parts = graph.split.expect("split");
+        assert_eq!(
+            (
+                parts.user_file.as_str(),
+                parts.item_file.as_str(),
+                parts.state.as_str()
+            ),
+            ("user.onnx", "item.onnx", "user_state")
+        );
+        let escaping = DEEPFM.replacen(
+            "precision = \"fp32\"",
+            &split.replace("\"item.onnx\"", "\"../item.onnx\""),
+            1,
+        );
+        assert!(parse_err(&escaping).contains("dense_graph.split.item_file"));
+        let unknown = DEEPFM.replacen("precision = \"fp32\"", &format!("{split}\nitem = 1"), 1);
+        assert!(parse_err(&unknown).contains("unknown field `item`"));
+        let no_user_side = DEEPFM
+            .replacen("precision = \"fp32\"", split, 1)
+            .replace("side = \"user\"", "side = \"item\"");
+        assert!(
+            parse_err(&no_user_side)
+                .contains("[dense_graph.split] needs user-side and item-side fields")
+        );
+    }
+
+    #[test]
     fn reads_each_tables_tier_and_unfetched_policy() {
         let spec = ModelSpec::parse(&DEEPFM.replace(
             "dim = 5\nstorage = \"fp32\"",
