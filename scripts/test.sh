@@ -44,7 +44,7 @@ python -m recserve_models demo-cases --repository models/demo --out "$RECSERVE_D
 # A benchmark model of realistic shape, small (tests/synth_models.rs): `synth --preset realistic` with capped tables.
 export RECSERVE_SYNTH_DIR="$PWD/target/synth-small"
 rm -rf "$RECSERVE_SYNTH_DIR"
-python -m recserve_models synth --preset realistic --max-rows 5000 --requests 8 --out "$RECSERVE_SYNTH_DIR" >/dev/null
+python -m recserve_models synth --preset realistic --max-rows 5000 --requests 8 --split --out "$RECSERVE_SYNTH_DIR" >/dev/null
 
 cargo test --workspace --all-targets
 # The CUDA build's own tests: the NVRTC compilation of the kernels (fails, never skips, without libnvrtc), the

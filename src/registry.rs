@@ -46,6 +46,8 @@ pub struct LoadContext {
     pub gather_user_once: bool,
     /// `--preload`: when the pages of table and index files are read in.
     pub preload: Preload,
+    /// `--split-graph`: models with `[dense_graph.split]` run their user part once per request.
+    pub split_graph: bool,
     /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
     pub tier: TierContext,
 }
@@ -102,6 +104,7 @@ impl LoadContext {
                 Switch::On => Preload::Populate,
                 Switch::Off => Preload::OnDemand,
             },
+            split_graph: config.split_graph == Switch::On,
             tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
         }
     }

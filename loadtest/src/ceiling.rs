@@ -150,6 +150,19 @@ fn batches(inputs: &[RankInput], rows: usize, fields: usize, dense: usize) -> Ve
 }
 
 /// Pads a batch to `bucket` rows as the server's executor does: padding rows read row 0 of every table.
+/// The requests of the batch of `rows` rows that starts at row `start` of the requests of `candidates` rows each
+/// laid end to end (what `batches` cuts): the rows of each, in order.
+fn request_runs(start: usize, rows: usize, candidates: usize) -> Vec<usize> {
+    let mut runs = Vec::new();
+    let mut at = start;
+    while at < start + rows {
+        let take = (candidates - at % candidates).min(start + rows - at);
+        runs.push(take);
+        at += take;
+    }
+    runs
+}
+
 fn padded(batch: &RankInput, bucket: usize, fields: usize, dense: usize) -> RankInput {
     let mut ids = batch.ids.clone();
     let mut values = batch.dense.clone();
@@ -232,13 +245,16 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             .map_err(|e| CeilingError::Execute(format!("executor {executor}: {e}")))?;
         let session = ctx.session.on_device(lane.cuda_device());
         let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &session)?;
-        let worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+        let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
         // As recserve::ranking::RankingModel::load wires it.
-        workers.push(if ctx.gather_user_once {
-            worker.with_user_columns(&contract.user_fields)
-        } else {
-            worker
-        });
+        if ctx.gather_user_once {
+            worker = worker.with_user_columns(&contract.user_fields);
+        }
+        if let Some(split) = recserve::ranking::split_graph(&ctx, mv, graph_spec, shape, &session)?
+        {
+            worker = worker.with_split(split);
+        }
+        workers.push(worker);
     }
 
     let workload = RankWorkload::new(
@@ -265,10 +281,14 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
     let mut results = Vec::with_capacity(options.batch_rows.len());
     for &rows in &options.batch_rows {
         let bucket = batching.bucket(rows);
-        let batches: Arc<Vec<RankInput>> = Arc::new(
+        let batches: Arc<Vec<(RankInput, Vec<usize>)>> = Arc::new(
             batches(&inputs, rows, shape.fields, shape.dense)
                 .iter()
-                .map(|b| padded(b, bucket, shape.fields, shape.dense))
+                .enumerate()
+                .map(|(b, batch)| {
+                    let runs = request_runs(b * rows, rows, options.candidates);
+                    (padded(batch, bucket, shape.fields, shape.dense), runs)
+                })
                 .collect(),
         );
         for worker in &mut workers {
@@ -339,18 +359,24 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
 /// One executor thread: warm-up calls, then calls for `duration`, each timed.
 fn measure(
     worker: &mut Worker,
-    batches: &[RankInput],
+    batches: &[(RankInput, Vec<usize>)],
     thread: usize,
     options: &CeilingOptions,
 ) -> Result<(u64, Durations), CeilingError> {
     let mut latency = Durations::new();
     let mut next = thread * 7919;
     let mut call = |worker: &mut Worker| -> Result<Duration, CeilingError> {
-        let input = &batches[next % batches.len()];
+        let (input, requests) = &batches[next % batches.len()];
         next += 1;
         let start = Instant::now();
         let scores = worker
-            .execute(input.rows, &input.ids, &input.dense, start + CALL_BUDGET)
+            .execute(
+                input.rows,
+                &input.ids,
+                &input.dense,
+                requests,
+                start + CALL_BUDGET,
+            )
             .map_err(|e| CeilingError::Execute(e.to_string()))?;
         let took = start.elapsed();
         std::hint::black_box(scores);
@@ -379,6 +405,15 @@ mod tests {
             ids: (0..rows as i64 * 2).map(|i| first_id + i).collect(),
             dense: vec![first_id as f32; rows],
         }
+    }
+
+    #[test]
+    fn request_runs_follow_the_request_boundaries() {
+        assert_eq!(request_runs(0, 4, 3), vec![3, 1]);
+        assert_eq!(request_runs(4, 4, 3), vec![2, 2]);
+        assert_eq!(request_runs(0, 200, 100), vec![100, 100]);
+        assert_eq!(request_runs(150, 100, 100), vec![50, 50]);
+        assert_eq!(request_runs(0, 50, 100), vec![50]);
     }
 
     #[test]

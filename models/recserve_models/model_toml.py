@@ -66,6 +66,16 @@ class FieldSpec:
 
 
 @dataclass(frozen=True)
+class SplitSpec:
+    """The `[dense_graph.split]` table: the graph `file` cut at `state` into a user graph (run once per request)
+    and an item graph (run per candidate), as `split_graph.split` writes them."""
+
+    user_file: str
+    item_file: str
+    state: str = "user_state"
+
+
+@dataclass(frozen=True)
 class DenseGraphSpec:
     """The `[dense_graph]` table."""
 
@@ -74,6 +84,7 @@ class DenseGraphSpec:
     embeddings_input: str = "embeddings"
     dense_input: str = "dense"
     output: str = "probability"
+    split: SplitSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +243,11 @@ def to_toml(model: ModelToml) -> str:
     keys = ("file", "precision", "embeddings_input", "dense_input", "output")
     changed = [key for key in keys if key in ("file", "precision") or getattr(graph, key) != getattr(defaults, key)]
     sections.append(_section("[dense_graph]", [(key, getattr(graph, key)) for key in changed]))
+    if graph.split is not None:
+        pairs_s: list[tuple[str, object]] = [("user_file", graph.split.user_file), ("item_file", graph.split.item_file)]
+        if graph.split.state != "user_state":
+            pairs_s.append(("state", graph.split.state))
+        sections.append(_section("[dense_graph.split]", pairs_s))
     features = model.item_features
     if features is not None:
         pairs_f: list[tuple[str, object]] = [("file", features.file), ("fields", features.fields)]
@@ -394,13 +410,19 @@ def read(path: Path) -> ModelToml:
     ranking = RankingSpec(dense_features=tuple(features), item_id_field=r.get("item_id_field", str, None))
 
     g = _Reader(path, "dense_graph", top.get("dense_graph", dict))
-    g.only("file", "precision", "embeddings_input", "dense_input", "output")
+    g.only("file", "precision", "embeddings_input", "dense_input", "output", "split")
+    split = None
+    if "split" in g.table:
+        sp = _Reader(path, "dense_graph.split", g.get("split", dict))
+        sp.only("user_file", "item_file", "state")
+        split = SplitSpec(sp.relative_file("user_file"), sp.relative_file("item_file"), sp.get("state", str, "user_state"))
     graph = DenseGraphSpec(
         file=g.relative_file("file"),
         precision=g.get("precision", str, choices=PRECISIONS),
         embeddings_input=g.get("embeddings_input", str, "embeddings"),
         dense_input=g.get("dense_input", str, "dense"),
         output=g.get("output", str, "probability"),
+        split=split,
     )
 
     item_features = None

@@ -19,6 +19,10 @@ the file system allows it, else a copy):
   requests-shaped rows gathered from the written tables);
 - `out/<preset>-fp32/1/`: the fp32 graph;
 
+with `split`, also `out/<preset>-int8-split/1/` and `out/<preset>-fp32-split/1/`: the graph of
+`split_graph.build_split_graph` (user side C1..C13 and the dense features) as `dense.onnx` and its two parts
+`user.onnx` and `item.onnx`, declared in `[dense_graph.split]` (the INT8 one calibrated on the same rows);
+
 and the requests: `out/<preset>-requests.jsonl` (`requests` `/v1` rank bodies, one per line, 1 user ×
 `candidates` candidates) and `out/<preset>-cases.json` (the first `cases` of them with the toolchain's offline
 scores for both versions: reference gather, then onnxruntime on the version's graph; `tests/synth_models.rs`
@@ -50,7 +54,10 @@ from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, Tabl
 from .onnx_export import build_graph
 from .onnx_export import save as save_onnx
 from .quantize import quantize_dense_graph
+from .model_toml import SplitSpec
 from .rank_request import rank_inputs
+from .split_graph import build_split_graph
+from .split_graph import split as split_parts
 from .repository import MODEL_TOML, gather, load_tables, write_deepfm_version
 
 FACTORS = 16
@@ -113,8 +120,11 @@ def count_like_dense(rng: np.random.Generator, count: int) -> np.ndarray:
     return out
 
 
-def model_of(preset: Preset, rows: tuple[int, ...], precision: str) -> DeepFMToml:
-    """The model.toml of one of a preset's versions."""
+USER_FILE, ITEM_FILE = "user.onnx", "item.onnx"
+
+
+def model_of(preset: Preset, rows: tuple[int, ...], precision: str, split: bool = False) -> DeepFMToml:
+    """The model.toml of one of a preset's versions (`split`: one whose graph is split, see the module docs)."""
     names = criteo.CATEGORICAL_FIELDS
     return DeepFMToml(
         tables=tuple(
@@ -122,10 +132,11 @@ def model_of(preset: Preset, rows: tuple[int, ...], precision: str) -> DeepFMTom
             for n, r in zip(names, rows, strict=True)
         ),
         fields=tuple(FieldSpec(n, "item" if n in ITEM_FIELDS else "user") for n in names),
-        dense_graph=DenseGraphSpec(GRAPH_FILE, precision),
+        dense_graph=DenseGraphSpec(GRAPH_FILE, precision, split=SplitSpec(USER_FILE, ITEM_FILE) if split else None),
         ranking=RankingSpec(criteo.DENSE_FEATURES, ITEM_ID_FIELD),
         description=(
-            f"synth preset {preset.name}: {preset.what}, MLP {'→'.join(map(str, preset.hidden))}, {precision} graph; "
+            f"synth preset {preset.name}: {preset.what}, MLP {'→'.join(map(str, preset.hidden))}, {precision} graph"
+            f"{' split into user and item parts' if split else ''}; "
             "RANDOM weights (a benchmark model: realistic shapes, sizes and ids, meaningless scores)"
         ),
     )
@@ -172,6 +183,7 @@ def synth(
     cases: int = 8,
     candidates: int | None = None,
     seed: int = SEED,
+    split: bool = False,
     progress: Callable[[str], None] = _log,
 ) -> dict[str, Any]:
     """Writes the preset's two versions, its requests and its cases into `out` (see the module documentation);
@@ -182,7 +194,8 @@ def synth(
     rows = tuple(r if max_rows is None else min(r, max_rows) for r in preset.rows)
     rng = np.random.default_rng(seed)
     int8_dir, fp32_dir = out / f"{preset.name}-int8" / "1", out / f"{preset.name}-fp32" / "1"
-    for directory in (int8_dir, fp32_dir):
+    split_dirs = [out / f"{preset.name}-{p}-split" / "1" for p in ("int8", "fp32")] if split else []
+    for directory in (int8_dir, fp32_dir, *split_dirs):
         if directory.exists():
             raise FileExistsError(f"{directory} exists already: remove it or choose another --out")
     progress(f"drawing random weights for {sum(rows):,} rows × {FACTORS + 1} values")
@@ -196,6 +209,8 @@ def synth(
         hidden=preset.hidden,
     )
     fp32_graph = build_graph(params)
+    user_fields = [i for i, n in enumerate(names) if n not in ITEM_FIELDS]
+    split_graph = build_split_graph(params, user_fields) if split else None
     int8_model, fp32_model = model_of(preset, rows, "int8"), model_of(preset, rows, "fp32")
 
     progress(f"writing {preset.storage} tables and the fp32 graph into {fp32_dir}")
@@ -221,6 +236,20 @@ def synth(
     _link_or_copy(fp32_dir / TABLES_FILE, int8_dir / TABLES_FILE)
     save_onnx(int8_graph, int8_dir / GRAPH_FILE)
     (int8_dir / MODEL_TOML).write_text(to_toml(int8_model), encoding="utf-8")
+    versions = [(int8_dir, int8_model), (fp32_dir, fp32_model)]
+    if split_graph is not None:
+        progress("calibrating the split INT8 graph on the same rows; writing the split versions")
+        graphs = {"int8": quantize_dense_graph(split_graph, emb, dense, progress=progress), "fp32": split_graph}
+        for directory, (precision, graph) in zip(split_dirs, graphs.items(), strict=True):
+            model = model_of(preset, rows, precision, split=True)
+            directory.mkdir(parents=True)
+            _link_or_copy(fp32_dir / TABLES_FILE, directory / TABLES_FILE)
+            save_onnx(graph, directory / GRAPH_FILE)
+            user, item = split_parts(graph)
+            save_onnx(user, directory / USER_FILE)
+            save_onnx(item, directory / ITEM_FILE)
+            (directory / MODEL_TOML).write_text(to_toml(model), encoding="utf-8")
+            versions.append((directory, model))
 
     progress(f"writing {count} requests of {candidates} candidates")
     bodies = requests(rng, fp32_model, count, candidates)
@@ -228,7 +257,6 @@ def synth(
     (out / f"{preset.name}-requests.jsonl").write_text(lines, encoding="utf-8")
 
     scored = []
-    versions = ((int8_dir, int8_model), (fp32_dir, fp32_model))
     sessions = {d.parent.name: (m, open_graph(d, m)) for d, m in versions}
     for body in bodies[:cases]:
         emb, dense = rank_inputs(fp32_model, stored, body)
@@ -247,7 +275,7 @@ def synth(
     table_bytes = (fp32_dir / TABLES_FILE).stat().st_size
     return {
         "preset": preset.name,
-        "versions": [str(int8_dir), str(fp32_dir)],
+        "versions": [str(d) for d, _ in versions],
         "rows": sum(rows),
         "table_bytes": table_bytes,
         "requests": count,

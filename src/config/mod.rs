@@ -106,6 +106,8 @@ pub struct Config {
     pub gather_user_once: Switch,
     /// `--preload`.
     pub preload: Switch,
+    /// `--split-graph`.
+    pub split_graph: Switch,
     /// Batching settings that override every model's `[batching]` section when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_batch_rows: Option<usize>,
@@ -275,6 +277,7 @@ impl ServeArgs {
             batching: self.batching.unwrap_or(Switch::On),
             gather_user_once: self.gather_user_once.unwrap_or(Switch::On),
             preload: self.preload.unwrap_or(Switch::On),
+            split_graph: self.split_graph.unwrap_or(Switch::On),
             max_batch_rows: self
                 .max_batch_rows
                 .map(|v| MAX_BATCH_ROWS_SETTING.check(v))

@@ -284,6 +284,12 @@ pub struct ServeArgs {
     #[arg(long, value_enum, env = "RECSERVE_PRELOAD")]
     pub preload: Option<Switch>,
 
+    /// Ranking: `on` runs a model whose `model.toml` has `[dense_graph.split]` as its user graph once per request
+    /// and its item graph per candidate; `off` runs its whole graph (`[dense_graph] file`) on every row. CPU
+    /// executors only [default: on].
+    #[arg(long, value_enum, env = "RECSERVE_SPLIT_GRAPH")]
+    pub split_graph: Option<Switch>,
+
     /// A batch closes when it holds this many rows; larger requests are split [default: the model's
     /// [batching] max_batch_rows, else 1024].
     #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]

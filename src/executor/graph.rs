@@ -68,7 +68,7 @@ impl std::fmt::Debug for DenseGraph {
     }
 }
 
-fn tensor_type(outlet: &Outlet) -> Option<(TensorElementType, &[i64])> {
+pub(super) fn tensor_type(outlet: &Outlet) -> Option<(TensorElementType, &[i64])> {
     match outlet.dtype() {
         ValueType::Tensor { ty, shape, .. } => Some((*ty, &shape[..])),
         _ => None,
@@ -85,7 +85,7 @@ fn describe(dims: &[i64]) -> String {
 
 /// Checks one tensor outlet: float32, the expected rank, a dynamic first (batch) dimension, and every fixed
 /// dimension after it equal to `expected` (a `None` there accepts any size, e.g. the optional trailing 1).
-fn check_outlet(
+pub(super) fn check_outlet(
     path: &Path,
     role: &str,
     outlet: &Outlet,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::DenseGraph;
+use super::{DenseGraph, SplitGraph};
 use crate::batching::{Estimator, ExecError};
 use crate::embedding::{GatherError, GatherLane, SharedGather};
 use crate::metrics::ModelMetrics;
@@ -24,6 +24,8 @@ pub struct Worker {
     metrics: ModelMetrics,
     /// Set by [`Worker::with_user_columns`]: host gathers read each request's user columns once.
     shared: Option<SharedGather>,
+    /// Set by [`Worker::with_split`]: host batches run the user graph once per request, then the item graph.
+    split: Option<SplitGraph>,
 }
 
 impl Worker {
@@ -41,7 +43,15 @@ impl Worker {
             embeddings: Vec::new(),
             metrics,
             shared: None,
+            split: None,
         }
+    }
+
+    /// Host batches are scored by `split` (the user graph on one row per request, the item graph on every row)
+    /// instead of the whole graph; device batches are unchanged.
+    pub fn with_split(mut self, split: SplitGraph) -> Worker {
+        self.split = Some(split);
+        self
     }
 
     /// Host gathers read `user_columns` (columns that are one value per request, in graph order) once per run of
@@ -52,17 +62,19 @@ impl Worker {
         self
     }
 
-    /// Gathers and scores `rows` rows, recording gather and inference durations. Rows of a remote tier are
-    /// waited for until `deadline` at most (the batch's earliest deadline).
+    /// Gathers and scores `rows` rows, recording gather and inference durations: consecutive runs of
+    /// `requests[i]` rows that share a user side (a batch's requests, in order), then padding. Rows of a remote
+    /// tier are waited for until `deadline` at most (the batch's earliest deadline).
     pub fn execute(
         &mut self,
         rows: usize,
         ids: &[i64],
         dense: &[f32],
+        requests: &[usize],
         deadline: Instant,
     ) -> Result<Vec<f32>, ExecError> {
         let mut scores = Vec::with_capacity(rows);
-        let (gather, inference) = self.run(rows, ids, dense, &mut scores, deadline)?;
+        let (gather, inference) = self.run(rows, ids, dense, requests, &mut scores, deadline)?;
         self.metrics.gather_duration.observe(gather);
         self.metrics.inference_duration.observe(inference);
         Ok(scores)
@@ -83,7 +95,14 @@ impl Worker {
             let dense = vec![0f32; rows * shape.dense];
             for round in 0..2 {
                 let start = Instant::now();
-                self.run(rows, &ids, &dense, &mut scores, start + WARM_UP_BUDGET)?;
+                self.run(
+                    rows,
+                    &ids,
+                    &dense,
+                    &[rows],
+                    &mut scores,
+                    start + WARM_UP_BUDGET,
+                )?;
                 if round == 1
                     && let Some(estimator) = estimator
                 {
@@ -99,13 +118,14 @@ impl Worker {
         self.graph.shape()
     }
 
-    /// Gather, then inference, of `rows` rows into `scores`; returns their durations in seconds. Records no
-    /// metrics (the in-process benchmark calls this).
+    /// Gather, then inference, of `rows` rows (`requests` as for [`Worker::execute`]) into `scores`; returns
+    /// their durations in seconds. Records no metrics (the in-process benchmark calls this).
     pub fn run(
         &mut self,
         rows: usize,
         ids: &[i64],
         dense: &[f32],
+        requests: &[usize],
         scores: &mut Vec<f32>,
         deadline: Instant,
     ) -> Result<(f64, f64), ExecError> {
@@ -148,9 +168,11 @@ impl Worker {
         }
         .map_err(gather)?;
         let gathered = Instant::now();
-        self.graph
-            .run(rows, &self.embeddings, dense, scores)
-            .map_err(inference)?;
+        match &mut self.split {
+            Some(split) => split.run(rows, &self.embeddings, dense, requests, scores),
+            None => self.graph.run(rows, &self.embeddings, dense, scores),
+        }
+        .map_err(inference)?;
         Ok((
             (gathered - start).as_secs_f64(),
             gathered.elapsed().as_secs_f64(),

@@ -19,9 +19,10 @@ use crate::batching::{
 use crate::embedding::remote::{TableSource, TieredStore};
 use crate::embedding::{self, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
-use crate::executor::{DenseGraph, GraphShape, Worker};
+use crate::executor::SessionOptions;
+use crate::executor::{DenseGraph, GraphShape, SplitGraph, Worker};
 use crate::registry::LoadContext;
-use crate::repository::{ModelSpec, ModelVersion, TableEntry, Tier};
+use crate::repository::{DenseGraphSpec, ModelSpec, ModelVersion, TableEntry, Tier};
 
 /// The rows of one request (or chunk of one) to score: `ids` is `[rows, fields]`, `dense` `[rows, dense]`.
 #[derive(Debug)]
@@ -43,6 +44,8 @@ struct RankExecutor {
     shape: GraphShape,
     ids: Vec<i64>,
     dense: Vec<f32>,
+    /// Rows of each of the batch's entries, in order (the split graph runs its user part once per entry).
+    requests: Vec<usize>,
 }
 
 impl BatchExecutor for RankExecutor {
@@ -52,14 +55,17 @@ impl BatchExecutor for RankExecutor {
         let GraphShape { fields, dense, .. } = self.shape;
         self.ids.clear();
         self.dense.clear();
+        self.requests.clear();
         for entry in &batch.entries {
+            self.requests.push(entry.rows);
             self.ids.extend_from_slice(&entry.job.work.ids);
             self.dense.extend_from_slice(&entry.job.work.dense);
         }
         // Padding rows read row 0 of every table (always in the vocabulary); their scores are discarded.
         self.ids.resize(batch.bucket * fields, 0);
         self.dense.resize(batch.bucket * dense, 0.0);
-        let (worker, ids, dense_values) = (&mut self.worker, &self.ids, &self.dense);
+        let (worker, ids, dense_values, requests) =
+            (&mut self.worker, &self.ids, &self.dense, &self.requests);
         // The batch's rows are due when its earliest request is, less the time its execution is predicted to take:
         // a remote tier's rows are waited for until then, so the answer still comes by the deadline.
         let due = batch
@@ -69,7 +75,8 @@ impl BatchExecutor for RankExecutor {
             .min()
             .unwrap_or_else(Instant::now);
         let deadline = due.checked_sub(batch.estimate).unwrap_or(due);
-        let result = catch_panic(|| worker.execute(batch.bucket, ids, dense_values, deadline));
+        let result =
+            catch_panic(|| worker.execute(batch.bucket, ids, dense_values, requests, deadline));
         match result {
             Ok(scores) => {
                 let mut at = 0;
@@ -150,6 +157,27 @@ pub fn open_store(
     Ok(Arc::new(store))
 }
 
+/// The split graph an executor scores host batches with: `[dense_graph.split]` of a model, unless `--split-graph
+/// off` or the executor runs on a GPU (which runs the whole graph). The in-process ceiling wires it here too.
+pub fn split_graph(
+    ctx: &LoadContext,
+    mv: &ModelVersion,
+    graph_spec: &DenseGraphSpec,
+    shape: GraphShape,
+    options: &SessionOptions,
+) -> Result<Option<SplitGraph>, LoadError> {
+    match &graph_spec.split {
+        Some(split) if ctx.split_graph && options.cuda_device.is_none() => Ok(Some(
+            SplitGraph::open(&ctx.runtime, &mv.dir, graph_spec, split, shape, options)?,
+        )),
+        Some(_) if ctx.split_graph => {
+            tracing::info!(model = %mv.name, "the split graph runs on the CPU only; the GPU executor runs the whole graph");
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// A loaded DeepFM model: its embedding store, its item feature table, and the batcher in front of its executor
 /// threads.
 #[derive(Debug)]
@@ -225,6 +253,9 @@ impl RankingModel {
             if ctx.gather_user_once {
                 worker = worker.with_user_columns(&contract.user_fields);
             }
+            if let Some(split) = split_graph(ctx, mv, graph_spec, shape, &options)? {
+                worker = worker.with_split(split);
+            }
             let started = Instant::now();
             worker
                 .warm_up(&batching.buckets, Some(&estimator))
@@ -235,6 +266,7 @@ impl RankingModel {
                 shape,
                 ids: Vec::new(),
                 dense: Vec::new(),
+                requests: Vec::new(),
             });
         }
         ctx.metrics.observe_warmup(&mv.name, warm_up.as_secs_f64());

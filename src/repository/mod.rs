@@ -13,7 +13,7 @@ pub use batching::{
 };
 pub use spec::{
     DEFAULT_MAX_CANDIDATES, DenseGraphSpec, FORMAT_VERSION, FieldSpec, IndexSpec, ItemFeaturesSpec,
-    ModelKind, ModelSpec, Precision, RankingSpec, RecallSpec, Side, TableEntry,
+    ModelKind, ModelSpec, Precision, RankingSpec, RecallSpec, Side, SplitSpec, TableEntry,
 };
 pub use table::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 

@@ -109,6 +109,18 @@ pub struct DenseGraphSpec {
     pub embeddings_input: String,
     pub dense_input: String,
     pub output: String,
+    /// `[dense_graph.split]`: the graph also comes cut into a user part and an item part.
+    pub split: Option<SplitSpec>,
+}
+
+/// `[dense_graph.split]`: `file` cut at the tensor `state` into a user graph (the inputs of `file` → `state`
+/// `[batch, U]`), run on one row per request, and an item graph (`embeddings_input` and `state` → `output`), run
+/// on every candidate with its request's state (docs/model-repository.md, "Split graphs").
+#[derive(Clone, Debug)]
+pub struct SplitSpec {
+    pub user_file: String,
+    pub item_file: String,
+    pub state: String,
 }
 
 #[derive(Clone, Debug)]
@@ -293,6 +305,20 @@ struct RawDenseGraph {
     dense_input: String,
     #[serde(default = "default_output")]
     output: String,
+    split: Option<RawSplit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSplit {
+    user_file: String,
+    item_file: String,
+    #[serde(default = "default_state")]
+    state: String,
+}
+
+fn default_state() -> String {
+    "user_state".to_owned()
 }
 
 fn default_embeddings_input() -> String {
@@ -498,6 +524,18 @@ impl RawModel {
                     .dense_graph
                     .ok_or("kind = \"deepfm\" needs a [dense_graph] section")?;
                 check_relative_file("dense_graph.file", &graph.file)?;
+                if let Some(split) = &graph.split {
+                    check_relative_file("dense_graph.split.user_file", &split.user_file)?;
+                    check_relative_file("dense_graph.split.item_file", &split.item_file)?;
+                    check_name("dense_graph.split.state", &split.state)?;
+                    if !fields.iter().any(|f| f.side == Side::User)
+                        || !fields.iter().any(|f| f.side == Side::Item)
+                    {
+                        return Err(
+                            "[dense_graph.split] needs user-side and item-side fields".to_owned()
+                        );
+                    }
+                }
                 let ranking = self.ranking.unwrap_or(RawRanking {
                     dense_features: Vec::new(),
                     item_id_field: None,
@@ -557,6 +595,11 @@ impl RawModel {
                         embeddings_input: graph.embeddings_input,
                         dense_input: graph.dense_input,
                         output: graph.output,
+                        split: graph.split.map(|s| SplitSpec {
+                            user_file: s.user_file,
+                            item_file: s.item_file,
+                            state: s.state,
+                        }),
                     }),
                     recall: None,
                     batching: self.batching,
@@ -739,6 +782,38 @@ table = "item"
         let graph = spec.dense_graph.expect("graph");
         assert_eq!(graph.embeddings_input, "embeddings");
         assert_eq!(graph.output, "probability");
+    }
+
+    #[test]
+    fn reads_a_split_graph_and_checks_its_files_and_sides() {
+        let split = "precision = \"fp32\"\n\n[dense_graph.split]\nuser_file = \"user.onnx\"\nitem_file = \"item.onnx\"";
+        let spec = ModelSpec::parse(&DEEPFM.replacen("precision = \"fp32\"", split, 1))
+            .expect("valid spec");
+        let graph = spec.dense_graph.expect("graph");
+        let parts = graph.split.expect("split");
+        assert_eq!(
+            (
+                parts.user_file.as_str(),
+                parts.item_file.as_str(),
+                parts.state.as_str()
+            ),
+            ("user.onnx", "item.onnx", "user_state")
+        );
+        let escaping = DEEPFM.replacen(
+            "precision = \"fp32\"",
+            &split.replace("\"item.onnx\"", "\"../item.onnx\""),
+            1,
+        );
+        assert!(parse_err(&escaping).contains("dense_graph.split.item_file"));
+        let unknown = DEEPFM.replacen("precision = \"fp32\"", &format!("{split}\nitem = 1"), 1);
+        assert!(parse_err(&unknown).contains("unknown field `item`"));
+        let no_user_side = DEEPFM
+            .replacen("precision = \"fp32\"", split, 1)
+            .replace("side = \"user\"", "side = \"item\"");
+        assert!(
+            parse_err(&no_user_side)
+                .contains("[dense_graph.split] needs user-side and item-side fields")
+        );
     }
 
     #[test]

@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1000, help="rank bodies to write (default 1000)")
     parser.add_argument("--candidates", type=int, help="candidates per request (default: the preset's, 100)")
     parser.add_argument("--cases", type=int, default=8, help="requests scored offline for the end-to-end test (8)")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also write <preset>-int8-split/1 and <preset>-fp32-split/1, whose graph is split into a user part run "
+        "once per request and an item part run per candidate (split_graph.py)",
+    )
     parser.add_argument("--seed", type=int, default=SEED, help=f"seed of the weights and ids (default {SEED})")
 
 
@@ -45,6 +51,7 @@ def run(args: argparse.Namespace) -> None:
             cases=args.cases,
             candidates=args.candidates,
             seed=args.seed,
+            split=args.split,
         )
     except FileExistsError as e:
         raise SystemExit(f"synth: {e}") from e
