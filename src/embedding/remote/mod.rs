@@ -16,6 +16,7 @@
 
 pub mod cache;
 pub mod redis;
+pub mod updates;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +27,7 @@ use prometheus::{Histogram, IntCounter};
 
 use self::cache::{CacheMetrics, RowCache};
 use self::redis::{FetchFailure, RedisCluster};
+use self::updates::{Follow, Follower, UpdateMetrics, UpdatedTables};
 use super::cpu::{decode_row, resolve_row};
 use super::{EmbeddingStore, GatherError, ShardLayout, TableBytes, check_gather_shape};
 use crate::error::LoadError;
@@ -78,6 +80,8 @@ pub struct TierMetrics {
     /// Rows not fetched, by [`FetchFailure::ALL`] order.
     pub failures: [IntCounter; 5],
     pub cache: CacheMetrics,
+    /// Following the version's update stream.
+    pub updates: UpdateMetrics,
 }
 
 /// A table of a [`TieredStore`], as `model.toml` places it.
@@ -112,7 +116,8 @@ struct Remote {
     version: u64,
     /// Hash-tag groups of the version's keys, from its completion marker.
     groups: u64,
-    cache: RowCache,
+    /// Shared with the [`Follower`], which drops updated rows from it.
+    cache: Arc<RowCache>,
     metrics: TierMetrics,
 }
 
@@ -125,6 +130,8 @@ pub struct TieredStore {
     row_bytes: Vec<usize>,
     oov: Vec<IntCounter>,
     remote: Remote,
+    /// Follows the version's update stream while the store lives (stopped when it is dropped).
+    _follower: Follower,
 }
 
 /// How long a load may wait for the default rows.
@@ -193,10 +200,39 @@ impl TieredStore {
                 }
             }
         }
+        // Updates announced before now are in the rows already; the follower reads on from the last of them, and
+        // starts before any row is cached.
+        let stream = updates::stream_key(model, version);
+        let after = cluster.last_entry(&stream).map_err(&fail)?;
+        let updated = UpdatedTables(
+            specs
+                .iter()
+                .zip(&sources)
+                .enumerate()
+                .filter(|(_, (_, source))| matches!(source, TableSource::Redis { .. }))
+                .map(|(t, (spec, _))| (spec.name.clone(), (t, spec.rows)))
+                .collect(),
+        );
         let row_bytes: Vec<usize> = specs.iter().map(|s| s.storage.row_bytes(s.dim)).collect();
         let widest = row_bytes.iter().copied().max().unwrap_or(1);
+        let cache = Arc::new(RowCache::new(
+            tier.cache_bytes,
+            widest,
+            metrics.cache.clone(),
+        ));
+        let follower = updates::follow(
+            &cluster,
+            Follow {
+                key: stream,
+                after,
+                cache: Arc::clone(&cache),
+                tables: updated,
+                metrics: metrics.updates.clone(),
+            },
+        )
+        .map_err(&fail)?;
         let remote = Remote {
-            cache: RowCache::new(tier.cache_bytes, widest, metrics.cache.clone()),
+            cache,
             cluster,
             model: model.to_owned(),
             version,
@@ -210,6 +246,7 @@ impl TieredStore {
             specs,
             oov,
             remote,
+            _follower: follower,
         };
         for (t, source) in sources.into_iter().enumerate() {
             let source = match source {
@@ -256,6 +293,11 @@ impl TieredStore {
             by_group.entry(row % remote.groups).or_default().push(i);
         }
         let members: Vec<Vec<usize>> = by_group.into_values().collect();
+        // Noted before the MGETs go out: a row updated meanwhile is used by this batch but not cached.
+        let epochs: Vec<u64> = rows
+            .iter()
+            .map(|&(t, row)| remote.cache.epoch(cache::key(t, row)))
+            .collect();
         let groups = members
             .iter()
             .map(|member| {
@@ -286,7 +328,11 @@ impl TieredStore {
                             Some(v) if v.len() != self.row_bytes[t] => Err(FetchFailure::BadRow),
                             Some(v) => {
                                 let bytes = Bytes::from(v);
-                                remote.cache.insert(cache::key(t, row), bytes.clone());
+                                remote.cache.insert_if_current(
+                                    cache::key(t, row),
+                                    bytes.clone(),
+                                    epochs[i],
+                                );
                                 Ok(bytes)
                             }
                         };
