@@ -3,7 +3,8 @@
 //! again, each time with values that encode their version (every element of row `r` at version `v` is
 //! [`value`]`(r, v)`), and announces them on the version's update stream in the documented entry format, while
 //! threads gather the table through the store the server uses. Every gathered row must be whole (all its elements
-//! from one version); the master that holds the stream is killed by PID and restarted meanwhile, and the followers
+//! from one version) and, while the cluster is healthy, no older than the last update the store had applied when
+//! the gather began (a fetch that straddles an update must not cache the old row); the master that holds the stream is killed by PID and restarted meanwhile, and the followers
 //! must read on after the failover; at the end every row, and the served scores, must be those of the last version
 //! (the scores bit for bit those of the same model served from a mapped file that holds that version's rows).
 
@@ -28,7 +29,7 @@ const DIM: usize = 17;
 const GROUPS: u64 = 64;
 /// Versions written before the kill, the last one written before the restart, and the last one.
 const BEFORE_KILL: u32 = 5;
-const LAST: u32 = 12;
+const LAST: u32 = 25;
 
 /// Every element of row `r` at version `v`: distinct for every `v` of one row, and of an embedding's magnitude.
 fn value(r: u64, v: u32) -> f32 {
@@ -99,7 +100,14 @@ struct Seen {
     failed: AtomicU64,
     /// Rows whose elements were not all one version's: must stay empty.
     torn: Mutex<Vec<String>>,
+    /// Rows older than an update the store had already applied when the gather began: must stay empty.
+    stale: Mutex<Vec<String>>,
 }
+
+/// While the cluster is healthy every version is one stream entry: once the store has applied `base.0 + k`
+/// entries, every row must be at version `base.1 + k` or newer. `None` while a master is down (entries may be
+/// lost or doubled by the failover).
+type Baseline = Mutex<Option<(u64, u32)>>;
 
 /// The version of every row of one gather of the whole table, or a description of the first row that is not
 /// one version's whole.
@@ -220,6 +228,8 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         .position(|t| t.spec.name == TABLE)
         .expect("C1");
     let store = recserve::ranking::open_store(&ctx, &mv, &spec).expect("open the store");
+    let applied = ctx.metrics.tier(MODEL).updates.entries;
+    let baseline: Arc<Baseline> = Arc::default();
 
     let nodes: Vec<String> = own
         .nodes
@@ -231,6 +241,7 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
     write_until_done(&mut writer, 1).await;
     let first = tokio::task::block_in_place(|| wait_for_version(store.as_ref(), table, 1));
     eprintln!("version 1 visible to the store after {first:?}");
+    *baseline.lock().expect("lock") = Some((applied.get(), 1));
 
     // Two threads gather the whole table over and over while versions are written.
     let seen = Arc::new(Seen::default());
@@ -238,16 +249,29 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
     let gatherers: Vec<_> = (0..2)
         .map(|_| {
             let (store, seen, stop) = (Arc::clone(&store), Arc::clone(&seen), Arc::clone(&stop));
+            let (applied, baseline) = (applied.clone(), Arc::clone(&baseline));
             std::thread::spawn(move || {
                 let ids: Vec<i64> = (0..ROWS as i64).collect();
                 let mut out = vec![0f32; ROWS as usize * DIM];
                 while !stop.load(Ordering::Relaxed) {
+                    let floor = baseline
+                        .lock()
+                        .expect("lock")
+                        .map(|(entries, v)| v + (applied.get() - entries) as u32);
                     if store.gather(&[table], &ids, &mut out).is_err() {
                         seen.failed.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     match versions(&out) {
                         Ok(vs) => {
+                            if let Some(floor) = floor
+                                && let Some(r) = vs.iter().position(|&v| v < floor)
+                            {
+                                seen.stale.lock().expect("lock").push(format!(
+                                    "row {r} at version {} after version {floor} was applied",
+                                    vs[r]
+                                ));
+                            }
                             seen.rows.fetch_add(vs.len() as u64, Ordering::Relaxed);
                             let newest = vs.iter().copied().max().unwrap_or(0);
                             seen.newest.fetch_max(newest, Ordering::Relaxed);
@@ -263,6 +287,7 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let failed_before_kill = seen.failed.load(Ordering::Relaxed);
+    *baseline.lock().expect("lock") = None;
 
     // The master that holds the update stream is killed by PID; the writer waits for its replica to take over.
     let stream = stream_key(MODEL, 1);
@@ -280,9 +305,15 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         killed.elapsed()
     );
     own.restart(&victim);
-    for v in BEFORE_KILL + 2..=LAST {
+    write_until_done(&mut writer, BEFORE_KILL + 2).await;
+    tokio::task::block_in_place(|| wait_for_version(store.as_ref(), table, BEFORE_KILL + 2));
+    // Its rows may have been fetched before its entry was applied (they were not cached): give the follower time
+    // to apply every entry written so far before counting from here.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    *baseline.lock().expect("lock") = Some((applied.get(), BEFORE_KILL + 2));
+    // Back to back: fetches sent before an update are still in flight when it is applied.
+    for v in BEFORE_KILL + 3..=LAST {
         write_until_done(&mut writer, v).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let last = tokio::task::block_in_place(|| wait_for_version(store.as_ref(), table, LAST));
     stop.store(true, Ordering::Relaxed);
@@ -290,15 +321,18 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         g.join().expect("gatherer");
     }
     let torn = seen.torn.lock().expect("lock").clone();
+    let stale = seen.stale.lock().expect("lock").clone();
     eprintln!(
         "{} rows gathered whole (newest version seen {}), {} gathers failed while a master was down, {} torn; \
-         the last version visible to the store {last:?} after it was announced",
+         {} stale; the last version visible to the store {last:?} after it was announced",
         seen.rows.load(Ordering::Relaxed),
         seen.newest.load(Ordering::Relaxed),
         seen.failed.load(Ordering::Relaxed),
-        torn.len()
+        torn.len(),
+        stale.len()
     );
     assert!(torn.is_empty(), "torn rows: {torn:?}");
+    assert!(stale.is_empty(), "stale rows: {stale:?}");
     assert_eq!(failed_before_kill, 0, "gathers failed before any fault");
     assert!(seen.rows.load(Ordering::Relaxed) >= 10 * ROWS);
 
