@@ -43,7 +43,8 @@ pub struct LoadContext {
     pub batching: BatchSettings,
     /// `--gather-user-once`: ranking executors gather each request's user columns once.
     pub gather_user_once: bool,
-    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
+    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`,
+    /// `--redis-fetch-timeout-ms`).
     pub tier: TierContext,
 }
 
@@ -95,7 +96,11 @@ impl LoadContext {
                 executor_niceness: config.executor_niceness,
             },
             gather_user_once: config.gather_user_once == Switch::On,
-            tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
+            tier: TierContext::new(
+                config.redis_url.clone(),
+                config.embedding_cache_bytes,
+                std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
+            ),
         }
     }
 }

@@ -283,7 +283,7 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
     assert_eq!(status, 200, "{cached}");
 
     // Slow: every master sleeps 3 s. A request with uncached rows and a 300 ms deadline is answered with default
-    // rows; its cached twin with the same scores as before.
+    // rows within its deadline; its cached twin with the same scores as before.
     let sleepers: Vec<_> = own
         .masters()
         .into_iter()
@@ -298,9 +298,11 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let (status, slow, took) = rank(fresh(&request, 1), 300).await;
     assert_eq!(status, 200, "{slow}");
+    // The fetch gives up after --redis-fetch-timeout-ms (50 ms), well inside the deadline; the bound leaves room
+    // for a loaded CI machine's client and HTTP.
     assert!(
-        took < std::time::Duration::from_millis(2500),
-        "answered after {took:?}, nodes sleep 3 s"
+        took < std::time::Duration::from_millis(300),
+        "answered after {took:?}: past its 300 ms deadline (nodes sleep 3 s)"
     );
     let (status, again, _) = rank(request.clone(), 300).await;
     assert_eq!(status, 200, "{again}");

@@ -4,8 +4,9 @@
 //!
 //! A gather resolves every id (OOV policy as everywhere), reads what it can from the cache, and fetches the
 //! batch's distinct missing rows from the cluster in one go: one MGET per hash-tag group, all in flight together,
-//! waited for until the batch's earliest deadline at most. A row that did not come in time follows its table's
-//! `unfetched` policy: the table's default row (held in memory from load on, counted), or the batch fails with 503.
+//! waited for until the batch's earliest deadline, and `--redis-fetch-timeout-ms`, at most. A row that did not
+//! come in time follows its table's `unfetched` policy: the table's default row (held in memory from load on,
+//! counted), or the batch fails with 503.
 //!
 //! Where the waiting happens: on the executor thread that gathers (an OS thread of its own, never a tokio
 //! worker), while the Redis client's own runtime thread does the I/O. So a fetch blocks one executor for about
@@ -34,19 +35,22 @@ use crate::error::LoadError;
 use crate::repository::{TableSpec, Unfetched};
 
 /// The server's side of the tier: where the cluster is (`--redis-url`), how much each model may cache
-/// (`--embedding-cache-bytes`), and the one connection every model shares, made when a model first needs it.
+/// (`--embedding-cache-bytes`), how long a batch waits for its rows at most (`--redis-fetch-timeout-ms`), and the
+/// one connection every model shares, made when a model first needs it.
 #[derive(Debug, Clone)]
 pub struct TierContext {
     nodes: Vec<String>,
     pub cache_bytes: u64,
+    pub fetch_timeout: Duration,
     cluster: Arc<Mutex<Option<Arc<RedisCluster>>>>,
 }
 
 impl TierContext {
-    pub fn new(nodes: Vec<String>, cache_bytes: u64) -> TierContext {
+    pub fn new(nodes: Vec<String>, cache_bytes: u64, fetch_timeout: Duration) -> TierContext {
         TierContext {
             nodes,
             cache_bytes,
+            fetch_timeout,
             cluster: Arc::default(),
         }
     }
@@ -116,6 +120,8 @@ struct Remote {
     version: u64,
     /// Hash-tag groups of the version's keys, from its completion marker.
     groups: u64,
+    /// `--redis-fetch-timeout-ms`: a batch's fetch waits until its deadline, this long at most.
+    fetch_timeout: Duration,
     /// Shared with the [`Follower`], which drops updated rows from it.
     cache: Arc<RowCache>,
     metrics: TierMetrics,
@@ -232,6 +238,7 @@ impl TieredStore {
         )
         .map_err(&fail)?;
         let remote = Remote {
+            fetch_timeout: tier.fetch_timeout,
             cache,
             cluster,
             model: model.to_owned(),
@@ -429,7 +436,7 @@ impl EmbeddingStore for TieredStore {
         let fetched = if misses.is_empty() {
             Vec::new()
         } else {
-            self.fetch(&misses, deadline)
+            self.fetch(&misses, deadline.min(Instant::now() + remote.fetch_timeout))
         };
         for (p, (slot, dst)) in slots.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             let t = fields[p % nf];
