@@ -186,6 +186,22 @@ impl OwnCluster {
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
+        // Rejoined: it knows it is a replica now, synced with its master, and sees the cluster whole (until then
+        // it may still claim the slots it held, and a client that asks it for the slot map is misled).
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(20) {
+            let replication = self.cli(port, &["info", "replication"]);
+            if replication.contains("role:slave")
+                && replication.contains("master_link_status:up")
+                && self
+                    .cli(port, &["cluster", "info"])
+                    .contains("cluster_state:ok")
+            {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("node {port} did not rejoin the cluster as a synced replica within 20 s");
     }
 
     /// The ports of the nodes that are masters now.

@@ -104,8 +104,6 @@ impl std::fmt::Debug for RedisCluster {
 
 /// How long connecting to a node may take before the client tries another.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// How late tokio's timer may fire (its resolution).
-const TIMER_SLACK: Duration = Duration::from_millis(1);
 /// How long the start-up commands (connect, the marker, the default rows) may take.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -216,14 +214,7 @@ impl RedisCluster {
             return Vec::new();
         }
         let connection = self.connection.clone();
-        // tokio's timer fires on the millisecond tick after the instant it is given, so up to 1 ms late: give up
-        // that much early, so the batch has its rows' answers (or their absence) by `deadline`.
-        let until = tokio::time::Instant::from_std(
-            deadline
-                .checked_sub(TIMER_SLACK)
-                .unwrap_or(deadline)
-                .max(Instant::now()),
-        );
+        let until = tokio::time::Instant::from_std(deadline);
         let requests = groups.into_iter().map(move |keys| {
             let mut connection = connection.clone();
             async move {
