@@ -107,7 +107,7 @@ def _checked(target: Target, name: str, ids: np.ndarray, values: np.ndarray) -> 
         raise UpdateError(f"table {name!r}: row ids must be a 1-D integer array, got {ids.dtype} {list(ids.shape)}")
     if len(ids) and (ids.min() < 0 or ids.max() >= table.rows):
         bad = ids[(ids < 0) | (ids >= table.rows)][0]
-        raise UpdateError(f"table {name!r}: row id {bad} is outside 0..{table.rows - 1}")
+        raise UpdateError(f"table {name!r}: row id {bad} is not in [0, {table.rows}) (the table's rows)")
     stored = encode_rows(table, values)
     if len(stored) != len(ids):
         raise UpdateError(f"table {name!r}: {len(ids)} row ids but {len(stored)} rows of values")

@@ -104,7 +104,7 @@ def test_bad_updates_are_refused_before_anything_is_written() -> None:
     ones = np.ones((1, 4), dtype=np.float32)
     with pytest.raises(UpdateError, match=r"table 'X' is not a tier = \"redis\" table of m version 1"):
         update_rows(client, target, {"T": (np.array([1]), ones), "X": (np.array([1]), ones)})
-    with pytest.raises(UpdateError, match=r"table 'T': row id 50 is outside 0..49"):
+    with pytest.raises(UpdateError, match=r"table 'T': row id 50 is not in \[0, 50\)"):
         update_rows(client, target, {"T": (np.array([50]), ones)})
     with pytest.raises(UpdateError, match=r"table 'T': 2 row ids but 1 rows of values"):
         update_rows(client, target, {"T": (np.array([1, 2]), ones)})
