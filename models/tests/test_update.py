@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 from recserve_models import model_toml
 from recserve_models.commands import main
-from recserve_models.publish import cluster_nodes, publish, row_key
+from recserve_models.publish import cluster_nodes, marker_key, publish, row_key
 from recserve_models.quantize import dequantize_rowwise_int8
 from recserve_models.update import (
     ENTRY_ROWS,
@@ -133,6 +133,7 @@ def test_updated_rows_read_back_and_are_announced(tmp_path: Path, capsys) -> Non
     shutil.copytree(DEMO / "deepfm" / "1", version)
     toml = version / "model.toml"
     toml.write_text(toml.read_text().replace("default_row = 0\n", 'default_row = 0\ntier = "redis"\n'))
+    client.delete(marker_key("pytest-update", 1))  # from an earlier run on the same cluster
     with pytest.raises(UpdateError, match=r"pytest-update version 1 is not published"):
         open_target(version, client)
     publish(version, client, lambda _: None, groups=16)
