@@ -9,15 +9,19 @@
 #                                             replicas' addresses (host:port,host:port,...) on stdout and writes
 #                                             them to DIR/addresses, and each node's PID to DIR/PORT.pid
 #        scripts/redis-cluster.sh stop DIR    stops every node of DIR by its PID, waits for it to exit
+#        scripts/redis-cluster.sh restart DIR PORT
+#                                             starts node PORT of DIR again (after it was killed) with its own
+#                                             cluster config, so it rejoins the cluster (as a replica if its
+#                                             replica took over meanwhile); waits until it answers PING
 #
 # Ports are picked free at random between 20000 and 29999 (a node also uses port+10000 for the cluster bus).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop DIR | restart DIR PORT" >&2
   exit 2
 }
-[ $# -eq 2 ] || usage
+[ $# -ge 2 ] || usage
 command=$1
 dir=$2
 
@@ -59,6 +63,24 @@ stop() {
   done
 }
 
+start_node() {
+  # Node $1 in the foreground (--daemonize no) in the background of this script, its PID in DIR/PORT.pid.
+  local port=$1 node=$dir/$1
+  mkdir -p "$node"
+  redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$node/nodes.conf" \
+    --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --enable-debug-command local \
+    --logfile "$node/redis.log" </dev/null >/dev/null 2>&1 &
+  echo $! >"$dir/$port.pid"
+}
+
+wait_ping() {
+  for _ in $(seq 200); do
+    redis-cli -p "$1" ping >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 case "$command" in
   start)
     command -v redis-server >/dev/null || { echo "redis-cluster: redis-server is not installed (apt-get install redis-server)" >&2; exit 1; }
@@ -69,19 +91,10 @@ case "$command" in
       ports+=("$(free_port "${ports[@]}")")
     done
     for port in "${ports[@]}"; do
-      node=$dir/$port
-      mkdir -p "$node"
-      redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$node/nodes.conf" \
-        --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --enable-debug-command local \
-        --logfile "$node/redis.log" </dev/null >/dev/null 2>&1 &
-      echo $! >"$dir/$port.pid"
+      start_node "$port"
     done
     for port in "${ports[@]}"; do
-      for _ in $(seq 200); do
-        redis-cli -p "$port" ping >/dev/null 2>&1 && break
-        sleep 0.05
-      done
-      redis-cli -p "$port" ping >/dev/null 2>&1 || { echo "redis-cluster: node $port did not start (see $dir/$port/redis.log)" >&2; stop; exit 1; }
+      wait_ping "$port" || { echo "redis-cluster: node $port did not start (see $dir/$port/redis.log)" >&2; stop; exit 1; }
     done
     nodes=()
     for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
@@ -113,6 +126,18 @@ case "$command" in
   stop)
     [ -d "$dir" ] || exit 0
     stop
+    ;;
+  restart)
+    [ $# -eq 3 ] || usage
+    port=$3
+    [ -f "$dir/$port/nodes.conf" ] || { echo "redis-cluster: $dir has no node $port" >&2; exit 1; }
+    if [ -f "$dir/$port.pid" ] && kill -0 "$(cat "$dir/$port.pid")" 2>/dev/null; then
+      echo "redis-cluster: node $port is running" >&2
+      exit 1
+    fi
+    dir=$(cd "$dir" && pwd)
+    start_node "$port"
+    wait_ping "$port" || { echo "redis-cluster: node $port did not start again (see $dir/$port/redis.log)" >&2; exit 1; }
     ;;
   *)
     usage

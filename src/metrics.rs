@@ -71,6 +71,11 @@ pub struct Metrics {
     tier_rows_fetched: IntCounterVec,
     tier_errors: IntCounterVec,
     unfetched_default: IntCounterVec,
+    update_visible: HistogramVec,
+    update_entries: IntCounterVec,
+    update_rows: IntCounterVec,
+    update_errors: IntCounterVec,
+    update_following: IntGaugeVec,
 }
 
 /// Buckets for loading a model: 10 ms to 20 minutes.
@@ -338,8 +343,37 @@ impl Metrics {
                  row was not fetched in time.",
                 &["model", "table"],
             ),
+            update_visible: histogram(
+                "recserve_embedding_update_visible_seconds",
+                "Online row updates of the Redis tier: from an update stream entry's timestamp to its rows dropped \
+                 from the row cache (the next batch reads the new rows).",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+            update_entries: counter(
+                "recserve_embedding_update_entries_total",
+                "Update stream entries applied to the row cache.",
+                &["model"],
+            ),
+            update_rows: counter(
+                "recserve_embedding_updated_rows_total",
+                "Rows named by applied update stream entries (dropped from the row cache if it held them).",
+                &["model"],
+            ),
+            update_errors: counter(
+                "recserve_embedding_update_errors_total",
+                "Following the update stream, by what went wrong: connection (reading failed; retried), \
+                 bad_entry (an entry or part of one skipped), gap (unread entries were trimmed; the cache was \
+                 dropped).",
+                &["model", "kind"],
+            ),
+            update_following: gauge(
+                "recserve_embedding_update_following",
+                "Loaded versions whose last read of their update stream succeeded (0 while reading fails).",
+                &["model"],
+            ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 43] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 48] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -383,6 +417,11 @@ impl Metrics {
             Box::new(m.tier_rows_fetched.clone()),
             Box::new(m.tier_errors.clone()),
             Box::new(m.unfetched_default.clone()),
+            Box::new(m.update_visible.clone()),
+            Box::new(m.update_entries.clone()),
+            Box::new(m.update_rows.clone()),
+            Box::new(m.update_errors.clone()),
+            Box::new(m.update_following.clone()),
         ];
         for c in collectors {
             m.registry
@@ -472,6 +511,7 @@ impl Metrics {
     /// What the Redis tier and its row cache of `model` report into.
     pub fn tier(&self, model: &str) -> crate::embedding::remote::TierMetrics {
         use crate::embedding::remote::redis::FetchFailure;
+        use crate::embedding::remote::updates::FollowError;
         crate::embedding::remote::TierMetrics {
             hits: self.cache_lookups.with_label_values(&[model, "hit"]),
             misses: self.cache_lookups.with_label_values(&[model, "miss"]),
@@ -482,6 +522,14 @@ impl Metrics {
             cache: crate::embedding::remote::cache::CacheMetrics {
                 evictions: self.cache_evictions.with_label_values(&[model]),
                 bytes: self.cache_bytes.with_label_values(&[model]),
+            },
+            updates: crate::embedding::remote::updates::UpdateMetrics {
+                visible: self.update_visible.with_label_values(&[model]),
+                entries: self.update_entries.with_label_values(&[model]),
+                rows: self.update_rows.with_label_values(&[model]),
+                errors: FollowError::ALL
+                    .map(|e| self.update_errors.with_label_values(&[model, e.as_str()])),
+                following: self.update_following.with_label_values(&[model]),
             },
         }
     }

@@ -48,7 +48,8 @@ pub struct LoadContext {
     pub preload: Preload,
     /// `--split-graph`: models with `[dense_graph.split]` run their user part once per request.
     pub split_graph: bool,
-    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`).
+    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`,
+    /// `--redis-fetch-timeout-ms`).
     pub tier: TierContext,
 }
 
@@ -105,7 +106,11 @@ impl LoadContext {
                 Switch::Off => Preload::OnDemand,
             },
             split_graph: config.split_graph == Switch::On,
-            tier: TierContext::new(config.redis_url.clone(), config.embedding_cache_bytes),
+            tier: TierContext::new(
+                config.redis_url.clone(),
+                config.embedding_cache_bytes,
+                std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
+            ),
         }
     }
 }

@@ -9,120 +9,13 @@ mod common;
 
 use std::path::Path;
 
-use common::{TestServer, config, copy_dir, demo_cases, metric_sample};
+use common::redis::{
+    OwnCluster, cluster, move_to_redis, redis_config, redis_config_on, redis_model, redis_model_on,
+    scores,
+};
+use common::{TestServer, copy_dir, demo_cases, metric_sample};
 use recserve::service::StartError;
 use serde_json::Value;
-
-/// The cluster's nodes, as scripts/test.sh started it. No cluster is a failure, never a skip.
-fn cluster() -> String {
-    std::env::var("RECSERVE_TEST_REDIS").unwrap_or_else(|_| {
-        panic!(
-            "RECSERVE_TEST_REDIS is not set: run scripts/test.sh, or start a cluster with \
-             `scripts/redis-cluster.sh start DIR` and export RECSERVE_TEST_REDIS=<the addresses it prints>"
-        )
-    })
-}
-
-/// Every table of the `model.toml` at `path` moved to the Redis tier with policy `unfetched`, except the tables
-/// named in `overrides`, which get their own policy.
-fn move_to_redis(path: &Path, unfetched: &str, overrides: &[(&str, &str)]) {
-    let text = std::fs::read_to_string(path).expect("model.toml");
-    let mut out = String::new();
-    let mut table = None;
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("name = ") {
-            table = Some(name.trim_matches('"').to_owned());
-        }
-        out.push_str(line);
-        out.push('\n');
-        if line.starts_with("default_row = ") {
-            let name = table.clone().unwrap_or_default();
-            let policy = overrides
-                .iter()
-                .find(|(t, _)| *t == name)
-                .map_or(unfetched, |(_, p)| *p);
-            out.push_str(&format!("tier = \"redis\"\nunfetched = \"{policy}\"\n"));
-        }
-    }
-    assert!(
-        out.contains("tier = \"redis\""),
-        "{} has no default_row lines",
-        path.display()
-    );
-    std::fs::write(path, out).expect("write model.toml");
-}
-
-/// `python -m recserve_models publish DIR --redis NODES`, which must succeed.
-fn publish(version_dir: &Path, nodes: &str) {
-    let python = std::env::var("RECSERVE_TEST_PYTHON").unwrap_or_else(|_| "python".to_owned());
-    let output = std::process::Command::new(&python)
-        .args(["-m", "recserve_models", "publish"])
-        .arg(version_dir)
-        .args(["--redis", nodes])
-        .env(
-            "PYTHONPATH",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("models"),
-        )
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python:?}: {e} (source scripts/env.sh)"));
-    assert!(
-        output.status.success(),
-        "publish {} failed:\n{}\n{}",
-        version_dir.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A repository with `name` copied from the demo's `demo` model, its tables moved to the Redis tier, published,
-/// and its table file removed (so the server can only read the cluster).
-fn redis_model(
-    repository: &Path,
-    demo: &str,
-    name: &str,
-    unfetched: &str,
-    overrides: &[(&str, &str)],
-) {
-    redis_model_on(&cluster(), repository, demo, name, unfetched, overrides);
-}
-
-/// [`redis_model`] on the cluster of `nodes`.
-fn redis_model_on(
-    nodes: &str,
-    repository: &Path,
-    demo: &str,
-    name: &str,
-    unfetched: &str,
-    overrides: &[(&str, &str)],
-) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = repository.join(name);
-    copy_dir(&root.join("models/demo").join(demo), &dir);
-    let version = dir.join("1");
-    move_to_redis(&version.join("model.toml"), unfetched, overrides);
-    publish(&version, nodes);
-    std::fs::remove_file(version.join("tables.safetensors")).expect("remove the table file");
-}
-
-fn redis_config(repository: &Path) -> recserve::config::Config {
-    redis_config_on(&cluster(), repository)
-}
-
-fn redis_config_on(nodes: &str, repository: &Path) -> recserve::config::Config {
-    config(repository, |a| {
-        a.redis_url = nodes.split(',').map(str::to_owned).collect();
-    })
-}
-
-/// The scores of a `/v1` rank answer, by candidate index.
-fn scores(body: &Value) -> Vec<f64> {
-    let scores = body["scores"].as_array().expect("scores");
-    let mut out = vec![f64::NAN; scores.len()];
-    for s in scores {
-        out[s["index"].as_u64().expect("index") as usize] = s["score"].as_f64().expect("score");
-    }
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_tier_scores_like_the_mapped_files_bit_for_bit() {
@@ -327,67 +220,6 @@ async fn a_version_without_its_marker_or_with_other_row_counts_is_refused_naming
     }
 }
 
-/// A cluster of this test's own (`scripts/redis-cluster.sh`), stopped by PID when dropped.
-struct OwnCluster {
-    dir: tempfile::TempDir,
-    nodes: String,
-}
-
-impl OwnCluster {
-    fn start() -> OwnCluster {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let output = std::process::Command::new(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
-        )
-        .arg("start")
-        .arg(dir.path())
-        .output()
-        .expect("run scripts/redis-cluster.sh");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let nodes = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-        OwnCluster { dir, nodes }
-    }
-
-    fn ports(&self) -> Vec<String> {
-        self.nodes
-            .split(',')
-            .map(|n| n.rsplit(':').next().expect("port").to_owned())
-            .collect()
-    }
-
-    fn cli(&self, port: &str, args: &[&str]) -> String {
-        let output = std::process::Command::new("redis-cli")
-            .args(["-p", port])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// The ports of the nodes that are masters now.
-    fn masters(&self) -> Vec<String> {
-        self.ports()
-            .into_iter()
-            .filter(|p| self.cli(p, &["role"]).starts_with("master"))
-            .collect()
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster.sh"),
-        )
-        .arg("stop")
-        .arg(self.dir.path())
-        .status();
-    }
-}
-
 /// The rank request with every user field moved to ids no request asked for before (`round` apart), so that its
 /// rows are not in the cache.
 fn fresh(request: &Value, round: i64) -> Value {
@@ -451,7 +283,7 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
     assert_eq!(status, 200, "{cached}");
 
     // Slow: every master sleeps 3 s. A request with uncached rows and a 300 ms deadline is answered with default
-    // rows; its cached twin with the same scores as before.
+    // rows within its deadline; its cached twin with the same scores as before.
     let sleepers: Vec<_> = own
         .masters()
         .into_iter()
@@ -466,9 +298,11 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let (status, slow, took) = rank(fresh(&request, 1), 300).await;
     assert_eq!(status, 200, "{slow}");
+    // The fetch gives up after --redis-fetch-timeout-ms (50 ms), well inside the deadline; the bound leaves room
+    // for a loaded CI machine's client and HTTP.
     assert!(
-        took < std::time::Duration::from_millis(2500),
-        "answered after {took:?}, nodes sleep 3 s"
+        took < std::time::Duration::from_millis(300),
+        "answered after {took:?}: past its 300 ms deadline (nodes sleep 3 s)"
     );
     let (status, again, _) = rank(request.clone(), 300).await;
     assert_eq!(status, 200, "{again}");

@@ -17,8 +17,8 @@ use settings::{
     EMBEDDING_CACHE_BYTES, EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS,
     HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING,
     MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
-    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REPOSITORY_POLL_S, SHARDS,
-    SHUTDOWN_TIMEOUT_S,
+    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
+    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
@@ -139,6 +139,7 @@ pub struct Config {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub redis_url: Vec<String>,
     pub embedding_cache_bytes: u64,
+    pub redis_fetch_timeout_ms: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pipelines: BTreeMap<String, PipelineConfig>,
 }
@@ -309,6 +310,7 @@ impl ServeArgs {
             admin_token_file: self.admin_token_file,
             redis_url: self.redis_url,
             embedding_cache_bytes: EMBEDDING_CACHE_BYTES.resolve(self.embedding_cache_bytes)?,
+            redis_fetch_timeout_ms: REDIS_FETCH_TIMEOUT_MS.resolve(self.redis_fetch_timeout_ms)?,
             pipelines: self.pipelines,
         })
     }

@@ -74,6 +74,12 @@ pub const EMBEDDING_CACHE_BYTES: Setting<u64> = Setting {
     min: 1 << 16,
     max: 1 << 42,
 };
+pub const REDIS_FETCH_TIMEOUT_MS: Setting<u64> = Setting {
+    flag: "--redis-fetch-timeout-ms",
+    default: 50,
+    min: 1,
+    max: 60_000,
+};
 pub const SHARDS: Setting<usize> = Setting {
     flag: "--shards",
     default: 1,
@@ -405,6 +411,12 @@ pub struct ServeArgs {
     /// 64 bytes each) [default: 268435456].
     #[arg(long, env = "RECSERVE_EMBEDDING_CACHE_BYTES")]
     pub embedding_cache_bytes: Option<u64>,
+
+    /// Longest a batch waits for the rows it fetches from the Redis tier, in milliseconds, within its deadline;
+    /// rows not fetched by then follow their table's `unfetched` policy. Bounds how long a dead or slow node holds
+    /// an executor [default: 50].
+    #[arg(long, env = "RECSERVE_REDIS_FETCH_TIMEOUT_MS")]
+    pub redis_fetch_timeout_ms: Option<u64>,
 
     /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
     #[arg(skip)]

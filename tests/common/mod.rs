@@ -6,6 +6,7 @@
 )]
 
 pub mod raw;
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -51,7 +51,8 @@ pub enum Command {
     /// Send sample ranking requests one by one and save their scores, or compare them with saved ones.
     Check(CheckArgs),
     /// The raw ceiling: gather + ONNX Runtime in-process through recserve's library, no server.
-    Ceiling(CeilingArgs),
+    // Boxed: it embeds the server's settings, which make it far larger than the other variants.
+    Ceiling(Box<CeilingArgs>),
     /// Write the peer-benchmark section of docs/benchmarks.md from a loadtest/peers/run.sh results directory.
     PeersReport(PeersReportArgs),
 }

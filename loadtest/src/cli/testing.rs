@@ -43,7 +43,7 @@ subcommand!(run, Run, RunArgs);
 subcommand!(sweep, Sweep, SweepArgs);
 subcommand!(check, Check, CheckArgs);
 subcommand!(plot, Plot, PlotArgs);
-subcommand!(ceiling, Ceiling, CeilingArgs);
+subcommand!(ceiling, Ceiling, Box<CeilingArgs>);
 
 /// A path as a flag value.
 pub(super) fn arg(path: &Path) -> &str {

@@ -24,6 +24,7 @@ from . import (
     synth,
     train_deepfm,
     train_lightgcn,
+    update,
 )
 
 COMMANDS = {
@@ -45,6 +46,7 @@ COMMANDS = {
     "demo": (demo, "train, export, quantize and check the demo models; write models/demo and the quality report"),
     "synth": (synth, "write a benchmark model of realistic size (random weights), its requests and offline scores"),
     "publish": (publish, "upload a version's tier = \"redis\" tables to a Redis Cluster, then its completion marker"),
+    "update": (update, "write new values for rows of a published version and announce them to the servers"),
     "demo-cases": (demo_cases, "write held-out rank requests and offline scores for the demo's DeepFM models"),
 }
 

@@ -2,6 +2,15 @@
 //! (table, row), bounded in bytes. It is `quick_cache`'s sharded cache (one lock per shard, never a global one)
 //! with its S3-FIFO-style eviction: a new row enters a small probation queue and is evicted from there unless it
 //! is read again, so one pass over cold ids does not flush the Zipf-hot rows (an LRU would let it).
+//!
+//! Online updates ([`super::updates`]) drop rows from it while fetches fill it. A fetch that was sent before an
+//! update and answered with the old value must not put that value back after the update dropped the row, or the
+//! server would serve the old row until it is evicted. So every key belongs to one of [`STRIPES`] update epochs:
+//! a fetch notes its rows' epochs before it sends ([`RowCache::epoch`]), and inserts a row only if its epoch has
+//! not moved since ([`RowCache::insert_if_current`]); an update moves the epoch and drops the row under the same
+//! stripe lock ([`RowCache::invalidate`]), so the check and the insert cannot straddle it.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use prometheus::{IntCounter, IntGauge};
@@ -47,10 +56,16 @@ pub struct CacheMetrics {
     pub bytes: IntGauge,
 }
 
+/// Update epochs: each key belongs to stripe `hash(key) mod STRIPES`. More stripes make a fetch less likely to
+/// skip caching a row because another row of its stripe was updated meanwhile.
+pub const STRIPES: usize = 4096;
+
 /// Hot rows of one model's Redis-tier tables, at most `capacity` bytes (rows plus [`ENTRY_OVERHEAD_BYTES`] each).
 pub struct RowCache {
     rows: Cache<u64, Bytes, RowWeighter, std::hash::RandomState, CountEvictions>,
     bytes: IntGauge,
+    /// The update epoch of each stripe of keys (see the module's comment).
+    epochs: Box<[Mutex<u64>]>,
 }
 
 impl std::fmt::Debug for RowCache {
@@ -77,7 +92,60 @@ impl RowCache {
                 CountEvictions(metrics.evictions),
             ),
             bytes: metrics.bytes,
+            epochs: (0..STRIPES).map(|_| Mutex::new(0)).collect(),
         }
+    }
+
+    #[inline]
+    fn stripe(key: u64) -> usize {
+        // Fibonacci hashing: consecutive rows land in different stripes.
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % STRIPES
+    }
+
+    #[inline]
+    fn lock(&self, key: u64) -> MutexGuard<'_, u64> {
+        self.epochs[Self::stripe(key)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The update epoch of `key` now: note it before fetching the row, pass it to [`RowCache::insert_if_current`].
+    #[inline]
+    pub fn epoch(&self, key: u64) -> u64 {
+        *self.lock(key)
+    }
+
+    /// Caches a fetched row unless an update of its stripe was applied since `epoch` was read (the row may then be
+    /// the value from before the update); returns whether it was cached.
+    pub fn insert_if_current(&self, key: u64, row: Bytes, epoch: u64) -> bool {
+        let stripe = self.lock(key);
+        if *stripe != epoch {
+            return false;
+        }
+        self.rows.insert(key, row);
+        true
+    }
+
+    /// Drops `key` because its row was updated: fetches in flight that read its epoch before this do not cache
+    /// what they get.
+    pub fn invalidate(&self, key: u64) {
+        let mut stripe = self.lock(key);
+        *stripe += 1;
+        self.rows.remove(&key);
+    }
+
+    /// Drops every row (updates were missed, so any row may be stale), with the same guarantee as
+    /// [`RowCache::invalidate`] for every key.
+    pub fn invalidate_all(&self) {
+        let mut stripes: Vec<_> = self
+            .epochs
+            .iter()
+            .map(|e| e.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        for stripe in &mut stripes {
+            **stripe += 1;
+        }
+        self.rows.clear();
     }
 
     #[inline]
@@ -85,13 +153,9 @@ impl RowCache {
         self.rows.get(&key)
     }
 
+    /// Caches a row whatever the updates (for tests and the default rows read at load).
     pub fn insert(&self, key: u64, row: Bytes) {
         self.rows.insert(key, row);
-    }
-
-    /// Drops a row (an online update made it stale).
-    pub fn remove(&self, key: u64) {
-        self.rows.remove(&key);
     }
 
     /// Publishes the bytes held now to `recserve_embedding_cache_bytes`.
@@ -137,6 +201,31 @@ mod tests {
         cache.report();
         assert_eq!(m.bytes.get() as u64, cache.bytes());
         assert_eq!(cache.get(key(2, 999)), None, "tables do not share rows");
+    }
+
+    #[test]
+    fn a_fetch_that_straddles_an_update_does_not_cache_the_old_row() {
+        let cache = RowCache::new(100 * (8 + ENTRY_OVERHEAD_BYTES), 8, metrics());
+        let (old, new) = (
+            Bytes::from_static(b"version1"),
+            Bytes::from_static(b"version2"),
+        );
+        cache.insert(key(0, 5), old.clone());
+        // A fetch of row 5 notes its epoch and sends; the update is applied before its answer comes.
+        let epoch = cache.epoch(key(0, 5));
+        cache.invalidate(key(0, 5));
+        assert_eq!(cache.get(key(0, 5)), None, "the update dropped the row");
+        assert!(!cache.insert_if_current(key(0, 5), old, epoch));
+        assert_eq!(cache.get(key(0, 5)), None, "the old answer was not cached");
+        // A fetch sent after the update caches what it gets; other stripes were not disturbed.
+        let epoch = cache.epoch(key(0, 5));
+        assert!(cache.insert_if_current(key(0, 5), new.clone(), epoch));
+        assert_eq!(cache.get(key(0, 5)), Some(new));
+        let other = cache.epoch(key(3, 77));
+        cache.invalidate_all();
+        assert_eq!(cache.get(key(0, 5)), None);
+        assert!(!cache.insert_if_current(key(3, 77), Bytes::from_static(b"stale..."), other));
+        assert_eq!(cache.bytes(), 0);
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! A gather resolves every id (OOV policy as everywhere), reads what it can from the cache, and fetches the
 //! batch's distinct missing rows from the cluster in one go: one MGET per hash-tag group, all in flight together,
-//! waited for until the batch's earliest deadline at most. A row that did not come in time follows its table's
-//! `unfetched` policy: the table's default row (held in memory from load on, counted), or the batch fails with 503.
+//! waited for until the batch's earliest deadline, and `--redis-fetch-timeout-ms`, at most. A row that did not
+//! come in time follows its table's `unfetched` policy: the table's default row (held in memory from load on,
+//! counted), or the batch fails with 503.
 //!
 //! Where the waiting happens: on the executor thread that gathers (an OS thread of its own, never a tokio
 //! worker), while the Redis client's own runtime thread does the I/O. So a fetch blocks one executor for about
@@ -16,6 +17,7 @@
 
 pub mod cache;
 pub mod redis;
+pub mod updates;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,25 +28,29 @@ use prometheus::{Histogram, IntCounter};
 
 use self::cache::{CacheMetrics, RowCache};
 use self::redis::{FetchFailure, RedisCluster};
+use self::updates::{Follow, Follower, UpdateMetrics, UpdatedTables};
 use super::cpu::{decode_row, resolve_row};
 use super::{EmbeddingStore, GatherError, ShardLayout, TableBytes, check_gather_shape};
 use crate::error::LoadError;
 use crate::repository::{TableSpec, Unfetched};
 
 /// The server's side of the tier: where the cluster is (`--redis-url`), how much each model may cache
-/// (`--embedding-cache-bytes`), and the one connection every model shares, made when a model first needs it.
+/// (`--embedding-cache-bytes`), how long a batch waits for its rows at most (`--redis-fetch-timeout-ms`), and the
+/// one connection every model shares, made when a model first needs it.
 #[derive(Debug, Clone)]
 pub struct TierContext {
     nodes: Vec<String>,
     pub cache_bytes: u64,
+    pub fetch_timeout: Duration,
     cluster: Arc<Mutex<Option<Arc<RedisCluster>>>>,
 }
 
 impl TierContext {
-    pub fn new(nodes: Vec<String>, cache_bytes: u64) -> TierContext {
+    pub fn new(nodes: Vec<String>, cache_bytes: u64, fetch_timeout: Duration) -> TierContext {
         TierContext {
             nodes,
             cache_bytes,
+            fetch_timeout,
             cluster: Arc::default(),
         }
     }
@@ -78,6 +84,8 @@ pub struct TierMetrics {
     /// Rows not fetched, by [`FetchFailure::ALL`] order.
     pub failures: [IntCounter; 5],
     pub cache: CacheMetrics,
+    /// Following the version's update stream.
+    pub updates: UpdateMetrics,
 }
 
 /// A table of a [`TieredStore`], as `model.toml` places it.
@@ -112,7 +120,10 @@ struct Remote {
     version: u64,
     /// Hash-tag groups of the version's keys, from its completion marker.
     groups: u64,
-    cache: RowCache,
+    /// `--redis-fetch-timeout-ms`: a batch's fetch waits until its deadline, this long at most.
+    fetch_timeout: Duration,
+    /// Shared with the [`Follower`], which drops updated rows from it.
+    cache: Arc<RowCache>,
     metrics: TierMetrics,
 }
 
@@ -125,6 +136,8 @@ pub struct TieredStore {
     row_bytes: Vec<usize>,
     oov: Vec<IntCounter>,
     remote: Remote,
+    /// Follows the version's update stream while the store lives (stopped when it is dropped).
+    _follower: Follower,
 }
 
 /// How long a load may wait for the default rows.
@@ -193,10 +206,40 @@ impl TieredStore {
                 }
             }
         }
+        // Updates announced before now are in the rows already; the follower reads on from the last of them, and
+        // starts before any row is cached.
+        let stream = updates::stream_key(model, version);
+        let after = cluster.last_entry(&stream).map_err(&fail)?;
+        let updated = UpdatedTables(
+            specs
+                .iter()
+                .zip(&sources)
+                .enumerate()
+                .filter(|(_, (_, source))| matches!(source, TableSource::Redis { .. }))
+                .map(|(t, (spec, _))| (spec.name.clone(), (t, spec.rows)))
+                .collect(),
+        );
         let row_bytes: Vec<usize> = specs.iter().map(|s| s.storage.row_bytes(s.dim)).collect();
         let widest = row_bytes.iter().copied().max().unwrap_or(1);
+        let cache = Arc::new(RowCache::new(
+            tier.cache_bytes,
+            widest,
+            metrics.cache.clone(),
+        ));
+        let follower = updates::follow(
+            &cluster,
+            Follow {
+                key: stream,
+                after,
+                cache: Arc::clone(&cache),
+                tables: updated,
+                metrics: metrics.updates.clone(),
+            },
+        )
+        .map_err(&fail)?;
         let remote = Remote {
-            cache: RowCache::new(tier.cache_bytes, widest, metrics.cache.clone()),
+            fetch_timeout: tier.fetch_timeout,
+            cache,
             cluster,
             model: model.to_owned(),
             version,
@@ -210,6 +253,7 @@ impl TieredStore {
             specs,
             oov,
             remote,
+            _follower: follower,
         };
         for (t, source) in sources.into_iter().enumerate() {
             let source = match source {
@@ -256,6 +300,11 @@ impl TieredStore {
             by_group.entry(row % remote.groups).or_default().push(i);
         }
         let members: Vec<Vec<usize>> = by_group.into_values().collect();
+        // Noted before the MGETs go out: a row updated meanwhile is used by this batch but not cached.
+        let epochs: Vec<u64> = rows
+            .iter()
+            .map(|&(t, row)| remote.cache.epoch(cache::key(t, row)))
+            .collect();
         let groups = members
             .iter()
             .map(|member| {
@@ -286,7 +335,11 @@ impl TieredStore {
                             Some(v) if v.len() != self.row_bytes[t] => Err(FetchFailure::BadRow),
                             Some(v) => {
                                 let bytes = Bytes::from(v);
-                                remote.cache.insert(cache::key(t, row), bytes.clone());
+                                remote.cache.insert_if_current(
+                                    cache::key(t, row),
+                                    bytes.clone(),
+                                    epochs[i],
+                                );
                                 Ok(bytes)
                             }
                         };
@@ -383,7 +436,7 @@ impl EmbeddingStore for TieredStore {
         let fetched = if misses.is_empty() {
             Vec::new()
         } else {
-            self.fetch(&misses, deadline)
+            self.fetch(&misses, deadline.min(Instant::now() + remote.fetch_timeout))
         };
         for (p, (slot, dst)) in slots.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             let t = fields[p % nf];

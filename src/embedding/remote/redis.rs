@@ -10,8 +10,10 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+
+use super::updates::EntryId;
 
 /// The version of the key scheme; the first part of every key.
 pub const SCHEME: &str = "rs1";
@@ -124,13 +126,7 @@ impl RedisCluster {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the Redis client's thread: {e}"))?;
-        let client = ClusterClientBuilder::new(nodes.clone())
-            .connection_timeout(CONNECT_TIMEOUT)
-            .retries(3)
-            .min_retry_wait(10)
-            .max_retry_wait(200)
-            .build()
-            .map_err(|e| format!("invalid Redis Cluster address in {nodes:?}: {e}"))?;
+        let client = client(&nodes, None)?;
         let connection = wait_on(&runtime, LOAD_TIMEOUT, async move {
             client.get_async_connection().await
         })
@@ -143,6 +139,44 @@ impl RedisCluster {
             connection,
             nodes,
         })
+    }
+
+    /// A client of the same cluster whose connections wait `response_timeout` for an answer, for a task that
+    /// needs a connection of its own ([`super::updates`]).
+    pub fn follower_client(&self, response_timeout: Duration) -> Result<ClusterClient, String> {
+        client(&self.nodes, Some(response_timeout))
+    }
+
+    /// Runs `task` on the client's runtime.
+    pub fn spawn(
+        &self,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        self.runtime().spawn(task)
+    }
+
+    /// The ID of the last entry of stream `key`, [`EntryId::ZERO`] when there is none. For loading only.
+    pub fn last_entry(&self, key: &str) -> Result<EntryId, String> {
+        let mut connection = self.connection.clone();
+        let xrevrange = redis::cmd("XREVRANGE")
+            .arg(key)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .clone();
+        let entries = wait_on(self.runtime(), LOAD_TIMEOUT, async move {
+            xrevrange
+                .query_async::<Vec<(String, redis::Value)>>(&mut connection)
+                .await
+        })
+        .ok_or_else(|| format!("no answer for {key} within {LOAD_TIMEOUT:?}"))?
+        .map_err(|e| format!("cannot read {key}: {e}"))?;
+        match entries.first() {
+            None => Ok(EntryId::ZERO),
+            Some((id, _)) => EntryId::parse(id)
+                .ok_or_else(|| format!("{key}: the last entry's ID {id:?} is not <ms>-<seq>")),
+        }
     }
 
     fn runtime(&self) -> &tokio::runtime::Runtime {
@@ -200,6 +234,22 @@ impl RedisCluster {
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5);
         wait_on(self.runtime(), wait, all).unwrap_or_else(|| vec![Err(FetchFailure::Timeout); n])
     }
+}
+
+/// The cluster client: short connect timeouts and few quick retries, so a batch's fetch fails over to its
+/// `unfetched` policy instead of waiting; `response_timeout` `None` keeps the client's default.
+fn client(nodes: &[String], response_timeout: Option<Duration>) -> Result<ClusterClient, String> {
+    let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+        .connection_timeout(CONNECT_TIMEOUT)
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(200);
+    if let Some(timeout) = response_timeout {
+        builder = builder.response_timeout(timeout);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("invalid Redis Cluster address in {nodes:?}: {e}"))
 }
 
 /// Runs `future` on `runtime` and waits for it `timeout` at most; `None` when it did not finish in time. Unlike
