@@ -203,6 +203,125 @@ def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
     return session
 
 
+# How far a split graph's scores may lie from its unsplit graph's: the parts compute the same sums in the same order
+# (INT8: the same bits), but the fp32 first layer's user product is one Gemm on one row where the unsplit graph runs
+# it on the batch, which rounds differently (models/tests/test_split_graph.py).
+SPLIT_TOLERANCE = 1e-5
+SPLIT_SAMPLE = (1, 7, 100)  # candidates per request of the rows the split parts are compared on
+
+
+def _open_part(path: Path) -> ort.InferenceSession:
+    if not path.is_file():
+        raise CheckError(f"{path}: split graph file does not exist")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises several exception types for unreadable graphs
+        raise CheckError(f"{path}: ONNX Runtime cannot load the graph: {e}") from e
+
+
+def _state_width(path: Path, role: str, outlet: Any) -> int:
+    _check_outlet(path, role, outlet, [None])
+    width = _tensor_dims(outlet.shape)[1]
+    if width <= 0:
+        raise CheckError(f"{path}: {role} {outlet.name!r} must have a fixed width [batch, U]")
+    return width
+
+
+def open_split(
+    directory: Path, model: DeepFMToml, tables: dict[str, Table], unsplit: ort.InferenceSession
+) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    """Opens `[dense_graph.split]`'s user and item graphs, checks their interfaces as the server's `SplitGraph::open`
+    does, and checks that they score sample requests as the unsplit graph does (within `SPLIT_TOLERANCE`)."""
+    spec, split = model.dense_graph, model.dense_graph.split
+    assert split is not None
+    fields = len(model.fields)
+    dim = model.table(model.fields[0].table).dim
+    dense = len(model.ranking.dense_features)
+    user_path, item_path = directory / split.user_file, directory / split.item_file
+    user, item = _open_part(user_path), _open_part(item_path)
+    wanted = [spec.embeddings_input] + ([spec.dense_input] if dense else [])
+    if [i.name for i in user.get_inputs()] != wanted:
+        raise CheckError(
+            f"{user_path}: the user graph's inputs are {[i.name for i in user.get_inputs()]}, "
+            f"but model.toml implies {wanted}"
+        )
+    _check_outlet(user_path, "input", user.get_inputs()[0], [fields, dim])
+    if dense:
+        _check_outlet(user_path, "input", user.get_inputs()[1], [dense])
+    if [o.name for o in user.get_outputs()] != [split.state]:
+        raise CheckError(
+            f"{user_path}: the user graph's outputs are {[o.name for o in user.get_outputs()]}, "
+            f"but [dense_graph.split] declares exactly one, {split.state!r}"
+        )
+    width = _state_width(user_path, "output", user.get_outputs()[0])
+    wanted = [spec.embeddings_input, split.state]
+    if [i.name for i in item.get_inputs()] != wanted:
+        raise CheckError(
+            f"{item_path}: the item graph's inputs are {[i.name for i in item.get_inputs()]}, "
+            f"but model.toml implies {wanted}"
+        )
+    _check_outlet(item_path, "input", item.get_inputs()[0], [fields, dim])
+    item_width = _state_width(item_path, "input", item.get_inputs()[1])
+    if item_width != width:
+        raise CheckError(
+            f"{item_path}: the item graph takes {split.state!r} of width {item_width}, "
+            f"but the user graph gives width {width}"
+        )
+    if [o.name for o in item.get_outputs()] != [spec.output]:
+        raise CheckError(
+            f"{item_path}: the item graph's outputs are {[o.name for o in item.get_outputs()]}, "
+            f"but model.toml declares exactly one, {spec.output!r}"
+        )
+    output = item.get_outputs()[0]
+    _check_outlet(item_path, "output", output, [] if len(output.shape) == 1 else [1])
+    _compare_split(item_path, model, tables, unsplit, user, item)
+    return user, item
+
+
+def _compare_split(
+    path: Path,
+    model: DeepFMToml,
+    tables: dict[str, Table],
+    unsplit: ort.InferenceSession,
+    user: ort.InferenceSession,
+    item: ort.InferenceSession,
+) -> None:
+    """Scores requests of random rows (user fields and dense features equal within a request) both ways."""
+    spec = model.dense_graph
+    rng = np.random.default_rng(0)
+    counts = list(SPLIT_SAMPLE)
+    rows = sum(counts)
+    starts = np.cumsum([0, *counts[:-1]])
+    request_of = np.repeat(np.arange(len(counts)), counts)
+    columns = []
+    for f in model.fields:
+        table = tables[f.table]
+        ids = rng.integers(0, table.spec.rows, size=rows if f.side == "item" else len(counts))
+        columns.append(gather(table, ids if f.side == "item" else ids[request_of]))
+    emb = np.ascontiguousarray(np.stack(columns, axis=1), dtype=np.float32)
+    dense = rng.standard_normal((len(counts), len(model.ranking.dense_features))).astype(np.float32)[request_of]
+    expected = run_graph(unsplit, model, emb, dense)
+    feeds = {spec.embeddings_input: emb[starts]}
+    if model.ranking.dense_features:
+        feeds[spec.dense_input] = dense[starts]
+    try:
+        state = user.run([spec.split.state], feeds)[0]
+        out = item.run(
+            [spec.output], {spec.embeddings_input: emb, spec.split.state: np.repeat(state, counts, axis=0)}
+        )[0]
+    except Exception as e:  # onnxruntime's run errors have several types
+        raise CheckError(f"{path}: running the split graph failed: {e}") from e
+    got = np.asarray(out, dtype=np.float64).reshape(rows, -1)[:, 0]
+    worst = float(np.max(np.abs(got - expected)))
+    if not worst <= SPLIT_TOLERANCE:
+        raise CheckError(
+            f"{path}: the user and item graphs of [dense_graph.split] do not compute the graph {spec.file}: "
+            f"scores of {rows} sample candidates differ by up to {worst:.3g} (allowed {SPLIT_TOLERANCE:g})"
+        )
+
+
 def run_graph(session: ort.InferenceSession, model: DeepFMToml, emb: np.ndarray, dense: np.ndarray) -> np.ndarray:
     """Probabilities [B] (float64) of gathered rows and raw dense features, as the server feeds the graph."""
     feeds = {model.dense_graph.embeddings_input: emb}
@@ -255,6 +374,8 @@ def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Vers
         raise CheckError(str(e)) from e
     session = open_graph(directory, model)
     _warm_up(directory / model.dense_graph.file, session, model, tables, sorted({1, max_candidates}))
+    if model.dense_graph.split is not None:
+        open_split(directory, model, tables, session)
     return Version(directory, model, tables, session)
 
 

@@ -4,13 +4,16 @@ repeated for the request's candidates, the item part on the whole batch)."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from conftest import criteo_params, random_inputs
 
-from recserve_models import deepfm, model_toml
+from recserve_models import check, deepfm, model_toml
+from recserve_models.commands import main
 from recserve_models.quantize import quantize_dense_graph
 from recserve_models.split_graph import USER_STATE, build_split_graph, split, state_width
 
@@ -116,3 +119,49 @@ def test_split_section_round_trips_through_model_toml(tmp_path, rng: np.random.G
     path.write_text(model_toml.to_toml(model).replace('item_file = "item.onnx"', 'item_file = "../x"'))
     with pytest.raises(model_toml.ModelTomlError, match="dense_graph.split.item_file"):
         model_toml.read(path)
+
+
+@pytest.fixture(scope="module")
+def split_repo(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("split")
+    main(["synth", "--preset", "realistic", "--out", str(out), "--max-rows", "2000", "--requests", "2", "--cases", "1", "--split"])
+    return out
+
+
+def _copy_version(split_repo, tmp_path, name: str):
+    root = tmp_path / "repo"
+    shutil.copytree(split_repo / name, root / name)
+    return root, root / name / "1"
+
+
+def test_check_opens_and_compares_the_split_parts_of_synth_s_versions(split_repo) -> None:
+    validation = check.validate(split_repo)
+    assert not validation.errors, validation.errors
+    assert {"realistic-int8-split", "realistic-fp32-split"} <= {m.name for m in validation.models}
+
+
+def test_check_refuses_split_parts_that_do_not_compute_the_graph(split_repo, tmp_path) -> None:
+    # The INT8 model's user part has the fp32 model's interface but a quantized state: scores move by ~1e-3.
+    root, version = _copy_version(split_repo, tmp_path, "realistic-fp32-split")
+    shutil.copy(split_repo / "realistic-int8-split" / "1" / "user.onnx", version / "user.onnx")
+    errors = check.validate(root).errors
+    assert len(errors) == 1 and "do not compute the graph dense.onnx" in errors[0], errors
+    assert "item.onnx" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "message"),
+    [
+        ("item.onnx", "user.onnx", "the user graph's inputs are ['embeddings', 'user_state']"),
+        ("user.onnx", "item.onnx", "the item graph's inputs are ['embeddings', 'dense']"),
+        (None, "item.onnx", "split graph file does not exist"),
+    ],
+)
+def test_check_refuses_split_parts_with_the_wrong_interface(split_repo, tmp_path, source, target, message) -> None:
+    root, version = _copy_version(split_repo, tmp_path, "realistic-int8-split")
+    if source is None:
+        (version / target).unlink()
+    else:
+        shutil.copy(version / source, version / target)
+    errors = check.validate(root).errors
+    assert len(errors) == 1 and message in errors[0] and target in errors[0], errors
