@@ -7,12 +7,16 @@
 # under the same open-loop load from recload, after checking that the peers' scores equal recserve's. Writes the
 # "Peer benchmark" section of docs/benchmarks.md (between its markers) and docs/peers-<precision>.svg.
 #
-# Usage: loadtest/peers/run.sh [--models DIR] [--fp32-model NAME] [--int8-model NAME] [--results DIR] [--quick]
+# Usage: loadtest/peers/run.sh [--models DIR] [--fp32-model NAME] [--int8-model NAME] [--results DIR] [--section NAME]
+#                              [--quick]
 #   --models DIR    model repository holding the two DeepFM models [default: models/demo (the trained demo models:
 #                   deepfm-fp32 and deepfm, its INT8 one), else the generated test repository
 #                   target/test-fixture/repo (deepfm-fp32 and deepfm-int8)]
 #   --fp32-model, --int8-model NAME   the models of that repository to serve [defaults as above]
 #   --results DIR   recload's JSON reports and the Triton model repository [default: target/peers]
+#   --section NAME  write a section of its own, "Peer benchmark (NAME)", and docs/peers-NAME-<precision>.svg, beside
+#                   the default section (the demo models'): e.g. `--section realistic` for the realistic benchmark
+#                   models (`--models target/bench-repo --fp32-model realistic-fp32 --int8-model realistic-int8`)
 #   --quick         short runs: a check that the script works end to end, not figures to publish
 # Environment (defaults in brackets):
 #   BENCH_NOTE            a warning printed above the figures, e.g. "Machine shared with concurrent builds: preliminary"
@@ -31,6 +35,7 @@ models=""
 fp32_model=""
 int8_model=""
 results=target/peers
+section=""
 quick=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,6 +43,7 @@ while [ $# -gt 0 ]; do
     --fp32-model) fp32_model=$2; shift 2 ;;
     --int8-model) int8_model=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
+    --section) section=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -52,6 +58,7 @@ done
 command_line+="loadtest/peers/run.sh${models:+ --models $models}${fp32_model:+ --fp32-model $fp32_model}"
 command_line+="${int8_model:+ --int8-model $int8_model}"
 [ "$results" = target/peers ] || command_line+=" --results $results"
+[ -z "$section" ] || command_line+=" --section $section"
 [ $quick = 1 ] && command_line+=" --quick"
 
 if [ $quick = 1 ]; then
@@ -76,6 +83,7 @@ precisions="fp32 int8"
 
 log() { echo "peers: $*" >&2; }
 die() { echo "peers: error: $*" >&2; exit 1; }
+[[ -z $section || $section =~ ^[a-z0-9-]+$ ]] || die "--section $section: use lowercase letters, digits and '-'"
 
 scripts/setup.sh
 # shellcheck source=../../scripts/env.sh
@@ -293,7 +301,7 @@ done
 for p in $precisions; do
   "$recload_bin" plot --title "DeepFM ($p), $CANDIDATES candidates per request: latency against throughput" \
     --out "$results/$p/latency.svg" $(for s in $systems; do echo "$results/$p/$s/sweep.json"; done)
-  cp "$results/$p/latency.svg" "docs/peers-$p.svg"
+  cp "$results/$p/latency.svg" "docs/peers-${section:+$section-}$p.svg"
 done
 
 # --- describe the run, write the section --------------------------------------------------------------------
@@ -373,5 +381,5 @@ print(json.dumps({
 }, indent=2))
 EOF
 
-"$recload_bin" peers-report --results "$results" --doc docs/benchmarks.md
-log "done: docs/benchmarks.md (peer-benchmark section), docs/peers-{fp32,int8}.svg; raw reports in $results"
+"$recload_bin" peers-report --results "$results" --doc docs/benchmarks.md ${section:+--section "$section"}
+log "done: docs/benchmarks.md (peer-benchmark section${section:+ $section}), docs/peers-${section:+$section-}{fp32,int8}.svg; raw reports in $results"

@@ -299,6 +299,10 @@ pub struct PeersReportArgs {
     /// Document whose peer-benchmark section is replaced (created when missing); '-' prints the section.
     #[arg(long, default_value = "docs/benchmarks.md")]
     pub doc: PathBuf,
+    /// A named section (e.g. `realistic`), with markers of its own, written beside the default one (the demo
+    /// models'); its plots are docs/peers-<name>-<precision>.svg.
+    #[arg(long)]
+    pub section: Option<String>,
 }
 
 impl TargetArgs {

@@ -8,7 +8,8 @@ use super::{CliError, PeersReportArgs};
 use crate::peers_doc;
 
 pub(super) fn peers_report_command(args: &PeersReportArgs) -> Result<(), CliError> {
-    let section = peers_doc::render(&args.results)?;
+    let which = peers_doc::Section::new(args.section.as_deref())?;
+    let section = peers_doc::render(&args.results, &which)?;
     if args.doc == Path::new("-") {
         print!("{section}");
         return Ok(());
@@ -18,7 +19,7 @@ pub(super) fn peers_report_command(args: &PeersReportArgs) -> Result<(), CliErro
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_owned(),
         Err(e) => return Err(io_error(&args.doc)(e)),
     };
-    write_out(&args.doc, &peers_doc::splice(&current, &section)?)?;
+    write_out(&args.doc, &peers_doc::splice(&current, &section, &which)?)?;
     println!("wrote the peer-benchmark section of {}", args.doc.display());
     Ok(())
 }
