@@ -17,7 +17,7 @@ use recload::ceiling::{self, CeilingOptions};
 use recload::check::{self, CheckError, ScoresFile};
 use recload::cli::{Cli, Command, build_workload, run_report};
 use recload::report::RunReport;
-use recload::target::{Envelope, HttpTarget, Target};
+use recload::target::{Envelope, HttpTarget, Target, TensorLayout};
 use recload::workload::IdDistribution;
 use recserve::config::ServeArgs;
 use recserve::server::Listeners;
@@ -289,6 +289,64 @@ async fn check_agrees_with_itself_and_tells_models_apart() {
         matches!(err, CheckError::Mismatch { sample: 0, .. }),
         "{err}"
     );
+    server.stop().await;
+}
+
+/// The same requests as `/v1` JSON and as the model's KServe v2 tensors in binary data (`--envelope
+/// kserve-v2-tensors`) get the same scores; and a run with that envelope is answered throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kserve_v2_tensors_score_as_the_v1_body_they_were_made_from() {
+    let server = start_recserve().await;
+    let url = format!("http://{}", server.addr);
+    let repo = fixture_repo();
+    let v1 = HttpTarget::new(&url, Envelope::None).await.expect("URL");
+    let found = recserve::repository::discover(&repo, &std::collections::HashMap::new())
+        .expect("the fixture repository");
+    for model in ["deepfm-int8", "deepfm-fp32"] {
+        let dir = &found.iter().find(|m| m.name == model).expect(model).dir;
+        let spec = recserve::repository::read_spec(dir).expect("model.toml");
+        let tensors = HttpTarget::new(
+            &url,
+            Envelope::KserveV2Tensors {
+                model: model.to_owned(),
+                layout: TensorLayout::from_spec(&spec),
+            },
+        )
+        .await
+        .expect("URL");
+        let cli = Cli::try_parse_from([
+            "recload", "check", "--url", &url, "--model", model, "--save", "x",
+        ])
+        .expect("valid flags");
+        let Command::Check(args) = cli.command else {
+            panic!("parsed as a check");
+        };
+        let (workload, _) = build_workload(&args.workload, &v1).await.expect("workload");
+        let requests = workload.pool(6, 3);
+        let want = check::collect(&v1, &requests).await.expect("v1 scores");
+        let got = check::collect(&tensors, &requests)
+            .await
+            .expect("tensor scores");
+        let saved = ScoresFile::new(v1.info(), &requests, want);
+        // The v1 path gathers a request's user rows once, the tensors' path once per row: the same rows, so the
+        // same scores up to the fp32 graph's rounding by batch size.
+        let agreement = saved.compare(&got, 1e-6).expect("the same scores");
+        assert_eq!(agreement.samples, 6, "{model}");
+    }
+    let repo = repo.display().to_string();
+    every_request_answered(
+        &server,
+        &[
+            "--model",
+            "deepfm-int8",
+            "--repository",
+            &repo,
+            "--envelope",
+            "kserve-v2-tensors",
+        ],
+        &["--closed", "--concurrency", "4", "--duration", "1s"],
+    )
+    .await;
     server.stop().await;
 }
 

@@ -20,8 +20,9 @@ pub struct TargetArgs {
     /// Server URL: http://host:port, optionally with a path prefix.
     #[arg(long, env = "RECLOAD_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
-    /// How the JSON body travels: as is, or as one BYTES tensor of a KServe v2 request (Triton Python-backend
-    /// models that parse recserve's /v1 JSON).
+    /// How the JSON body travels: as is, as one BYTES tensor of a KServe v2 request (Triton Python-backend
+    /// models that parse recserve's /v1 JSON), or rewritten into the DeepFM model's own KServe v2 tensors as binary
+    /// data (`kserve-v2-tensors`, rank workload, needs --repository for the tensors' column order).
     #[arg(long, env = "RECLOAD_ENVELOPE", value_enum, default_value_t = EnvelopeKind::None)]
     pub envelope: EnvelopeKind,
     /// KServe v2 model name [default: --model].
@@ -36,6 +37,7 @@ pub struct TargetArgs {
 pub enum EnvelopeKind {
     None,
     KserveV2Bytes,
+    KserveV2Tensors,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -308,20 +310,41 @@ pub struct PeersReportArgs {
 impl TargetArgs {
     /// How bodies travel: a KServe v2 envelope needs a model name, from --v2-model or else --model.
     pub(super) fn envelope(&self, workload: &WorkloadArgs) -> Result<Envelope, CliError> {
+        let v2_model = |flag: &str| {
+            self.v2_model
+                .clone()
+                .or_else(|| workload.model.clone())
+                .ok_or_else(|| {
+                    CliError::Usage(format!("--envelope {flag} needs --v2-model or --model"))
+                })
+        };
         Ok(match self.envelope {
             EnvelopeKind::None => Envelope::None,
             EnvelopeKind::KserveV2Bytes => Envelope::KserveV2Bytes {
-                model: self
-                    .v2_model
-                    .clone()
-                    .or_else(|| workload.model.clone())
-                    .ok_or_else(|| {
-                        CliError::Usage(
-                            "--envelope kserve-v2-bytes needs --v2-model or --model".to_owned(),
-                        )
-                    })?,
+                model: v2_model("kserve-v2-bytes")?,
                 input: self.v2_input.clone(),
             },
+            EnvelopeKind::KserveV2Tensors => {
+                if workload.workload != WorkloadKind::Rank {
+                    return Err(CliError::Usage(
+                        "--envelope kserve-v2-tensors carries ranking requests: use --workload rank"
+                            .to_owned(),
+                    ));
+                }
+                let model = v2_model("kserve-v2-tensors")?;
+                let repo = workload.repository.as_deref().ok_or_else(|| {
+                    CliError::Usage(
+                        "--envelope kserve-v2-tensors needs --repository DIR: the `categorical` tensor's \
+                         columns are the model.toml's [[fields]] in order"
+                            .to_owned(),
+                    )
+                })?;
+                let layout = super::schema::tensor_layout(
+                    repo,
+                    workload.model.as_deref().unwrap_or(&model),
+                )?;
+                Envelope::KserveV2Tensors { model, layout }
+            }
         })
     }
 }

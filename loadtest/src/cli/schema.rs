@@ -6,10 +6,10 @@
 use std::path::Path;
 
 use super::CliError;
-use crate::target::{HttpTarget, Target};
+use crate::target::{HttpTarget, Target, TensorLayout};
 use crate::workload::RankSchema;
 
-pub(super) fn schema_from_repository(repo: &Path, model: &str) -> Result<RankSchema, CliError> {
+fn read_model_spec(repo: &Path, model: &str) -> Result<recserve::repository::ModelSpec, CliError> {
     let describe = |problem: String| CliError::Describe {
         what: format!("--repository {}", repo.display()),
         problem,
@@ -20,8 +20,23 @@ pub(super) fn schema_from_repository(repo: &Path, model: &str) -> Result<RankSch
         .iter()
         .find(|m| m.name == model)
         .ok_or_else(|| describe(format!("holds no model {model:?}")))?;
-    let spec = recserve::repository::read_spec(&mv.dir).map_err(|e| describe(e.to_string()))?;
-    Ok(RankSchema::from_spec(model, &spec)?)
+    recserve::repository::read_spec(&mv.dir).map_err(|e| describe(e.to_string()))
+}
+
+pub(super) fn schema_from_repository(repo: &Path, model: &str) -> Result<RankSchema, CliError> {
+    Ok(RankSchema::from_spec(
+        model,
+        &read_model_spec(repo, model)?,
+    )?)
+}
+
+/// The columns of `model`'s KServe v2 tensors, from its `model.toml` (`[[fields]]` order, which `GET /v1/models`
+/// does not give).
+pub(super) fn tensor_layout(repo: &Path, model: &str) -> Result<TensorLayout, CliError> {
+    let spec = read_model_spec(repo, model)?;
+    // The same check as the workload's, so a recall model is refused naming the flag here too.
+    RankSchema::from_spec(model, &spec)?;
+    Ok(TensorLayout::from_spec(&spec))
 }
 
 pub(super) async fn schema_from_server(

@@ -2,7 +2,9 @@
 //! of sockets), `TCP_NODELAY`, bodies prepared before the run. Two envelopes: the body as is (recserve's `/v1`
 //! JSON, and any server that accepts it), or the same JSON wrapped as one `BYTES` tensor of a KServe v2 inference
 //! request with Triton's binary tensor data extension (the JSON bytes follow the request header unchanged), which
-//! is how a Triton Python-backend model receives the very same body.
+//! is how a Triton Python-backend model receives the very same body. Or the same ranking request rewritten into a
+//! DeepFM model's own KServe v2 tensors (`categorical` INT64, `dense` FP32) as binary tensor data: the request
+//! without any JSON to decode but a short header, what a client that speaks tensors sends.
 
 use std::net::SocketAddr;
 
@@ -27,6 +29,36 @@ pub enum Envelope {
     /// `POST <url>/v2/models/<model>/infer`: a KServe v2 request whose one input, `input`, is a `BYTES` tensor of
     /// shape `[1, 1]` holding the JSON body, sent as binary tensor data.
     KserveV2Bytes { model: String, input: String },
+    /// `POST <url>/v2/models/<model>/infer`: a `/v1` rank body rewritten into the model's tensors, sent as binary
+    /// tensor data (docs/api.md, "Tensor contract per model kind").
+    KserveV2Tensors { model: String, layout: TensorLayout },
+}
+
+/// The columns of a DeepFM model's KServe v2 tensors, from its `model.toml`: `categorical` INT64 `[N, fields]` (a
+/// row per candidate: its item fields, the request's user fields), `dense` FP32 `[N, dense]` (the request's
+/// `user.dense` on every row).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// Field names in `[[fields]]` order: the columns of `categorical`.
+    pub fields: Vec<String>,
+    /// The item-side field that a candidate's `id` feeds.
+    pub item_id_field: Option<String>,
+    /// Dense features per row.
+    pub dense: usize,
+}
+
+impl TensorLayout {
+    /// The layout of a DeepFM model's tensors, as its `model.toml` declares them.
+    pub fn from_spec(spec: &recserve::repository::ModelSpec) -> TensorLayout {
+        let ranking = spec.ranking.as_ref();
+        TensorLayout {
+            fields: spec.fields.iter().map(|f| f.name.clone()).collect(),
+            item_id_field: ranking
+                .and_then(|r| r.item_id_field)
+                .map(|f| spec.fields[f].name.clone()),
+            dense: ranking.map_or(0, |r| r.dense_features.len()),
+        }
+    }
 }
 
 /// A target URL that cannot be used.
@@ -194,6 +226,86 @@ pub fn kserve_v2_bytes(input: &str, payload: &[u8]) -> (Bytes, usize) {
     (body.freeze(), header.len())
 }
 
+/// `body`, a `/v1` rank request, as a KServe v2 inference request of `layout`'s tensors in binary tensor data:
+/// the body and the length of its JSON header.
+pub fn kserve_v2_tensors(layout: &TensorLayout, body: &[u8]) -> Result<(Bytes, usize), String> {
+    use serde_json::Value;
+    let request: Value =
+        serde_json::from_slice(body).map_err(|e| format!("not a /v1 rank body: {e}"))?;
+    let empty = serde_json::Map::new();
+    let user = request.get("user");
+    let user_fields = user
+        .and_then(|u| u.get("fields"))
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let candidates = request
+        .get("candidates")
+        .and_then(Value::as_array)
+        .ok_or("the body has no candidates array")?;
+    let dense: Vec<f32> = match user.and_then(|u| u.get("dense")) {
+        None if layout.dense == 0 => Vec::new(),
+        None => return Err("the body has no user.dense".to_owned()),
+        Some(values) => values
+            .as_array()
+            .ok_or("user.dense is not an array")?
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32))
+            .collect::<Option<_>>()
+            .ok_or("user.dense holds a value that is not a number")?,
+    };
+    if dense.len() != layout.dense {
+        return Err(format!(
+            "user.dense holds {} values, the model {}",
+            dense.len(),
+            layout.dense
+        ));
+    }
+    let rows = candidates.len();
+    let (ids_bytes, dense_bytes) = (rows * layout.fields.len() * 8, rows * layout.dense * 4);
+    let mut data = BytesMut::with_capacity(ids_bytes + dense_bytes);
+    for (i, candidate) in candidates.iter().enumerate() {
+        let own = candidate
+            .get("fields")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        for field in &layout.fields {
+            let id = if layout.item_id_field.as_ref() == Some(field) {
+                candidate.get("id")
+            } else {
+                own.get(field).or_else(|| user_fields.get(field))
+            };
+            let id = id
+                .and_then(Value::as_i64)
+                .ok_or_else(|| format!("candidates[{i}] has no integer id for field {field:?}"))?;
+            data.put_i64_le(id);
+        }
+    }
+    for _ in 0..rows {
+        for &x in &dense {
+            data.put_f32_le(x);
+        }
+    }
+    let mut inputs = vec![json!({
+        "name": "categorical",
+        "shape": [rows, layout.fields.len()],
+        "datatype": "INT64",
+        "parameters": {"binary_data_size": ids_bytes},
+    })];
+    if layout.dense > 0 {
+        inputs.push(json!({
+            "name": "dense",
+            "shape": [rows, layout.dense],
+            "datatype": "FP32",
+            "parameters": {"binary_data_size": dense_bytes},
+        }));
+    }
+    let header = json!({ "inputs": inputs }).to_string();
+    let mut out = BytesMut::with_capacity(header.len() + data.len());
+    out.put_slice(header.as_bytes());
+    out.put_slice(&data);
+    Ok((out.freeze(), header.len()))
+}
+
 impl Target for HttpTarget {
     type Conn = HttpConn;
     type Prepared = HttpRequest;
@@ -210,6 +322,11 @@ impl Target for HttpTarget {
                 protocol: "kserve-v2-bytes".to_owned(),
                 v2_model: Some(model.clone()),
             },
+            Envelope::KserveV2Tensors { model, .. } => TargetInfo {
+                url: self.url.clone(),
+                protocol: "kserve-v2-tensors".to_owned(),
+                v2_model: Some(model.clone()),
+            },
         }
     }
 
@@ -224,6 +341,18 @@ impl Target for HttpTarget {
             ),
             Envelope::KserveV2Bytes { model, input } => {
                 let (body, header) = kserve_v2_bytes(input, &request.body);
+                (
+                    format!("{}/v2/models/{model}/infer", self.prefix),
+                    body,
+                    HeaderValue::from_static("application/octet-stream"),
+                    Some(HeaderValue::from(header)),
+                )
+            }
+            Envelope::KserveV2Tensors { model, layout } => {
+                // The bodies come from recload's own rank workload, which writes every field the model.toml
+                // this layout was read from declares: a body that does not convert is a bug, found before the run.
+                let (body, header) = kserve_v2_tensors(layout, &request.body)
+                    .unwrap_or_else(|e| panic!("a rank body recload generated: {e}"));
                 (
                     format!("{}/v2/models/{model}/infer", self.prefix),
                     body,
@@ -293,7 +422,7 @@ impl Target for HttpTarget {
     fn rank_scores(&self, answer: &[u8]) -> Result<Vec<f32>, String> {
         match &self.envelope {
             Envelope::None => v1_scores(answer),
-            Envelope::KserveV2Bytes { .. } => v2_scores(answer),
+            Envelope::KserveV2Bytes { .. } | Envelope::KserveV2Tensors { .. } => v2_scores(answer),
         }
     }
 }
@@ -362,6 +491,61 @@ mod tests {
         );
         assert_eq!(len as usize, payload.len());
         assert_eq!(&body[header_len + 4..], payload);
+    }
+
+    #[test]
+    fn a_rank_body_becomes_the_model_s_tensors_row_by_row_in_field_order() {
+        // Field order interleaves the sides, as model.toml may; the id field is in the middle.
+        let layout = TensorLayout {
+            fields: ["u1", "item", "i1", "u2"].map(String::from).to_vec(),
+            item_id_field: Some("item".to_owned()),
+            dense: 2,
+        };
+        let body = br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1.5,-2]},
+            "candidates":[{"id":10,"fields":{"i1":100}},{"id":11,"fields":{"i1":101}}]}"#;
+        let (bytes, header_len) = kserve_v2_tensors(&layout, body).expect("converted");
+        let header: serde_json::Value =
+            serde_json::from_slice(&bytes[..header_len]).expect("the header is JSON");
+        assert_eq!(header["inputs"][0]["name"], "categorical");
+        assert_eq!(header["inputs"][0]["datatype"], "INT64");
+        assert_eq!(header["inputs"][0]["shape"], json!([2, 4]));
+        assert_eq!(header["inputs"][0]["parameters"]["binary_data_size"], 64);
+        assert_eq!(header["inputs"][1]["name"], "dense");
+        assert_eq!(header["inputs"][1]["shape"], json!([2, 2]));
+        assert_eq!(header["inputs"][1]["parameters"]["binary_data_size"], 16);
+        let data = &bytes[header_len..];
+        assert_eq!(data.len(), 64 + 16);
+        let ids: Vec<i64> = data[..64]
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        assert_eq!(ids, [5, 10, 100, 6, 5, 11, 101, 6]);
+        let dense: Vec<f32> = data[64..]
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        assert_eq!(dense, [1.5, -2.0, 1.5, -2.0]);
+
+        let no_dense = TensorLayout {
+            dense: 0,
+            ..layout.clone()
+        };
+        let (bytes, header_len) = kserve_v2_tensors(
+            &no_dense,
+            br#"{"user":{"fields":{"u1":5,"u2":6}},"candidates":[{"id":1,"fields":{"i1":2}}]}"#,
+        )
+        .expect("converted");
+        let header: serde_json::Value = serde_json::from_slice(&bytes[..header_len]).expect("JSON");
+        assert_eq!(header["inputs"].as_array().map(Vec::len), Some(1));
+        for (bad, problem) in [
+            (&br#"{"user":{"fields":{"u1":5},"dense":[1,2]},"candidates":[{"id":1,"fields":{"i1":2}}]}"#[..], "field \"u2\""),
+            (br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1]},"candidates":[]}"#, "holds 1 values"),
+            (br#"{"user":{"fields":{}}}"#, "no candidates"),
+            (b"[", "not a /v1 rank body"),
+        ] {
+            let err = kserve_v2_tensors(&layout, bad).expect_err("refused");
+            assert!(err.contains(problem), "{err}");
+        }
     }
 
     #[test]

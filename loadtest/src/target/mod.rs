@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::ErrorKind;
 use crate::workload::Request;
 
-pub use http::{Envelope, HttpTarget};
+pub use http::{Envelope, HttpTarget, TensorLayout};
 
 /// Why one request failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -50,7 +50,8 @@ impl Failure {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetInfo {
     pub url: String,
-    /// `http-json` (the body as the workload made it), or `kserve-v2-bytes` (wrapped in a KServe v2 request).
+    /// `http-json` (the body as the workload made it), `kserve-v2-bytes` (wrapped in a KServe v2 request) or
+    /// `kserve-v2-tensors` (rewritten into the model's KServe v2 tensors).
     pub protocol: String,
     /// The KServe v2 model the body is sent to, for `kserve-v2-bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
