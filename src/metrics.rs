@@ -70,6 +70,7 @@ pub struct Metrics {
     tier_fetch_duration: HistogramVec,
     tier_rows_fetched: IntCounterVec,
     tier_errors: IntCounterVec,
+    tier_open_groups: IntGaugeVec,
     unfetched_default: IntCounterVec,
     update_visible: HistogramVec,
     update_entries: IntCounterVec,
@@ -334,8 +335,15 @@ impl Metrics {
             tier_errors: counter(
                 "recserve_embedding_tier_errors_total",
                 "Rows not fetched from the Redis tier, by why: timeout (the batch's deadline came first), \
-                 connection, server (an error reply), missing (no such key), bad_row (wrong length).",
+                 connection, server (an error reply), missing (no such key), bad_row (wrong length), skipped (not \
+                 asked: their hash-tag group failed recently and its breaker is open).",
                 &["model", "kind"],
+            ),
+            tier_open_groups: gauge(
+                "recserve_embedding_tier_open_groups",
+                "Hash-tag groups of the Redis tier whose breaker is open: their rows are not fetched (one probe per \
+                 backoff) and follow their table's unfetched policy.",
+                &["model"],
             ),
             unfetched_default: counter(
                 "recserve_embedding_unfetched_default_total",
@@ -373,7 +381,7 @@ impl Metrics {
                 &["model"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 48] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 49] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -416,6 +424,7 @@ impl Metrics {
             Box::new(m.tier_fetch_duration.clone()),
             Box::new(m.tier_rows_fetched.clone()),
             Box::new(m.tier_errors.clone()),
+            Box::new(m.tier_open_groups.clone()),
             Box::new(m.unfetched_default.clone()),
             Box::new(m.update_visible.clone()),
             Box::new(m.update_entries.clone()),
@@ -519,6 +528,7 @@ impl Metrics {
             rows_fetched: self.tier_rows_fetched.with_label_values(&[model]),
             failures: FetchFailure::ALL
                 .map(|f| self.tier_errors.with_label_values(&[model, f.as_str()])),
+            open_groups: self.tier_open_groups.with_label_values(&[model]),
             cache: crate::embedding::remote::cache::CacheMetrics {
                 evictions: self.cache_evictions.with_label_values(&[model]),
                 bytes: self.cache_bytes.with_label_values(&[model]),

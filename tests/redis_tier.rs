@@ -239,12 +239,9 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Slow nodes, then a master killed by PID, under a table policy of default rows: every request is answered
-/// (cached rows, default rows for the rest) without waiting past its deadline, the replica takes over, and the
-/// client fetches from it without a restart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_client_follows_the_failover()
- {
+/// A cluster of the test's own, the demo DeepFM published to it as model `faults` with every table
+/// `unfetched = "default_row"`, a server of it, and the demo's rank request.
+async fn faults() -> (OwnCluster, tempfile::TempDir, TestServer, Value) {
     let own = OwnCluster::start();
     let repository = tempfile::tempdir().expect("tempdir");
     redis_model_on(
@@ -261,6 +258,16 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
         &std::fs::read_to_string(root.join("models/demo/rank-request.json")).expect("request"),
     )
     .expect("json");
+    (own, repository, server, request)
+}
+
+/// Slow nodes, then a master killed by PID, under a table policy of default rows: every request is answered
+/// (cached rows, default rows for the rest) without waiting past its deadline, the replica takes over, and the
+/// client fetches from it without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_client_follows_the_failover()
+ {
+    let (own, _repository, server, request) = faults().await;
     let rank = |body: Value, deadline_ms: u64| {
         let client = server.client.clone();
         let url = server.url("/v1/models/faults/rank");
@@ -372,5 +379,136 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
     let recovered =
         recovered.expect("the client never fetched without errors after the failover (30 s)");
     assert!(recovered > std::time::Duration::ZERO);
+    server.stop().await.expect("clean shutdown");
+}
+
+/// A master stopped by SIGSTOP (its connections stay open, nothing answers): the first batch that misses rows of
+/// its hash-tag groups waits `--redis-fetch-timeout-ms` for them and opens those groups' breakers; later batches do
+/// not ask for them (`skipped`), so no batch waits for the stopped node again, and every request is answered with
+/// default rows for them. When the node continues, the probes close the breakers without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it_back() {
+    let (own, _repository, server, request) = faults().await;
+    let rank = |body: &Value| {
+        let client = server.client.clone();
+        let url = server.url("/v1/models/faults/rank");
+        let body = body.to_string();
+        async move {
+            let response = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("x-recserve-deadline-ms", "2000")
+                .body(body)
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("json");
+            (status, body)
+        }
+    };
+    let (status, body) = rank(&request).await;
+    assert_eq!(status, 200, "{body}");
+
+    // The request asks for row 105 of C1 (not cached yet); its victim is the master that holds that row.
+    let fresh_body = fresh(&request, 100);
+    use recserve::embedding::remote::redis::row_key;
+    let key = row_key("faults", 1, 64, "C1", 105);
+    let victim = own
+        .masters()
+        .into_iter()
+        .find(|p| own.cli(p, &["EXISTS", &key]).trim() == "1")
+        .expect("a master holds the row");
+    let pid = std::fs::read_to_string(own.dir.path().join(format!("{victim}.pid")))
+        .expect("pid file")
+        .trim()
+        .to_owned();
+    let signal = |name: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([name, &pid])
+                .status()
+                .expect("kill")
+                .success()
+        )
+    };
+    let metric = |metrics: &str, name: &str| sample(metrics, name);
+    signal("-STOP");
+    let (status, body) = rank(&fresh_body).await;
+    let (_, first) = server.get("/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    let timeouts = metric(
+        &first,
+        "recserve_embedding_tier_errors_total{kind=\"timeout\"",
+    );
+    let skipped = metric(
+        &first,
+        "recserve_embedding_tier_errors_total{kind=\"skipped\"",
+    );
+    let open = metric(&first, "recserve_embedding_tier_open_groups");
+    assert!(
+        timeouts >= 1.0 && open >= 1.0,
+        "the first batch waited for the stopped node: {timeouts} rows timed out, {open} groups open"
+    );
+    // Quickly, well inside the cluster's 2 s node timeout, so that no failover changes the picture.
+    let again = 10;
+    for _ in 0..again {
+        let (status, body) = rank(&fresh_body).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, later) = server.get("/metrics").await;
+    signal("-CONT");
+    assert_eq!(
+        metric(
+            &later,
+            "recserve_embedding_tier_errors_total{kind=\"timeout\""
+        ),
+        timeouts,
+        "a batch after the first waited for the stopped node"
+    );
+    let skipped_later = metric(
+        &later,
+        "recserve_embedding_tier_errors_total{kind=\"skipped\"",
+    );
+    assert!(
+        skipped_later >= skipped + f64::from(again),
+        "each later batch skips the open groups' rows: {skipped} then {skipped_later}"
+    );
+    assert!(metric(&later, "recserve_embedding_unfetched_default_total") >= f64::from(again));
+    eprintln!(
+        "stopped master {victim}: the first batch timed out on {timeouts} rows and opened {open} groups; \
+         {again} more batches skipped {} rows without waiting",
+        skipped_later - skipped
+    );
+
+    // Continued: batches that meet an open group let a probe through once per backoff (at most 1 s), and its
+    // answer closes the group.
+    let continued = std::time::Instant::now();
+    let mut closed = None;
+    while continued.elapsed() < std::time::Duration::from_secs(30) {
+        let (status, body) = rank(&fresh_body).await;
+        assert_eq!(status, 200, "{body}");
+        let (_, metrics) = server.get("/metrics").await;
+        if metric(&metrics, "recserve_embedding_tier_open_groups") == 0.0 {
+            closed = Some(continued.elapsed());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let closed = closed.expect("the breakers did not close within 30 s of the node continuing");
+    let (_, before) = server.get("/metrics").await;
+    let (status, body) = rank(&fresh(&request, 200)).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, after) = server.get("/metrics").await;
+    assert_eq!(
+        metric(&after, "recserve_embedding_tier_errors_total"),
+        metric(&before, "recserve_embedding_tier_errors_total"),
+        "rows are fetched without errors once the breakers closed"
+    );
+    assert!(
+        metric(&after, "recserve_embedding_tier_rows_fetched_total")
+            > metric(&before, "recserve_embedding_tier_rows_fetched_total")
+    );
+    eprintln!("the node continued: every breaker closed {closed:?} later");
     server.stop().await.expect("clean shutdown");
 }

@@ -15,6 +15,7 @@
 //! waiting but needs the rows pinned in the cache from that fetch to the gather, and a batch would make one round
 //! trip per request instead of one per batch.
 
+pub mod breaker;
 pub mod cache;
 pub mod redis;
 pub mod updates;
@@ -24,10 +25,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use prometheus::{Histogram, IntCounter};
+use prometheus::{Histogram, IntCounter, IntGauge};
 
+use self::breaker::{Admit, Breakers, Outcome};
 use self::cache::{CacheMetrics, RowCache};
-use self::redis::{FetchFailure, RedisCluster};
+use self::redis::{FetchFailure, GroupAnswer, RedisCluster};
 use self::updates::{Follow, Follower, UpdateMetrics, UpdatedTables};
 use super::cpu::{decode_row, resolve_row};
 use super::{EmbeddingStore, GatherError, ShardLayout, TableBytes, check_gather_shape};
@@ -82,7 +84,9 @@ pub struct TierMetrics {
     pub fetch_duration: Histogram,
     pub rows_fetched: IntCounter,
     /// Rows not fetched, by [`FetchFailure::ALL`] order.
-    pub failures: [IntCounter; 5],
+    pub failures: [IntCounter; 6],
+    /// Hash-tag groups whose breaker is open.
+    pub open_groups: IntGauge,
     pub cache: CacheMetrics,
     /// Following the version's update stream.
     pub updates: UpdateMetrics,
@@ -124,6 +128,8 @@ struct Remote {
     fetch_timeout: Duration,
     /// Shared with the [`Follower`], which drops updated rows from it.
     cache: Arc<RowCache>,
+    /// One per group; shared with the probes in flight.
+    breakers: Arc<Breakers>,
     metrics: TierMetrics,
 }
 
@@ -139,6 +145,9 @@ pub struct TieredStore {
     /// Follows the version's update stream while the store lives (stopped when it is dropped).
     _follower: Follower,
 }
+
+/// The most hash-tag groups a version may have: Redis Cluster's slots (more would share slots anyway).
+const MAX_GROUPS: u64 = 16384;
 
 /// How long a load may wait for the default rows.
 const LOAD_BUDGET: Duration = Duration::from_secs(10);
@@ -183,8 +192,12 @@ impl TieredStore {
         let groups = marker
             .get("groups")
             .and_then(|g| g.parse::<u64>().ok())
-            .filter(|&g| g > 0)
-            .ok_or_else(|| fail(format!("{marker_key} has no valid `groups` field")))?;
+            .filter(|g| (1..=MAX_GROUPS).contains(g))
+            .ok_or_else(|| {
+                fail(format!(
+                    "{marker_key} has no valid `groups` field (1 to {MAX_GROUPS})"
+                ))
+            })?;
         for (spec, source) in specs.iter().zip(&sources) {
             if let TableSource::Redis { .. } = source {
                 let published = marker.get(&format!("rows:{}", spec.name));
@@ -239,6 +252,7 @@ impl TieredStore {
         .map_err(&fail)?;
         let remote = Remote {
             fetch_timeout: tier.fetch_timeout,
+            breakers: Arc::new(Breakers::new(groups as usize, metrics.open_groups.clone())),
             cache,
             cluster,
             model: model.to_owned(),
@@ -264,7 +278,8 @@ impl TieredStore {
                 } => {
                     let default_row = match (unfetched, store.specs[t].oov) {
                         (Unfetched::DefaultRow, crate::repository::OovPolicy::Default { row }) => {
-                            let fetched = store.fetch(&[(t, row)], Instant::now() + LOAD_BUDGET);
+                            let fetched =
+                                store.fetch(&[(t, row)], Instant::now() + LOAD_BUDGET, LOAD_BUDGET);
                             match fetched.into_iter().next() {
                                 Some(Ok(bytes)) => Some(bytes),
                                 Some(Err(failure)) => {
@@ -290,70 +305,115 @@ impl TieredStore {
         Ok(store)
     }
 
-    /// Fetches rows `(table, row)` (distinct) until `deadline`, caching those that came; one answer per row.
-    fn fetch(&self, rows: &[(usize, u64)], deadline: Instant) -> Vec<Result<Bytes, FetchFailure>> {
+    /// Fetches rows `(table, row)` (distinct) until `deadline` and `budget` from now at most, caching those that
+    /// came; one answer per row. Rows of groups whose breaker is open are not waited for ([`breaker`]).
+    fn fetch(
+        &self,
+        rows: &[(usize, u64)],
+        deadline: Instant,
+        budget: Duration,
+    ) -> Vec<Result<Bytes, FetchFailure>> {
         let remote = &self.remote;
         let started = Instant::now();
+        let until = deadline.min(started + budget);
+        // A timeout within a budget that a request's deadline cut short says nothing about the node.
+        let full_budget = deadline >= started + budget;
         // Rows by hash-tag group, each group one MGET.
         let mut by_group: HashMap<u64, Vec<usize>> = HashMap::new();
         for (i, &(_, row)) in rows.iter().enumerate() {
             by_group.entry(row % remote.groups).or_default().push(i);
         }
-        let members: Vec<Vec<usize>> = by_group.into_values().collect();
         // Noted before the MGETs go out: a row updated meanwhile is used by this batch but not cached.
         let epochs: Vec<u64> = rows
             .iter()
             .map(|&(t, row)| remote.cache.epoch(cache::key(t, row)))
             .collect();
-        let groups = members
-            .iter()
-            .map(|member| {
-                member
-                    .iter()
-                    .map(|&i| {
-                        let (t, row) = rows[i];
-                        redis::row_key(
-                            &remote.model,
-                            remote.version,
-                            remote.groups,
-                            &self.specs[t].name,
-                            row,
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        let answers = remote.cluster.fetch(groups, deadline);
-        let mut out = vec![Err(FetchFailure::Timeout); rows.len()];
-        for (member, answer) in members.iter().zip(answers) {
-            match answer {
-                Ok(values) => {
-                    for (&i, value) in member.iter().zip(values) {
-                        let (t, row) = rows[i];
-                        out[i] = match value {
-                            None => Err(FetchFailure::Missing),
-                            Some(v) if v.len() != self.row_bytes[t] => Err(FetchFailure::BadRow),
-                            Some(v) => {
-                                let bytes = Bytes::from(v);
-                                remote.cache.insert_if_current(
-                                    cache::key(t, row),
-                                    bytes.clone(),
-                                    epochs[i],
-                                );
-                                Ok(bytes)
+        let keys = |member: &[usize]| -> Vec<String> {
+            member
+                .iter()
+                .map(|&i| {
+                    let (t, row) = rows[i];
+                    redis::row_key(
+                        &remote.model,
+                        remote.version,
+                        remote.groups,
+                        &self.specs[t].name,
+                        row,
+                    )
+                })
+                .collect()
+        };
+        let mut out = vec![Err(FetchFailure::Skipped); rows.len()];
+        let mut fetched: Vec<(usize, Vec<usize>)> = Vec::with_capacity(by_group.len());
+        for (group, member) in by_group {
+            let group = group as usize;
+            match remote.breakers.admit(group, started) {
+                Admit::Fetch => fetched.push((group, member)),
+                Admit::Skip => {}
+                Admit::Probe => {
+                    let arrival = Arrival {
+                        cache: Arc::clone(&remote.cache),
+                        metrics: remote.metrics.clone(),
+                        rows: member
+                            .iter()
+                            .map(|&i| {
+                                let (t, row) = rows[i];
+                                (cache::key(t, row), self.row_bytes[t], epochs[i])
+                            })
+                            .collect(),
+                    };
+                    let breakers = Arc::clone(&remote.breakers);
+                    remote
+                        .cluster
+                        .probe(keys(&member), remote.fetch_timeout, move |answer| {
+                            let outcome = outcome(&answer, true);
+                            if let Ok(values) = answer {
+                                arrival.store(values);
                             }
-                        };
-                    }
-                }
-                Err(failure) => {
-                    for &i in member {
-                        out[i] = Err(failure);
-                    }
+                            breakers.probed(group, outcome, Instant::now());
+                        });
                 }
             }
         }
         let m = &remote.metrics;
-        m.fetch_duration.observe(started.elapsed().as_secs_f64());
+        if !fetched.is_empty() {
+            let groups = fetched.iter().map(|(_, member)| keys(member)).collect();
+            let answers = remote.cluster.fetch(groups, until);
+            let now = Instant::now();
+            for ((group, member), answer) in fetched.iter().zip(answers) {
+                remote
+                    .breakers
+                    .fetched(*group, outcome(&answer, full_budget), now);
+                match answer {
+                    Ok(values) => {
+                        for (&i, value) in member.iter().zip(values) {
+                            let (t, row) = rows[i];
+                            out[i] = match value {
+                                None => Err(FetchFailure::Missing),
+                                Some(v) if v.len() != self.row_bytes[t] => {
+                                    Err(FetchFailure::BadRow)
+                                }
+                                Some(v) => {
+                                    let bytes = Bytes::from(v);
+                                    remote.cache.insert_if_current(
+                                        cache::key(t, row),
+                                        bytes.clone(),
+                                        epochs[i],
+                                    );
+                                    Ok(bytes)
+                                }
+                            };
+                        }
+                    }
+                    Err(failure) => {
+                        for &i in member {
+                            out[i] = Err(failure);
+                        }
+                    }
+                }
+            }
+            m.fetch_duration.observe(started.elapsed().as_secs_f64());
+        }
         for result in &out {
             match result {
                 Ok(_) => m.rows_fetched.inc(),
@@ -362,6 +422,40 @@ impl TieredStore {
         }
         remote.cache.report();
         out
+    }
+}
+
+/// How a group's answer counts for its breaker; `full_budget`: it was given the whole `--redis-fetch-timeout-ms`.
+fn outcome(answer: &GroupAnswer, full_budget: bool) -> Outcome {
+    match answer {
+        Ok(_) => Outcome::Answered,
+        Err(FetchFailure::Timeout) if !full_budget => Outcome::Unknown,
+        Err(_) => Outcome::Failed,
+    }
+}
+
+/// Where a probe's rows go when it is answered, on the Redis client's thread: into the cache (unless updated
+/// meanwhile), counted as fetched. The batch that sent it did not wait and read its `unfetched` policy.
+struct Arrival {
+    cache: Arc<RowCache>,
+    metrics: TierMetrics,
+    /// Per key of the MGET: the cache key, the table's row length, the row's epoch when the probe went out.
+    rows: Vec<(u64, usize, u64)>,
+}
+
+impl Arrival {
+    fn store(&self, values: Vec<Option<Vec<u8>>>) {
+        for (&(key, len, epoch), value) in self.rows.iter().zip(values) {
+            match value {
+                Some(v) if v.len() == len => {
+                    self.cache.insert_if_current(key, Bytes::from(v), epoch);
+                    self.metrics.rows_fetched.inc();
+                }
+                Some(_) => self.metrics.failures[failure_index(FetchFailure::BadRow)].inc(),
+                None => self.metrics.failures[failure_index(FetchFailure::Missing)].inc(),
+            }
+        }
+        self.cache.report();
     }
 }
 
@@ -436,7 +530,7 @@ impl EmbeddingStore for TieredStore {
         let fetched = if misses.is_empty() {
             Vec::new()
         } else {
-            self.fetch(&misses, deadline.min(Instant::now() + remote.fetch_timeout))
+            self.fetch(&misses, deadline, remote.fetch_timeout)
         };
         for (p, (slot, dst)) in slots.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             let t = fields[p % nf];

@@ -47,15 +47,18 @@ pub enum FetchFailure {
     Missing,
     /// The value's length is not the table's row length.
     BadRow,
+    /// Not asked for: its hash-tag group failed recently and its breaker is open ([`super::breaker`]).
+    Skipped,
 }
 
 impl FetchFailure {
-    pub const ALL: [FetchFailure; 5] = [
+    pub const ALL: [FetchFailure; 6] = [
         FetchFailure::Timeout,
         FetchFailure::Connection,
         FetchFailure::Server,
         FetchFailure::Missing,
         FetchFailure::BadRow,
+        FetchFailure::Skipped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +68,7 @@ impl FetchFailure {
             FetchFailure::Server => "server",
             FetchFailure::Missing => "missing",
             FetchFailure::BadRow => "bad_row",
+            FetchFailure::Skipped => "skipped",
         }
     }
 
@@ -215,24 +219,43 @@ impl RedisCluster {
         }
         let connection = self.connection.clone();
         let until = tokio::time::Instant::from_std(deadline);
-        let requests = groups.into_iter().map(move |keys| {
-            let mut connection = connection.clone();
-            async move {
-                let mut cmd = redis::cmd("MGET");
-                cmd.arg(&keys);
-                let mget = cmd.query_async::<Vec<Option<Vec<u8>>>>(&mut connection);
-                match tokio::time::timeout_at(until, mget).await {
-                    Err(_) => Err(FetchFailure::Timeout),
-                    Ok(Err(e)) => Err(FetchFailure::of(&e)),
-                    Ok(Ok(values)) if values.len() != keys.len() => Err(FetchFailure::Server),
-                    Ok(Ok(values)) => Ok(values),
-                }
-            }
-        });
+        let requests = groups
+            .into_iter()
+            .map(move |keys| mget(connection.clone(), keys, until));
         let all = futures_util::future::join_all(requests.collect::<Vec<_>>());
         // Each group times out by itself at the deadline; the margin covers a client thread slow to be scheduled.
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5);
         wait_on(self.runtime(), wait, all).unwrap_or_else(|| vec![Err(FetchFailure::Timeout); n])
+    }
+
+    /// Sends one group's MGET without waiting for it: `answered` gets its answer on the client's thread, a
+    /// [`FetchFailure::Timeout`] after `timeout`. A breaker's probe ([`super::breaker`]).
+    pub fn probe(
+        &self,
+        keys: Group,
+        timeout: Duration,
+        answered: impl FnOnce(GroupAnswer) + Send + 'static,
+    ) {
+        let until = tokio::time::Instant::from_std(Instant::now() + timeout);
+        let mget = mget(self.connection.clone(), keys, until);
+        self.runtime().spawn(async move { answered(mget.await) });
+    }
+}
+
+/// One group's MGET, given up at `until`.
+async fn mget(
+    mut connection: ClusterConnection,
+    keys: Group,
+    until: tokio::time::Instant,
+) -> GroupAnswer {
+    let mut cmd = redis::cmd("MGET");
+    cmd.arg(&keys);
+    let mget = cmd.query_async::<Vec<Option<Vec<u8>>>>(&mut connection);
+    match tokio::time::timeout_at(until, mget).await {
+        Err(_) => Err(FetchFailure::Timeout),
+        Ok(Err(e)) => Err(FetchFailure::of(&e)),
+        Ok(Ok(values)) if values.len() != keys.len() => Err(FetchFailure::Server),
+        Ok(Ok(values)) => Ok(values),
     }
 }
 
