@@ -241,6 +241,27 @@ fn sample(metrics: &str, name: &str) -> f64 {
 
 /// A cluster of the test's own, the demo DeepFM published to it as model `faults` with every table
 /// `unfetched = "default_row"`, a server of it, and the demo's rank request.
+/// A `/v1` rank request to the `faults` model with deadline `deadline_ms`: status, body, and how long it took.
+async fn rank_within(
+    server: &TestServer,
+    body: Value,
+    deadline_ms: u64,
+) -> (u16, Value, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let response = server
+        .client
+        .post(server.url("/v1/models/faults/rank"))
+        .header("content-type", "application/json")
+        .header("x-recserve-deadline-ms", deadline_ms.to_string())
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("json");
+    (status, body, started.elapsed())
+}
+
 async fn faults() -> (OwnCluster, tempfile::TempDir, TestServer, Value) {
     let own = OwnCluster::start();
     let repository = tempfile::tempdir().expect("tempdir");
@@ -268,24 +289,7 @@ async fn faults() -> (OwnCluster, tempfile::TempDir, TestServer, Value) {
 async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_client_follows_the_failover()
  {
     let (own, _repository, server, request) = faults().await;
-    let rank = |body: Value, deadline_ms: u64| {
-        let client = server.client.clone();
-        let url = server.url("/v1/models/faults/rank");
-        async move {
-            let started = std::time::Instant::now();
-            let response = client
-                .post(url)
-                .header("content-type", "application/json")
-                .header("x-recserve-deadline-ms", deadline_ms.to_string())
-                .body(body.to_string())
-                .send()
-                .await
-                .expect("send");
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.expect("json");
-            (status, body, started.elapsed())
-        }
-    };
+    let rank = |body: Value, deadline_ms: u64| rank_within(&server, body, deadline_ms);
     let (status, cached, _) = rank(request.clone(), 5000).await;
     assert_eq!(status, 200, "{cached}");
 
@@ -390,20 +394,9 @@ async fn slow_and_dead_nodes_are_answered_from_cache_and_default_rows_and_the_cl
 async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it_back() {
     let (own, _repository, server, request) = faults().await;
     let rank = |body: &Value| {
-        let client = server.client.clone();
-        let url = server.url("/v1/models/faults/rank");
-        let body = body.to_string();
+        let answer = rank_within(&server, body.clone(), 2000);
         async move {
-            let response = client
-                .post(url)
-                .header("content-type", "application/json")
-                .header("x-recserve-deadline-ms", "2000")
-                .body(body)
-                .send()
-                .await
-                .expect("send");
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.expect("json");
+            let (status, body, _) = answer.await;
             (status, body)
         }
     };
@@ -432,20 +425,19 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
                 .success()
         )
     };
-    let metric = |metrics: &str, name: &str| sample(metrics, name);
     signal("-STOP");
     let (status, body) = rank(&fresh_body).await;
     let (_, first) = server.get("/metrics").await;
     assert_eq!(status, 200, "{body}");
-    let timeouts = metric(
+    let timeouts = sample(
         &first,
         "recserve_embedding_tier_errors_total{kind=\"timeout\"",
     );
-    let skipped = metric(
+    let skipped = sample(
         &first,
         "recserve_embedding_tier_errors_total{kind=\"skipped\"",
     );
-    let open = metric(&first, "recserve_embedding_tier_open_groups");
+    let open = sample(&first, "recserve_embedding_tier_open_groups");
     assert!(
         timeouts >= 1.0 && open >= 1.0,
         "the first batch waited for the stopped node: {timeouts} rows timed out, {open} groups open"
@@ -459,14 +451,14 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
     let (_, later) = server.get("/metrics").await;
     signal("-CONT");
     assert_eq!(
-        metric(
+        sample(
             &later,
             "recserve_embedding_tier_errors_total{kind=\"timeout\""
         ),
         timeouts,
         "a batch after the first waited for the stopped node"
     );
-    let skipped_later = metric(
+    let skipped_later = sample(
         &later,
         "recserve_embedding_tier_errors_total{kind=\"skipped\"",
     );
@@ -474,7 +466,7 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
         skipped_later >= skipped + f64::from(again),
         "each later batch skips the open groups' rows: {skipped} then {skipped_later}"
     );
-    assert!(metric(&later, "recserve_embedding_unfetched_default_total") >= f64::from(again));
+    assert!(sample(&later, "recserve_embedding_unfetched_default_total") >= f64::from(again));
     eprintln!(
         "stopped master {victim}: the first batch timed out on {timeouts} rows and opened {open} groups; \
          {again} more batches skipped {} rows without waiting",
@@ -489,7 +481,7 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
         let (status, body) = rank(&fresh_body).await;
         assert_eq!(status, 200, "{body}");
         let (_, metrics) = server.get("/metrics").await;
-        if metric(&metrics, "recserve_embedding_tier_open_groups") == 0.0 {
+        if sample(&metrics, "recserve_embedding_tier_open_groups") == 0.0 {
             closed = Some(continued.elapsed());
             break;
         }
@@ -501,13 +493,13 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
     assert_eq!(status, 200, "{body}");
     let (_, after) = server.get("/metrics").await;
     assert_eq!(
-        metric(&after, "recserve_embedding_tier_errors_total"),
-        metric(&before, "recserve_embedding_tier_errors_total"),
+        sample(&after, "recserve_embedding_tier_errors_total"),
+        sample(&before, "recserve_embedding_tier_errors_total"),
         "rows are fetched without errors once the breakers closed"
     );
     assert!(
-        metric(&after, "recserve_embedding_tier_rows_fetched_total")
-            > metric(&before, "recserve_embedding_tier_rows_fetched_total")
+        sample(&after, "recserve_embedding_tier_rows_fetched_total")
+            > sample(&before, "recserve_embedding_tier_rows_fetched_total")
     );
     eprintln!("the node continued: every breaker closed {closed:?} later");
     server.stop().await.expect("clean shutdown");

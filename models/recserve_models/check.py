@@ -162,19 +162,24 @@ def _check_outlet(path: Path, role: str, outlet: Any, expected: list[int | None]
             raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
 
 
-def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
-    """Opens the dense graph and checks its inputs and output against `model` (the server's `DenseGraph::open`)."""
-    spec = model.dense_graph
-    path = directory / spec.file
+def _session(path: Path, what: str) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session of the graph at `path` (`what`: for the message when it is missing)."""
     if not path.is_file():
-        raise CheckError(f"{path}: dense graph file does not exist")
+        raise CheckError(f"{path}: {what} file does not exist")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises several exception types for unreadable graphs
         raise CheckError(f"{path}: ONNX Runtime cannot load the graph: {e}") from e
+
+
+def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
+    """Opens the dense graph and checks its inputs and output against `model` (the server's `DenseGraph::open`)."""
+    spec = model.dense_graph
+    path = directory / spec.file
+    session = _session(path, "dense graph")
     fields = len(model.fields)
     dim = model.table(model.fields[0].table).dim
     dense = len(model.ranking.dense_features)
@@ -210,15 +215,6 @@ SPLIT_TOLERANCE = 1e-5
 SPLIT_SAMPLE = (1, 7, 100)  # candidates per request of the rows the split parts are compared on
 
 
-def _open_part(path: Path) -> ort.InferenceSession:
-    if not path.is_file():
-        raise CheckError(f"{path}: split graph file does not exist")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises several exception types for unreadable graphs
-        raise CheckError(f"{path}: ONNX Runtime cannot load the graph: {e}") from e
 
 
 def _state_width(path: Path, role: str, outlet: Any) -> int:
@@ -240,7 +236,7 @@ def open_split(
     dim = model.table(model.fields[0].table).dim
     dense = len(model.ranking.dense_features)
     user_path, item_path = directory / split.user_file, directory / split.item_file
-    user, item = _open_part(user_path), _open_part(item_path)
+    user, item = _session(user_path, "split graph"), _session(item_path, "split graph")
     wanted = [spec.embeddings_input] + ([spec.dense_input] if dense else [])
     if [i.name for i in user.get_inputs()] != wanted:
         raise CheckError(
