@@ -88,7 +88,7 @@ def render(results: Path, repository: Path, rounds: int, overload: float, connec
         "% of its core.",
         "",
         "| graph | closed-loop saturation (recload CPU) | offered | open-loop saturation (recload CPU) | failed in the "
-        "open-loop window | mean batch rows | ceiling at that batch (rows → bucket) | efficiency | ceiling at 1 request "
+        "open-loop window | mean batch rows | ceiling at that batch (rows → rows run) | efficiency | ceiling at 1 request "
         "per batch |",
         "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]

@@ -8,7 +8,7 @@
 //! With `--split` the toolchain also writes versions whose graph is split into a user part and an item part
 //! (`[dense_graph.split]`): served with `--split-graph on` (the user graph once per request) they give the INT8
 //! scores of the whole graph (`off`) bit for bit, and the fp32 ones within float rounding; requests sent at once,
-//! so that batches hold several requests and padding, get the toolchain's offline scores.
+//! so that batches hold several requests, get the toolchain's offline scores.
 //!
 //! `scripts/test.sh` writes the model first (`target/synth-small`, or `RECSERVE_SYNTH_DIR`).
 
@@ -141,7 +141,7 @@ async fn a_split_graph_gives_the_scores_of_the_whole_graph() {
     for switch in [Switch::On, Switch::Off] {
         let server = TestServer::start(config(&dir, |args| {
             args.split_graph = Some(switch);
-            // Room for several requests per batch, and a bucket above one request's 100 rows (padding).
+            // Room for several requests per batch.
             args.max_queue_delay_us = Some(20_000);
         }))
         .await;

@@ -2,7 +2,8 @@
 //! threads run for a batch (`recserve::executor::Worker::execute`: the embedding gather through the executor's
 //! lane, then the ONNX Runtime session), wired from the same configuration as `recserve serve` (the ceiling takes
 //! its flags: device, executors, intra-op threads, shards, batching buckets). A batch of `rows` request rows is
-//! padded to the server's bucket for that size, as the server pads it. Server throughput divided by this is the
+//! padded to the server's bucket for that size where the server pads it (executors on a GPU; on the CPU batches
+//! run at their own size). Server throughput divided by this is the
 //! serving efficiency: what HTTP, JSON, validation, queueing and batching cost.
 //!
 //! Inputs are ranking requests from the same generator the load runs use, decoded by the server's own `/v1`
@@ -36,7 +37,8 @@ pub const CEILING_SCHEMA: &str = "recload.ceiling/v1";
 #[derive(Clone, Debug)]
 pub struct CeilingOptions {
     pub model: String,
-    /// Request rows per batch; each is measured in turn (padded to the server's bucket for it).
+    /// Request rows per batch; each is measured in turn (padded to the server's bucket for it where the server
+    /// pads).
     pub batch_rows: Vec<usize>,
     /// Candidates per generated request (a batch of `rows` holds `rows / candidates` requests).
     pub candidates: usize,
@@ -53,7 +55,7 @@ pub struct CeilingOptions {
 pub struct CeilingBatch {
     /// Request rows per batch.
     pub rows: usize,
-    /// Rows actually computed: `rows` padded up to the server's bucket.
+    /// Rows actually computed: `rows`, padded up to the server's bucket where the server pads (on a GPU).
     pub bucket: usize,
     /// Calls of gather + inference in the measurement window (all executors).
     pub calls: u64,
@@ -81,7 +83,7 @@ pub struct CeilingReport {
     pub executors: usize,
     pub intra_op_threads: usize,
     pub shards: usize,
-    /// The bucket sizes batches are padded to (the server's, for this model and configuration).
+    /// The server's bucket sizes for this model and configuration: warmed up, and padded to on a GPU.
     pub buckets: Vec<usize>,
     pub candidates: usize,
     pub ids: String,
@@ -149,7 +151,6 @@ fn batches(inputs: &[RankInput], rows: usize, fields: usize, dense: usize) -> Ve
     out
 }
 
-/// Pads a batch to `bucket` rows as the server's executor does: padding rows read row 0 of every table.
 /// The requests of the batch of `rows` rows that starts at row `start` of the requests of `candidates` rows each
 /// laid end to end (what `batches` cuts): the rows of each, in order.
 fn request_runs(start: usize, rows: usize, candidates: usize) -> Vec<usize> {
@@ -163,6 +164,7 @@ fn request_runs(start: usize, rows: usize, candidates: usize) -> Vec<usize> {
     runs
 }
 
+/// Pads a batch to `bucket` rows as the server's executor does: padding rows read row 0 of every table.
 fn padded(batch: &RankInput, bucket: usize, fields: usize, dense: usize) -> RankInput {
     let mut ids = batch.ids.clone();
     let mut values = batch.dense.clone();
@@ -219,7 +221,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
     let runtime = Runtime::load(&config.ort_library)?;
     let placement = gpu::select(config.device)?;
     let ctx = LoadContext::new(config, runtime, Metrics::new(), placement);
-    let (batching, _) = ctx.batching.resolve(&spec.batching);
+    let (mut batching, _) = ctx.batching.resolve(&spec.batching);
     if let Some(&rows) = options
         .batch_rows
         .iter()
@@ -244,6 +246,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
         let lane = embedding::lane(&store, executor)
             .map_err(|e| CeilingError::Execute(format!("executor {executor}: {e}")))?;
         let session = ctx.session.on_device(lane.cuda_device());
+        batching.pad |= lane.cuda_device().is_some();
         let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &session)?;
         let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
         // As recserve::ranking::RankingModel::load wires it.
@@ -280,7 +283,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
 
     let mut results = Vec::with_capacity(options.batch_rows.len());
     for &rows in &options.batch_rows {
-        let bucket = batching.bucket(rows);
+        let bucket = batching.executed_rows(rows);
         let batches: Arc<Vec<(RankInput, Vec<usize>)>> = Arc::new(
             batches(&inputs, rows, shape.fields, shape.dense)
                 .iter()

@@ -435,7 +435,8 @@ pub fn render(results: &Path, section: &Section) -> Result<String, DocError> {
         w,
         "In-process ceiling: `recload ceiling`, the same model through recserve's own gather and ONNX Runtime code \
          (`recserve::executor::Worker::execute`, what an executor thread runs per batch), no server, alone on the \
-         server's core(s), with batches padded to recserve's buckets as it pads them. It is measured at the mean batch \
+         server's core(s), with batches padded to recserve's buckets where it pads them (on a GPU; on the CPU a batch \
+         runs at its own size). It is measured at the mean batch \
          recserve executed during its saturation run (read from its `/metrics`, rounded to whole requests) and at one \
          request per batch. Efficiency = recserve's saturation throughput ÷ the ceiling at the batch size it ran \
          (DESIGN.md's target: ≥ 85%). *Executors busy*: the share of the saturation run its executor threads spent \
@@ -443,7 +444,7 @@ pub fn render(results: &Path, section: &Section) -> Result<String, DocError> {
     );
     let _ = writeln!(
         w,
-        "| model | recserve saturation | its batches (mean rows) | executors busy | ceiling at that batch (rows → bucket) | efficiency | ceiling at one request per batch | ceiling call p50 / p99 |"
+        "| model | recserve saturation | its batches (mean rows) | executors busy | ceiling at that batch (rows → rows run) | efficiency | ceiling at one request per batch | ceiling call p50 / p99 |"
     );
     let _ = writeln!(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for p in &meta.precisions {

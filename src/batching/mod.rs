@@ -87,6 +87,8 @@ impl BatchSettings {
                 max_batch_rows,
                 max_queue_delay: Duration::from_micros(delay),
                 buckets,
+                // The model pads batches if its executors run on a GPU.
+                pad: false,
                 queue_capacity: self.queue_capacity,
                 executor_niceness: self.executor_niceness,
             },

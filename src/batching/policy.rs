@@ -33,9 +33,13 @@ pub struct BatchConfig {
     pub max_batch_rows: usize,
     /// A batch closes when its oldest request has waited this long.
     pub max_queue_delay: Duration,
-    /// Batch sizes executed: a batch is padded up to the smallest bucket that holds it. Ascending; the last is
-    /// `max_batch_rows`.
+    /// Batch sizes warmed up and estimated: a batch's execution time is predicted from the smallest bucket that
+    /// holds it (and, with `pad`, it is padded up to that bucket). Ascending; the last is `max_batch_rows`.
     pub buckets: Vec<usize>,
+    /// Pad each batch up to its bucket. On for executors on a GPU, whose kernels and engines are chosen per shape;
+    /// off on the CPU, where ONNX Runtime runs any batch size at the same cost per row, so padding rows would be
+    /// computed for nothing.
+    pub pad: bool,
     /// Requests (chunks) that may wait; more are refused at once.
     pub queue_capacity: usize,
     /// Nice value of the executor threads (0 to 19): above the transport's 0, so that decoding, admission and
@@ -52,13 +56,18 @@ impl BatchConfig {
         }
     }
 
-    /// The bucket a batch of `rows` rows is padded to.
+    /// The smallest bucket that holds a batch of `rows` rows: the one its execution time is estimated by.
     pub fn bucket(&self, rows: usize) -> usize {
         self.buckets
             .iter()
             .copied()
             .find(|&b| b >= rows)
             .unwrap_or(self.max_batch_rows)
+    }
+
+    /// The rows a batch of `rows` rows executes at: its bucket when batches are padded, else `rows`.
+    pub fn executed_rows(&self, rows: usize) -> usize {
+        if self.pad { self.bucket(rows) } else { rows }
     }
 }
 
@@ -239,7 +248,7 @@ pub struct Entry<J> {
 pub struct Batch<J> {
     pub entries: Vec<Entry<J>>,
     pub rows: usize,
-    /// The padded size it executes at.
+    /// The rows it executes at: `rows`, or its bucket when batches are padded ([`BatchConfig::executed_rows`]).
     pub bucket: usize,
     pub reason: CloseReason,
     /// The execution time predicted for `bucket`, for comparison with the actual one.
@@ -612,7 +621,7 @@ impl<J> Policy<J> {
                 Decision::Dispatch(Batch {
                     entries,
                     rows,
-                    bucket: self.config.bucket(rows),
+                    bucket: self.config.executed_rows(rows),
                     reason,
                     estimate,
                     closed_at: now,
@@ -645,6 +654,7 @@ mod tests {
             max_batch_rows: 100,
             max_queue_delay: 2 * MS,
             buckets: vec![10, 50, 100],
+            pad: true,
             queue_capacity: 8,
             executor_niceness: 0,
         }
@@ -697,6 +707,27 @@ mod tests {
                 b.bucket,
                 b.reason,
             ),
+            other => panic!("expected a dispatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unpadded_batches_execute_their_own_rows_and_are_estimated_by_their_bucket() {
+        let (t0, e) = (Instant::now(), proportional());
+        let mut p = Policy::new(
+            BatchConfig {
+                pad: false,
+                ..config()
+            },
+            1,
+        );
+        admit(&mut p, 0, 30, t0 + 50 * MS, t0, &e);
+        admit(&mut p, 1, 7, t0 + 50 * MS, t0, &e);
+        match p.decide(t0 + 2 * MS, true, false, &e) {
+            Decision::Dispatch(b) => {
+                assert_eq!((b.rows, b.bucket), (37, 37), "no padding rows");
+                assert_eq!(b.estimate, 5 * MS, "estimated as its bucket of 50");
+            }
             other => panic!("expected a dispatch, got {other:?}"),
         }
     }

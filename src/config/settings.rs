@@ -306,8 +306,8 @@ pub struct ServeArgs {
     #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
     pub max_queue_delay_us: Option<u64>,
 
-    /// Batch sizes executed, ascending; a batch is padded up to the next one and each is warmed up before ready
-    /// [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
+    /// Batch sizes, ascending: each is warmed up before ready and estimates the batches up to it; executors on a
+    /// GPU pad a batch up to the next one [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
     #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
     pub batch_buckets: Option<Vec<usize>>,
 

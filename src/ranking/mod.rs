@@ -36,8 +36,9 @@ impl Work for RankWork {
     type Output = Vec<f32>;
 }
 
-/// An executor thread of a ranking model: concatenates a batch's rows, pads them to the batch's bucket, scores
-/// them and answers each job with its own rows' scores.
+/// An executor thread of a ranking model: concatenates a batch's rows, pads them to the rows the batch executes at
+/// (its bucket on a GPU, [`BatchConfig::executed_rows`]), scores them and answers each job with its own rows'
+/// scores.
 #[derive(Debug)]
 struct RankExecutor {
     worker: Worker,
@@ -228,7 +229,7 @@ impl RankingModel {
         }
 
         let item_features = ItemFeatures::open(&mv.dir, &spec)?.map(Arc::new);
-        let (batching, default_deadline) = ctx.batching.resolve(&spec.batching);
+        let (mut batching, default_deadline) = ctx.batching.resolve(&spec.batching);
         let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates)
             .with_queue(batching.fit());
         let shape = GraphShape {
@@ -248,6 +249,7 @@ impl RankingModel {
                 LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
             })?;
             let options = ctx.session.on_device(lane.cuda_device());
+            batching.pad |= lane.cuda_device().is_some();
             let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
             let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
             if ctx.gather_user_once {

@@ -266,8 +266,8 @@ pub struct CeilingArgs {
     /// The model to measure.
     #[arg(long, env = "RECLOAD_MODEL")]
     pub model: String,
-    /// Request rows per batch, comma-separated; each is padded to the server's bucket for it, as the server pads
-    /// [default: --candidates, one request per batch].
+    /// Request rows per batch, comma-separated; each is padded to the server's bucket for it where the server
+    /// pads (executors on a GPU) [default: --candidates, one request per batch].
     #[arg(long, value_delimiter = ',')]
     pub batch_rows: Vec<usize>,
     /// Candidates per generated request.

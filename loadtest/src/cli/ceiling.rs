@@ -35,7 +35,7 @@ pub(super) fn ceiling_command(args: &CeilingArgs) -> Result<(), CliError> {
     );
     for b in &report.batches {
         println!(
-            "  {:>5} rows/batch (bucket {}): {:>9.1} calls/s · {:>10.0} rows/s · {:>8.1} requests of {}/s · {}",
+            "  {:>5} rows/batch (runs {} rows): {:>9.1} calls/s · {:>10.0} rows/s · {:>8.1} requests of {}/s · {}",
             b.rows,
             b.bucket,
             b.calls_per_s,
