@@ -1,5 +1,6 @@
-//! `/v1` rank body decoding, side by side: the server's one-pass decoder (`rank_body::decode_rank`) against the
-//! plain serde-derive decoding it replaced (`rank_reference::decode_rank`), on bodies for the demo DeepFM
+//! `/v1` rank body decoding, side by side: the server's decoder (`rank_body::decode_rank`: its byte scanner for
+//! bodies in the usual shape), its one-pass serde decoder alone (`rank_body::decode_rank_serde`, what it falls back
+//! to) and the plain serde-derive decoding that one replaced (`rank_reference::decode_rank`), on bodies for the demo DeepFM
 //! (`models/demo/deepfm`: 19 user fields, 6 item fields, the item id, 13 dense features) with 4 and 100
 //! candidates, ids drawn uniformly from each table. Criterion reports candidates per second ("elem/s").
 //!
@@ -69,16 +70,23 @@ fn bench_decode(c: &mut Criterion) {
             .map(|_| body(&spec, &contract, candidates, &mut rng))
             .collect();
         for b in &bodies {
+            let scanned = rank_body::decode_rank(&contract, b).expect("valid");
             assert_eq!(
-                rank_body::decode_rank(&contract, b).expect("valid"),
+                scanned,
+                rank_body::decode_rank_serde(&contract, b).expect("valid"),
+                "the scanner and the serde decoder read the same rows"
+            );
+            assert_eq!(
+                scanned,
                 rank_reference::decode_rank(&contract, b).expect("valid"),
-                "both decoders read the same rows"
+                "every decoder reads the same rows"
             );
         }
         group.throughput(Throughput::Elements(candidates as u64));
-        let decoders: [(&str, Decode); 2] = [
+        let decoders: [(&str, Decode); 3] = [
             ("reference", rank_reference::decode_rank),
-            ("one_pass", rank_body::decode_rank),
+            ("one_pass", rank_body::decode_rank_serde),
+            ("scan", rank_body::decode_rank),
         ];
         for (name, decode) in decoders {
             let mut next = 0;

@@ -239,11 +239,15 @@ fn rank_bodies() -> BoxedStrategy<Vec<u8>> {
 
 #[test]
 fn fuzz_rank_decoder_answers_every_body_and_agrees_with_the_reference() {
-    use crate::api::v1::rank_body::decode_rank;
+    use crate::api::v1::rank_body::{decode_rank, decode_rank_serde};
     use crate::testing::rank_reference;
     let contract = crate::testing::test_contract::contract();
     run("/v1 rank decoder", rank_bodies(), |body| {
-        match decode_rank(&contract, &body) {
+        let decoded = decode_rank(&contract, &body);
+        // The fast path gives what the serde decoder alone gives, value or error, whichever of them answered.
+        let serde = decode_rank_serde(&contract, &body);
+        prop_assert_eq!(format!("{decoded:?}"), format!("{serde:?}"));
+        match decoded {
             Ok(fast) => {
                 // What the one-pass decoder takes, the plain one takes the same way (the plain one also takes
                 // keys given twice, which the one-pass decoder refuses).

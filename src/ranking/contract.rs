@@ -29,6 +29,8 @@ pub struct RankContract {
     pub item_id_field: Option<usize>,
     pub dense_features: usize,
     field_by_name: HashMap<String, usize>,
+    /// Per field: the rows of its table when the table rejects ids outside them, `None` when it takes any id.
+    id_limits: Vec<Option<u64>>,
     pub max_candidates: usize,
     /// How many rows of one request the model's queue can hold (unbounded until [`RankContract::with_queue`]).
     pub queue: QueueFit,
@@ -56,6 +58,14 @@ impl RankContract {
                 .iter()
                 .enumerate()
                 .map(|(i, f)| (f.name.clone(), i))
+                .collect(),
+            id_limits: spec
+                .fields
+                .iter()
+                .map(|f| {
+                    let table = &spec.tables[f.table].spec;
+                    (table.oov == OovPolicy::Reject).then_some(table.rows)
+                })
                 .collect(),
             max_candidates,
             queue: QueueFit::UNBOUNDED,
@@ -89,8 +99,8 @@ impl RankContract {
     /// Checks `id` for `field` against its table's OOV policy: ids a `reject` table would refuse fail here,
     /// before the request is queued, so one bad request never fails a batch.
     pub fn check_id(&self, field: usize, id: i64) -> Result<(), String> {
-        let table = &self.spec.tables[self.spec.fields[field].table].spec;
-        if table.oov == OovPolicy::Reject && !table.contains(id) {
+        if !self.takes_id(field, id) {
+            let table = &self.spec.tables[self.spec.fields[field].table].spec;
             return Err(format!(
                 "id {id} is outside the vocabulary of table {:?} ({}), which rejects unknown ids",
                 table.name,
@@ -98,6 +108,16 @@ impl RankContract {
             ));
         }
         Ok(())
+    }
+
+    /// Whether `field` takes `id` ([`RankContract::check_id`] without the message): what decoding checks for every
+    /// id, so it is one comparison.
+    #[inline]
+    pub fn takes_id(&self, field: usize, id: i64) -> bool {
+        match self.id_limits[field] {
+            None => true,
+            Some(rows) => u64::try_from(id).is_ok_and(|row| row < rows),
+        }
     }
 
     /// Checks a dense value.

@@ -3,7 +3,11 @@
 //! read (the name expected next first, since clients send every candidate's fields in one order), each id lands
 //! in its column of the candidate's row, and every problem names its place in the request
 //! (`candidates[3].fields.C21`). [`crate::testing::rank_reference`] is the plain decoding (serde derive into maps, then
-//! checks) that this one is tested and benchmarked against.
+//! checks) that this one is tested and benchmarked against. Bodies in the shape clients write go through a byte
+//! scanner first ([`scan`]), which fills the same decoder state without serde's visitors and hands anything else,
+//! every malformed body included, to the serde decoder here.
+
+mod scan;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -26,8 +30,20 @@ pub struct RankBody {
     pub top_k: Option<usize>,
 }
 
-/// Decodes a `/v1` rank body against the model's contract.
+/// Decodes a `/v1` rank body against the model's contract: through the fast path ([`scan`]) when the body is in
+/// the shape it takes, else through the serde decoder ([`decode_rank_serde`]), with the same result either way.
 pub fn decode_rank(contract: &RankContract, body: &[u8]) -> Result<RankBody, ServiceError> {
+    require_object(body)?;
+    let mut decoder = Decoder::new(contract);
+    if scan::scan(&mut decoder, body).is_some() {
+        return decoder.finish();
+    }
+    decode_rank_serde(contract, body)
+}
+
+/// The serde decoder alone: what [`decode_rank`] falls back to for bodies its fast path does not take, and the
+/// one that names every problem. Public for the benchmark and the fuzz target that hold the two paths together.
+pub fn decode_rank_serde(contract: &RankContract, body: &[u8]) -> Result<RankBody, ServiceError> {
     require_object(body)?;
     let mut decoder = Decoder::new(contract);
     let mut de = serde_json::Deserializer::from_slice(body);
