@@ -247,7 +247,11 @@ impl<W: Work> Batcher<W> {
                 .set(state.policy.len() as i64);
             promised
         };
-        self.shared.wake_batcher();
+        // With every executor busy the batcher can dispatch nothing: an executor that frees up wakes it. Waking it
+        // for every arrival under load only had it scan the queue for nothing.
+        if self.shared.idle_executors.load(Ordering::Acquire) > 0 {
+            self.shared.wake_batcher();
+        }
         Ok(promised)
     }
 

@@ -534,10 +534,26 @@ impl<J> Policy<J> {
         // batch would (a request larger than it, in its own bucket): judged by its own bucket alone, a request
         // about to ride in a full batch would be executed into a certain timeout.
         let first_batch_rows = self.first_batch_rows();
+        let first_batch_end = now + estimator.estimate(self.config.bucket(first_batch_rows));
+        let earliest_end = |rows: usize| {
+            if rows <= first_batch_rows {
+                first_batch_end
+            } else {
+                now + estimator.estimate(self.config.bucket(rows))
+            }
+        };
+        // The batcher looks at the queue whenever a request arrives: most looks drop nothing, and must not cost a
+        // rebuild of the whole queue.
+        if !self
+            .queue
+            .iter()
+            .any(|e| is_abandoned(&e.job) || e.deadline <= earliest_end(e.rows))
+        {
+            return dropped;
+        }
         let mut kept = VecDeque::with_capacity(self.queue.len());
-        for entry in self.queue.drain(..) {
-            let rows = first_batch_rows.max(entry.rows);
-            let earliest_end = now + estimator.estimate(self.config.bucket(rows));
+        for entry in std::mem::take(&mut self.queue) {
+            let earliest_end = earliest_end(entry.rows);
             if is_abandoned(&entry.job) {
                 self.queued_rows -= entry.rows;
                 if self.last_dropped.replace(entry.request) != Some(entry.request) {
