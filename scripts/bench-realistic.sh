@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Serving efficiency and the user-side gather on a benchmark model of realistic size (`synth --preset realistic`:
-# 26 fields × 16 factors, fp32 tables of up to 1M rows, 254 MiB, MLP 429→400→400→400→1, random weights), INT8
-# and FP32 graphs, one server core. For each graph:
+# Serving efficiency and the user-side gather on a benchmark model of realistic size (`synth --preset realistic
+# --split`: 26 fields × 16 factors, fp32 tables of up to 1M rows, 254 MiB, MLP 429→400→400→400→1, random weights),
+# its INT8 and FP32 graphs, whole and split into a user and an item part, and the demo DeepFM (models/demo/deepfm),
+# one server core. For each graph:
 #   1. recserve's open-loop saturation: recload offers OVERLOAD × its closed-loop saturation (Poisson arrivals);
 #      what it answers is the saturation throughput; the mean batch it executed is read from /metrics;
-#   2. the in-process ceiling (`recload ceiling`, recserve's own gather + ONNX Runtime code, no server) on the
-#      server's core at that batch size (rounded to whole requests) and at one request per batch;
+#   2. the in-process ceiling (`recload ceiling`, recserve's own gather + ONNX Runtime code, no server, the split
+#      graph run as the server runs it) on the server's core at that batch size (rounded to whole requests) and at
+#      one request per batch;
 #   efficiency = 1 ÷ 2. recload's own CPU use is measured for every load run (user + system time ÷ wall time).
 # Then the user-side gather (`--gather-user-once on|off`) side by side: the ceiling at 1000-row batches of 100- and
 # 1000-candidate requests, on and off alternated ROUNDS times, and the server's open-loop saturation with each.
 # Writes the "Realistic model" section of docs/benchmarks.md (between its markers); reports in target/bench-realistic/.
 #
-# Usage: scripts/bench-realistic.sh            (about 8 minutes; writes target/bench-repo first if missing)
+# Usage: scripts/bench-realistic.sh            (about 12 minutes; writes target/bench-repo first if missing)
 # Environment: REPOSITORY [target/bench-repo] DURATION [8s] WARMUP [2s] OVERLOAD [1.3] ROUNDS [2]
 #   CONNECTIONS [1024] recload's connections in open loop: more than the server's queue (256 requests), so that
 #                      overload is refused by the server's admission (429) instead of waiting in recload's pool
@@ -35,10 +37,13 @@ scripts/setup.sh
 # shellcheck source=env.sh
 source scripts/env.sh
 
-if [ ! -d "$REPOSITORY/realistic-int8" ]; then
-  log "writing the realistic model into $REPOSITORY (python -m recserve_models synth --preset realistic)"
-  python -m recserve_models synth --preset realistic --out "$REPOSITORY" >/dev/null
+if [ ! -d "$REPOSITORY/realistic-int8-split" ]; then
+  log "writing the realistic model into $REPOSITORY (python -m recserve_models synth --preset realistic --split)"
+  rm -rf "$REPOSITORY"
+  python -m recserve_models synth --preset realistic --split --out "$REPOSITORY" >/dev/null
 fi
+# The demo DeepFM beside it: where it lives.
+repository_of() { if [ "$1" = deepfm ]; then echo models/demo; else echo "$REPOSITORY"; fi; }
 rm -rf "$results"
 mkdir -p "$results"
 
@@ -57,7 +62,7 @@ start_server() { # LOG MODEL FLAGS... → server_pid, url
   local log=$1 model=$2 port
   shift 2
   mkdir -p "$results/repo-$model"
-  ln -sfn "$(cd "$REPOSITORY/$model" && pwd)" "$results/repo-$model/$model"
+  ln -sfn "$(cd "$(repository_of "$model")/$model" && pwd)" "$results/repo-$model/$model"
   port=$(free_port)
   url=http://127.0.0.1:$port
   "${server[@]}" "$recserve_bin" serve --repository "$results/repo-$model" --http-addr "127.0.0.1:$port" \
@@ -75,7 +80,7 @@ load() { # OUT MODEL ARGS...
 ceiling() { # OUT MODEL ROWS CANDIDATES FLAGS...
   local out=$1 model=$2 rows=$3 candidates=$4
   shift 4
-  "${server[@]}" "$recload_bin" ceiling --repository "$REPOSITORY" --model "$model" --batch-rows "$rows" \
+  "${server[@]}" "$recload_bin" ceiling --repository "$(repository_of "$model")" --model "$model" --batch-rows "$rows" \
     --candidates "$candidates" --warmup "$WARMUP" --duration "$DURATION" --json "$out.json" \
     --executors 1 --intra-op-threads 1 "$@" >&2
 }
@@ -115,7 +120,7 @@ saturate() {
 }
 
 # --- serving efficiency, INT8 and FP32 ------------------------------------------------------------------------
-for model in realistic-int8 realistic-fp32; do
+for model in realistic-int8 realistic-fp32 realistic-int8-split realistic-fp32-split deepfm; do
   dir=$results/$model
   saturate "$dir" "$model" 100
   rows=$(python -c "print(max(100, round(float(open('$dir/batch-rows.txt').read()) / 100) * 100))")

@@ -83,16 +83,25 @@ def render(results: Path, repository: Path, rounds: int, overload: float, connec
         "excess is refused by the server instead of waiting in recload's connection pool, where its send delay would "
         "count against the 2 s timeout and cap the rate recload sees below what the server answers). The ceiling is `recload ceiling`, recserve's own gather + ONNX Runtime "
         "code without a server, on the server's core, at the mean batch the server executed in that open-loop run "
-        "(from its `/metrics`, rounded to whole requests, padded to the server's bucket as the server pads it). "
-        "Efficiency = open-loop saturation ÷ that ceiling. In brackets beside each rate: recload's own CPU use, in "
-        "% of its core.",
+        "(from its `/metrics`, rounded to whole requests, run at that size as the server runs a batch on the CPU, "
+        "a split graph as its two parts). Efficiency = open-loop saturation ÷ that ceiling. In brackets beside each "
+        "rate: recload's own CPU use, in % of its core. The split graphs (`synth --split`, "
+        "[below](#the-split-graph-the-user-side-computed-once-per-request)) run their user part once per request; "
+        "the demo DeepFM is `models/demo/deepfm` (INT8 graph and int8 tables of 4 to 1,508 rows, MLP 400×3, "
+        "19 user and 7 item-side fields).",
         "",
         "| graph | closed-loop saturation (recload CPU) | offered | open-loop saturation (recload CPU) | failed in the "
         "open-loop window | mean batch rows | ceiling at that batch (rows → rows run) | efficiency | ceiling at 1 request "
         "per batch |",
         "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, label in (("realistic-int8", "INT8"), ("realistic-fp32", "FP32")):
+    for name, label in (
+        ("realistic-int8", "INT8"),
+        ("realistic-fp32", "FP32"),
+        ("realistic-int8-split", "INT8, split"),
+        ("realistic-fp32-split", "FP32, split"),
+        ("deepfm", "demo DeepFM (INT8)"),
+    ):
         lines.append(_saturation_row(results, name, label)[0])
     lines += [
         "",
