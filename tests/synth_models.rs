@@ -33,6 +33,18 @@ fn synth_dir() -> PathBuf {
     dir
 }
 
+/// The synth model's cases (`realistic-cases.json`: requests and the toolchain's offline scores) and the tolerance
+/// of their scores.
+fn cases(dir: &Path) -> (Vec<Value>, f64) {
+    let document: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("realistic-cases.json")).expect("read cases"),
+    )
+    .expect("cases are JSON");
+    let cases = document["cases"].as_array().expect("cases").clone();
+    assert!(!cases.is_empty());
+    (cases, document["tolerance"].as_f64().expect("tolerance"))
+}
+
 /// Every case's scores from `server` for `model`, in candidate order.
 async fn scores(server: &TestServer, model: &str, cases: &[Value]) -> Vec<Vec<f64>> {
     let mut all = Vec::new();
@@ -61,13 +73,8 @@ async fn scores(server: &TestServer, model: &str, cases: &[Value]) -> Vec<Vec<f6
 async fn the_server_serves_the_synth_model_with_the_toolchain_s_scores_and_gathers_the_user_side_once()
  {
     let dir = synth_dir();
-    let document: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("realistic-cases.json")).expect("read cases"),
-    )
-    .expect("cases are JSON");
-    let cases = document["cases"].as_array().expect("cases");
-    assert!(!cases.is_empty());
-    let tolerance = document["tolerance"].as_f64().expect("tolerance");
+    let (cases, tolerance) = cases(&dir);
+    let cases = &cases[..];
 
     let mut by_switch = Vec::new();
     for switch in [Switch::On, Switch::Off] {
@@ -129,12 +136,8 @@ fn offline(cases: &[Value], model: &str) -> Vec<Vec<f64>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_graph_gives_the_scores_of_the_whole_graph() {
     let dir = synth_dir();
-    let document: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("realistic-cases.json")).expect("read cases"),
-    )
-    .expect("cases are JSON");
-    let cases = document["cases"].as_array().expect("cases");
-    let tolerance = document["tolerance"].as_f64().expect("tolerance");
+    let (cases, tolerance) = cases(&dir);
+    let cases = &cases[..];
     let models = ["realistic-int8-split", "realistic-fp32-split"];
 
     let mut by_switch = Vec::new();
@@ -179,4 +182,66 @@ async fn a_split_graph_gives_the_scores_of_the_whole_graph() {
     );
     // fp32: ONNX Runtime's fp32 Gemm rounds a row by the number of rows it runs with; measured below 1e-7.
     within(fp32_split, fp32_whole, 1e-6, "fp32 split against whole");
+}
+
+/// A KServe v2 request's rows, unlike a `/v1` request's candidates, may each carry another user: the split graph
+/// must give every row its own user side (it used to give a whole request its first row's, silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_graph_gives_kserve_rows_of_different_users_their_own_user_side() {
+    let dir = synth_dir();
+    let (cases, tolerance) = cases(&dir);
+    assert!(cases.len() >= 2, "needs two cases, two users");
+    let server = TestServer::start(config(&dir, |_| {})).await;
+    for model in ["realistic-int8-split", "realistic-fp32-split"] {
+        let toml = std::fs::read_to_string(dir.join(model).join("1/model.toml")).expect("toml");
+        let spec = recserve::repository::ModelSpec::parse(&toml).expect("model.toml");
+        let id_field = spec
+            .ranking
+            .as_ref()
+            .and_then(|r| r.item_id_field)
+            .expect("an item id field");
+        // Rows of three candidates of each case, interleaved: the user side changes at every row.
+        let (mut categorical, mut dense, mut want) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..3 {
+            for case in &cases {
+                let request = &case["request"];
+                let candidate = &request["candidates"][i];
+                for (f, field) in spec.fields.iter().enumerate() {
+                    let id = if f == id_field {
+                        &candidate["id"]
+                    } else {
+                        request["user"]["fields"]
+                            .get(&field.name)
+                            .unwrap_or(&candidate["fields"][&field.name])
+                    };
+                    categorical.push(id.as_i64().expect("an id"));
+                }
+                dense.extend(
+                    request["user"]["dense"]
+                        .as_array()
+                        .expect("dense")
+                        .iter()
+                        .map(|v| v.as_f64().expect("float")),
+                );
+                want.push(case["expected_scores"][model][i].as_f64().expect("offline"));
+            }
+        }
+        let rows = want.len();
+        let body = serde_json::json!({"inputs": [
+            {"name": "categorical", "datatype": "INT64", "shape": [rows, spec.fields.len()], "data": categorical},
+            {"name": "dense", "datatype": "FP32", "shape": [rows, dense.len() / rows], "data": dense},
+        ]});
+        let (status, answer) = server
+            .post(&format!("/v2/models/{model}/infer"), &body)
+            .await;
+        assert_eq!(status, 200, "{model}: {answer}");
+        let got: Vec<f64> = answer["outputs"][0]["data"]
+            .as_array()
+            .expect("scores")
+            .iter()
+            .map(|v| v.as_f64().expect("float"))
+            .collect();
+        within(&[got], &[want], tolerance, model);
+    }
+    server.stop().await.expect("stop");
 }

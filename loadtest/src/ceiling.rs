@@ -255,7 +255,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
         }
         if let Some(split) = recserve::ranking::split_graph(&ctx, mv, graph_spec, shape, &session)?
         {
-            worker = worker.with_split(split);
+            worker = worker.with_split(split, &contract.user_fields);
         }
         workers.push(worker);
     }

@@ -1,6 +1,7 @@
 //! A dense graph split into a user part and an item part (`[dense_graph.split]`): the user graph runs on one row
-//! per request (every candidate of a request has the same user fields and dense features) and gives that
-//! request's state `[1, U]`; the item graph runs on every row of the batch with its request's state. The
+//! per run of rows that share a user side (every candidate of a `/v1` request has the same user fields and dense
+//! features; the worker finds the runs) and gives that run's state `[1, U]`; the item graph runs on every row of
+//! the batch with its run's state. The
 //! exporter's split (`split_graph.py`) puts the user fields' part of the first MLP layer, their FM sums and their
 //! first-order terms in the state, so a request's user side is computed once instead of once per candidate.
 

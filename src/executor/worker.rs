@@ -24,8 +24,19 @@ pub struct Worker {
     metrics: ModelMetrics,
     /// Set by [`Worker::with_user_columns`]: host gathers read each request's user columns once.
     shared: Option<SharedGather>,
-    /// Set by [`Worker::with_split`]: host batches run the user graph once per request, then the item graph.
-    split: Option<SplitGraph>,
+    /// Set by [`Worker::with_split`]: host batches run the user graph once per run of rows with one user side,
+    /// then the item graph.
+    split: Option<Split>,
+}
+
+/// A split graph and what finding its runs needs.
+#[derive(Debug)]
+struct Split {
+    graph: SplitGraph,
+    /// Columns that are user side, in graph order.
+    user_columns: Vec<usize>,
+    /// Rows of each run of a batch that share a user side.
+    runs: Vec<usize>,
 }
 
 impl Worker {
@@ -47,10 +58,15 @@ impl Worker {
         }
     }
 
-    /// Host batches are scored by `split` (the user graph on one row per request, the item graph on every row)
-    /// instead of the whole graph; device batches are unchanged.
-    pub fn with_split(mut self, split: SplitGraph) -> Worker {
-        self.split = Some(split);
+    /// Host batches are scored by `split` (the user graph on one row per run of rows whose `user_columns` ids and
+    /// dense features are equal, the item graph on every row) instead of the whole graph; device batches are
+    /// unchanged.
+    pub fn with_split(mut self, split: SplitGraph, user_columns: &[usize]) -> Worker {
+        self.split = Some(Split {
+            graph: split,
+            user_columns: user_columns.to_vec(),
+            runs: Vec::new(),
+        });
         self
     }
 
@@ -169,7 +185,20 @@ impl Worker {
         .map_err(gather)?;
         let gathered = Instant::now();
         match &mut self.split {
-            Some(split) => split.run(rows, &self.embeddings, dense, requests, scores),
+            Some(split) => {
+                user_runs(
+                    requests,
+                    ids,
+                    shape.fields,
+                    dense,
+                    shape.dense,
+                    &split.user_columns,
+                    &mut split.runs,
+                );
+                split
+                    .graph
+                    .run(rows, &self.embeddings, dense, &split.runs, scores)
+            }
             None => self.graph.run(rows, &self.embeddings, dense, scores),
         }
         .map_err(inference)?;
@@ -177,5 +206,76 @@ impl Worker {
             (gathered - start).as_secs_f64(),
             gathered.elapsed().as_secs_f64(),
         ))
+    }
+}
+
+/// Cuts the rows of `requests` (consecutive entries of a batch, then padding) into runs that share a user side:
+/// a run ends with its entry, or where a row's `user_columns` ids or dense features differ from the row before.
+/// A `/v1` request is one run; a KServe v2 request may hold a row per user, each with its own dense features.
+fn user_runs(
+    requests: &[usize],
+    ids: &[i64],
+    fields: usize,
+    dense: &[f32],
+    features: usize,
+    user_columns: &[usize],
+    runs: &mut Vec<usize>,
+) {
+    runs.clear();
+    let mut start = 0;
+    for &count in requests {
+        let mut run = 0;
+        for r in start..start + count {
+            let same = run > 0 && {
+                let (row, previous) = (&ids[r * fields..], &ids[(r - 1) * fields..]);
+                user_columns.iter().all(|&c| row[c] == previous[c])
+                    && dense[r * features..(r + 1) * features]
+                        .iter()
+                        .zip(&dense[(r - 1) * features..r * features])
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+            };
+            if !same && run > 0 {
+                runs.push(run);
+                run = 0;
+            }
+            run += 1;
+        }
+        if run > 0 {
+            runs.push(run);
+        }
+        start += count;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::user_runs;
+
+    #[test]
+    fn runs_end_with_their_request_or_where_the_user_side_changes() {
+        // 3 columns (user, item, user), 1 dense feature; two requests of 3 and 2 rows, then a padding row.
+        let ids = [
+            1, 10, 2, /* */ 1, 11, 2, /* user 5 */ 5, 12, 2, //
+            5, 13, 2, /* */ 5, 14, 2, /* padding */ 0, 0, 0,
+        ];
+        let dense = [0.5, 0.5, 0.5, 0.5, 0.25, 0.0];
+        let mut runs = Vec::new();
+        user_runs(&[3, 2], &ids, 3, &dense, 1, &[0, 2], &mut runs);
+        // Row 2 starts a run (user 5); row 3 starts a request; row 4 has other dense features.
+        assert_eq!(runs, vec![2, 1, 1, 1]);
+        // Without dense features, and with rows of one user side: one run per request.
+        user_runs(&[3, 2], &[7; 18], 3, &[], 0, &[0, 2], &mut runs);
+        assert_eq!(runs, vec![3, 2]);
+        // The same bits only: 0.0 and -0.0 are different dense values to the graph's input.
+        user_runs(
+            &[2],
+            &[1, 1, 1, 1, 1, 1],
+            3,
+            &[0.0, -0.0],
+            1,
+            &[0],
+            &mut runs,
+        );
+        assert_eq!(runs, vec![1, 1]);
     }
 }

@@ -45,7 +45,7 @@ struct RankExecutor {
     shape: GraphShape,
     ids: Vec<i64>,
     dense: Vec<f32>,
-    /// Rows of each of the batch's entries, in order (the split graph runs its user part once per entry).
+    /// Rows of each of the batch's entries, in order (a split graph's runs of one user side end with them).
     requests: Vec<usize>,
 }
 
@@ -256,7 +256,7 @@ impl RankingModel {
                 worker = worker.with_user_columns(&contract.user_fields);
             }
             if let Some(split) = split_graph(ctx, mv, graph_spec, shape, &options)? {
-                worker = worker.with_split(split);
+                worker = worker.with_split(split, &contract.user_fields);
             }
             let started = Instant::now();
             worker
