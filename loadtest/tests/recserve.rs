@@ -375,7 +375,7 @@ fn ceiling_options(model: &str, batch_rows: Vec<usize>) -> CeilingOptions {
 }
 
 #[test]
-fn the_in_process_ceiling_runs_the_servers_compute_path_at_its_buckets() {
+fn the_in_process_ceiling_runs_the_servers_compute_path_at_its_batch_sizes() {
     let config = serve_config(|a| {
         a.shards = Some(2);
         a.batch_buckets = Some(vec![50, 128, 256]);
@@ -389,8 +389,13 @@ fn the_in_process_ceiling_runs_the_servers_compute_path_at_its_buckets() {
     let rows: Vec<(usize, usize)> = report.batches.iter().map(|b| (b.rows, b.bucket)).collect();
     assert_eq!(
         rows,
-        vec![(100, 128), (250, 256)],
-        "padded as the server pads"
+        vec![(100, 100), (250, 250)],
+        "run unpadded, as the server runs a batch on the CPU"
+    );
+    assert_eq!(
+        report.buckets,
+        vec![50, 128, 256, 1024],
+        "the server's buckets, up to max_batch_rows"
     );
     for b in &report.batches {
         assert!(b.calls > 0, "{b:?}");
