@@ -261,8 +261,11 @@ def load(base: str, fixture: Path) -> None:
     # The largest rank requests from many clients at once, on one model.
     big = max((j for j in work if "/rank" in j[0]), key=lambda j: len(j[1]["candidates"]))
     burst_statuses: list[int] = []
+    # Every burst thread sends at once: started one after another, they would reach a fast server one at a time.
+    together = threading.Barrier(6 * QUEUE_CAPACITY)
 
     def burst() -> None:
+        together.wait()
         status, _ = request(base + big[0], big[1])
         with lock:
             burst_statuses.append(status)
