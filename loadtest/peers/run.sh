@@ -356,7 +356,7 @@ print(json.dumps({
     "tolerance": 1e-5,
     "batching": (
         f"recserve{flags_note} batches dynamically with its defaults (a batch closes at 1024 rows or when its oldest "
-        "request has waited 500 µs, and is padded to the next of its batch-size buckets); Triton's dynamic batcher "
+        "request has waited 500 µs, and runs at its own size on the CPU); Triton's dynamic batcher "
         f"hands the Python model up to {os.environ['TRITON_MAX_BATCH']} queued requests per call, which it scores in "
         "one onnxruntime run; FastAPI scores each request on its own."
     ),
