@@ -73,10 +73,12 @@ pub struct RunOptions {
     pub on_answer: Option<AnswerHook>,
 }
 
-/// Called with the index of the request in the pool and the answer's body, for every successful answer, on the
-/// worker that received it.
+/// What an [`AnswerHook`] calls: the index of the request in the pool, and the answer's body.
+pub type AnswerFn = dyn Fn(usize, &[u8]) + Send + Sync;
+
+/// Called for every successful answer, on the worker that received it.
 #[derive(Clone)]
-pub struct AnswerHook(pub Arc<dyn Fn(usize, &[u8]) + Send + Sync>);
+pub struct AnswerHook(pub Arc<AnswerFn>);
 
 impl std::fmt::Debug for AnswerHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
