@@ -2,8 +2,9 @@
 # A local Redis Cluster for tests and benchmarks: 3 masters and 3 replicas of Debian's redis-server on loopback
 # ports, each started in the foreground (--daemonize no) in the background of this script with its PID recorded,
 # joined by `redis-cli --cluster create --cluster-replicas 1`, and ready when every node's `cluster info` says
-# `cluster_state:ok`. Persistence is off (no RDB, no AOF): the cluster holds test data only. DEBUG is allowed from
-# loopback (the fault test slows nodes with DEBUG SLEEP).
+# `cluster_state:ok`. Persistence is off (no RDB, no AOF): the cluster holds test data only. A replica's full sync
+# starts at once (no diskless-sync delay), so a restarted node is a synced replica within a second. DEBUG is allowed
+# from loopback (the fault test slows nodes with DEBUG SLEEP).
 #
 # Usage: scripts/redis-cluster.sh start DIR   starts the cluster with its files in DIR; prints the masters' and
 #                                             replicas' addresses (host:port,host:port,...) on stdout and writes
@@ -68,7 +69,7 @@ start_node() {
   local port=$1 node=$dir/$1
   mkdir -p "$node"
   redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$node/nodes.conf" \
-    --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --enable-debug-command local \
+    --cluster-node-timeout 2000 --dir "$node" --daemonize no --save "" --appendonly no --repl-diskless-sync-delay 0 --enable-debug-command local \
     --logfile "$node/redis.log" </dev/null >/dev/null 2>&1 &
   echo $! >"$dir/$port.pid"
 }
@@ -111,16 +112,32 @@ case "$command" in
       done
       grep -q 'cluster_state:ok' <<<"$info" || { echo "redis-cluster: node $port never reported cluster_state:ok" >&2; stop; exit 1; }
     done
-    # The replicas must have synced with their masters before a test kills one of those.
-    for port in "${ports[@]}"; do
-      for _ in $(seq 400); do
+    # Every master must have its replica attached and synced before a test kills one of those. A node that
+    # `--cluster create` makes a replica is a master without slots for a moment after the create returns (it turns
+    # into a replica once the cluster is ok), so count: 3 replicas with their link up, 3 masters with a replica each.
+    synced=""
+    for _ in $(seq 400); do
+      replicas=0 masters=0
+      for port in "${ports[@]}"; do
         role=$(redis-cli -p "$port" info replication 2>/dev/null || true)
-        if grep -q 'role:master' <<<"$role" || grep -q 'master_link_status:up' <<<"$role"; then
-          break
+        if grep -q 'role:slave' <<<"$role" && grep -q 'master_link_status:up' <<<"$role"; then
+          replicas=$((replicas + 1))
+        elif grep -q 'role:master' <<<"$role" && grep -q 'connected_slaves:1' <<<"$role"; then
+          masters=$((masters + 1))
         fi
-        sleep 0.05
       done
+      # ... and every node's view of the cluster says so (a failover needs the masters to know the replica).
+      views=0
+      for port in "${ports[@]}"; do
+        [ "$(redis-cli -p "$port" cluster nodes 2>/dev/null | awk '$3 ~ /slave/' | wc -l)" -eq 3 ] && views=$((views + 1))
+      done
+      if [ "$replicas" -eq 3 ] && [ "$masters" -eq 3 ] && [ "$views" -eq 6 ]; then
+        synced=yes
+        break
+      fi
+      sleep 0.05
     done
+    [ -n "$synced" ] || { echo "redis-cluster: the replicas did not all sync with their masters (see $dir/*/redis.log)" >&2; stop; exit 1; }
     (IFS=,; echo "${nodes[*]}") | tee "$dir/addresses"
     ;;
   stop)

@@ -71,6 +71,7 @@ pub struct Metrics {
     tier_rows_fetched: IntCounterVec,
     tier_errors: IntCounterVec,
     tier_open_groups: IntGaugeVec,
+    tier_client_replaced: IntCounterVec,
     unfetched_default: IntCounterVec,
     update_visible: HistogramVec,
     update_entries: IntCounterVec,
@@ -345,6 +346,12 @@ impl Metrics {
                  backoff) and follow their table's unfetched policy.",
                 &["model"],
             ),
+            tier_client_replaced: counter(
+                "recserve_embedding_tier_client_replaced_total",
+                "Times the Redis tier's cluster connection was replaced by a new one because it had answered \
+                 nothing, not even an error, for 3 s while a probe was out (the client's routing task was stuck).",
+                &[],
+            ),
             unfetched_default: counter(
                 "recserve_embedding_unfetched_default_total",
                 "Ids of Redis-tier tables with unfetched = \"default_row\" read from the default row because their \
@@ -381,7 +388,7 @@ impl Metrics {
                 &["model"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 49] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 50] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.request_rows.clone()),
@@ -425,6 +432,7 @@ impl Metrics {
             Box::new(m.tier_rows_fetched.clone()),
             Box::new(m.tier_errors.clone()),
             Box::new(m.tier_open_groups.clone()),
+            Box::new(m.tier_client_replaced.clone()),
             Box::new(m.unfetched_default.clone()),
             Box::new(m.update_visible.clone()),
             Box::new(m.update_entries.clone()),
@@ -515,6 +523,11 @@ impl Metrics {
     /// `recserve_embedding_unfetched_default_total` of one Redis-tier table.
     pub fn unfetched_default_counter(&self, model: &str, table: &str) -> IntCounter {
         self.unfetched_default.with_label_values(&[model, table])
+    }
+
+    /// `recserve_embedding_tier_client_replaced_total`: the shared Redis Cluster connection's replacements.
+    pub fn tier_client_replaced(&self) -> IntCounter {
+        self.tier_client_replaced.with_label_values::<&str>(&[])
     }
 
     /// What the Redis tier and its row cache of `model` report into.

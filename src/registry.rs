@@ -73,6 +73,7 @@ impl LoadContext {
         metrics: Metrics,
         placement: Placement,
     ) -> LoadContext {
+        let tier_client_replaced = metrics.tier_client_replaced();
         LoadContext {
             runtime,
             metrics,
@@ -110,6 +111,7 @@ impl LoadContext {
                 config.redis_url.clone(),
                 config.embedding_cache_bytes,
                 std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
+                tier_client_replaced,
             ),
         }
     }

@@ -5,7 +5,8 @@
 //! threads gather the table through the store the server uses. Every gathered row must be whole (all its elements
 //! from one version) and, while the cluster is healthy, no older than the last update the store had applied when
 //! the gather began (a fetch that straddles an update must not cache the old row); the master that holds the
-//! stream is killed by PID meanwhile, and the followers must read on after the failover; at the end every row, and the served scores, must be those of the last version
+//! stream is killed by PID meanwhile and started again after the failover, and the followers and fetches must read
+//! on after both; at the end every row, and the served scores, must be those of the last version
 //! (the scores bit for bit those of the same model served from a mapped file that holds that version's rows).
 
 mod common;
@@ -186,7 +187,10 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         &reference.join("1/tables.safetensors"),
         LAST,
     );
-    let config = redis_config_on(&own.nodes, repository.path());
+    let mut config = redis_config_on(&own.nodes, repository.path());
+    // Whole-table gathers of a debug build on a loaded 2-core machine can take longer than the default 50 ms, and
+    // this test is about which rows are read, not how fast: a failed gather before the kill fails it.
+    config.redis_fetch_timeout_ms = 250;
     let server = TestServer::start(config.clone()).await;
     let request: Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("models/demo/rank-request.json")).expect("request"),
@@ -304,14 +308,22 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         BEFORE_KILL + 1,
         killed.elapsed()
     );
-    // Not restarted: with the killed node started again (`OwnCluster::restart`), the store's fetches of some slots
-    // kept timing out for 30 s and more in about half the runs (not understood yet; see docs/model-repository.md).
+    // The killed node is started again and rejoins as a replica. Before the client's watchdog, the failover or the
+    // restart left the cluster connection stuck for good in about half the runs (its slot-map refresh waited on a
+    // request it no longer polled; src/embedding/remote/redis.rs), and the next version never became visible.
+    own.restart(&victim);
+    eprintln!(
+        "master {victim} started again and rejoined as a replica {:?} after the kill",
+        killed.elapsed()
+    );
     write_until_done(&mut writer, BEFORE_KILL + 2).await;
     let rejoined =
         tokio::task::block_in_place(|| wait_for_version(store.as_ref(), table, BEFORE_KILL + 2));
     eprintln!(
-        "after the failover, version {} visible to the store {rejoined:?} after it was announced",
-        BEFORE_KILL + 2
+        "after the failover and the restart, version {} visible to the store {rejoined:?} after it was announced \
+         (the store's connection replaced {} times)",
+        BEFORE_KILL + 2,
+        ctx.metrics.tier_client_replaced().get()
     );
     // Its rows may have been fetched before its entry was applied (they were not cached): give the follower time
     // to apply every entry written so far before counting from here.

@@ -69,6 +69,21 @@ pub struct RunOptions {
     pub settle: Option<Settle>,
     /// Keep every request's times and outcome, warm-up included ([`RunStats::log`]).
     pub log_requests: bool,
+    /// Sees every successful answer, warm-up included (`--check-scores`).
+    pub on_answer: Option<AnswerHook>,
+}
+
+/// What an [`AnswerHook`] calls: the index of the request in the pool, and the answer's body.
+pub type AnswerFn = dyn Fn(usize, &[u8]) + Send + Sync;
+
+/// Called for every successful answer, on the worker that received it.
+#[derive(Clone)]
+pub struct AnswerHook(pub Arc<AnswerFn>);
+
+impl std::fmt::Debug for AnswerHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnswerHook")
+    }
 }
 
 /// When a server counts as settled: `CONSECUTIVE` requests in a row, sent one at a time, each answered with a
@@ -157,6 +172,7 @@ struct Shared<T: Target> {
     recorder: Mutex<Recorder>,
     live: Live,
     log: Option<Mutex<Vec<Logged>>>,
+    on_answer: Option<AnswerHook>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -308,13 +324,19 @@ async fn worker<T: Target>(shared: Arc<Shared<T>>, mut conn: Option<T::Conn>) {
         let live = &shared.live;
         let in_flight = live.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         live.peak_in_flight.fetch_max(in_flight, Ordering::Relaxed);
-        let request = &shared.requests[slot.seq % shared.requests.len()];
+        let index = slot.seq % shared.requests.len();
+        let request = &shared.requests[index];
         let result =
             tokio::time::timeout_at(deadline, attempt(&*shared.target, &mut conn, request)).await;
         let done = Instant::now();
         live.in_flight.fetch_sub(1, Ordering::Relaxed);
         let outcome = match result {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(answer)) => {
+                if let Some(hook) = &shared.on_answer {
+                    (hook.0)(index, &answer);
+                }
+                Ok(())
+            }
             Ok(Err(failure)) => {
                 if failure.breaks_connection() {
                     conn = None;
@@ -410,6 +432,7 @@ pub async fn run<T: Target>(
         recorder: Mutex::new(Recorder::default()),
         live: Live::default(),
         log: options.log_requests.then(|| Mutex::new(Vec::new())),
+        on_answer: options.on_answer.clone(),
     });
     let progress = options
         .progress
@@ -646,6 +669,7 @@ mod tests {
             progress: false,
             settle: None,
             log_requests: false,
+            on_answer: None,
         }
     }
 

@@ -68,6 +68,9 @@ pub struct RunReport {
     pub settle_s: f64,
     #[serde(default = "settled_default")]
     pub settled: bool,
+    /// Every answer checked against saved scores (`--check-scores`), warm-up included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_check: Option<crate::check::AnswerCounts>,
 }
 
 fn settled_default() -> bool {
@@ -111,6 +114,7 @@ impl RunReport {
             wall_s: stats.wall.as_secs_f64(),
             settle_s: stats.settle_wait.as_secs_f64(),
             settled: stats.settled,
+            score_check: None,
         }
     }
 
@@ -203,6 +207,24 @@ impl fmt::Display for RunReport {
                 "  warning     the server was still slow after {:.0} s of waiting for it to settle before this run",
                 self.settle_s
             )?;
+        }
+        if let Some(c) = &self.score_check {
+            let matched: Vec<String> = c.matched.iter().map(u64::to_string).collect();
+            writeln!(
+                f,
+                "  scores      {} answers, {} candidates checked (warm-up included): matched file by file {} \
+                 (largest difference {:.1e}) · {} matched none, in {} answers · {} unreadable",
+                c.answers,
+                c.candidates,
+                matched.join(" / "),
+                c.worst_match,
+                c.mismatched,
+                c.answers_mismatched,
+                c.unreadable
+            )?;
+            if let Some(first) = &c.first_mismatch {
+                writeln!(f, "  first       {first}")?;
+            }
         }
         if let (Mode::Open { .. }, Some(d)) = (self.mode, &self.send_delay_ms) {
             writeln!(

@@ -489,6 +489,7 @@ mod tests {
             wall_s: 1.0,
             settle_s: 0.0,
             settled: true,
+            score_check: None,
         }
     }
 

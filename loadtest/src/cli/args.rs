@@ -187,6 +187,15 @@ pub struct RunArgs {
     /// (Unix nanoseconds; sent is empty for a request never sent) and its outcome (ok, http_503, connect, ...).
     #[arg(long, env = "RECLOAD_LOG_REQUESTS")]
     pub log_requests: Option<PathBuf>,
+    /// Check every answer (warm-up included) against scores saved for this run's pool of requests
+    /// (`recload check --save F --samples N` with this run's workload flags, --seed and --pool N): each candidate's
+    /// score must be, within --check-tolerance, its score in one of these comma-separated files. The report counts
+    /// the candidates that matched each file and those that matched none (`score_check`).
+    #[arg(long, env = "RECLOAD_CHECK_SCORES", value_delimiter = ',')]
+    pub check_scores: Vec<PathBuf>,
+    /// Largest absolute difference from a saved score that --check-scores accepts.
+    #[arg(long, env = "RECLOAD_CHECK_TOLERANCE", default_value_t = 1e-6)]
+    pub check_tolerance: f64,
 }
 
 #[derive(Clone, Debug, Args)]

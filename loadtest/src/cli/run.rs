@@ -6,9 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::output::{to_json, write_out};
+use super::output::{io_error, to_json, write_out};
 use super::workload::prepare;
 use super::{CliError, RunArgs, TimingArgs};
+use crate::check::{AnswerCheck, ScoresFile};
 use crate::engine::{self, Mode, RunOptions};
 use crate::report::{RunReport, now_rfc3339};
 use crate::target::Target;
@@ -28,6 +29,7 @@ pub(super) fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOpti
             timeout: timing.settle_timeout,
         }),
         log_requests: false,
+        on_answer: None,
     }
 }
 
@@ -68,20 +70,49 @@ pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
     };
     let mut options = run_options(&args.timing, mode, args.workload.seed);
     options.log_requests = args.log_requests.is_some();
+    let check = answer_check(args, &p.pool)?;
+    if let Some(check) = &check {
+        let (check, target) = (Arc::clone(check), Arc::clone(&p.target));
+        options.on_answer = Some(engine::AnswerHook(Arc::new(move |index, answer| {
+            check.check(index, target.rank_scores(answer));
+        })));
+    }
     let started_at = now_rfc3339();
     let stats = engine::run(Arc::clone(&p.target), Arc::clone(&p.prepared), &options).await?;
     drop(p.pool);
     if let Some(path) = &args.log_requests {
         write_out(path, &requests_csv(&stats))?;
     }
-    Ok(RunReport::new(
+    let mut report = RunReport::new(
         args.timing.label.clone(),
         started_at,
         p.target.info(),
         p.workload,
         &options,
         &stats,
-    ))
+    );
+    report.score_check = check.map(|c| c.counts());
+    Ok(report)
+}
+
+/// The `--check-scores` check of the run's pool, when asked for.
+fn answer_check(
+    args: &RunArgs,
+    pool: &[crate::workload::Request],
+) -> Result<Option<Arc<AnswerCheck>>, CliError> {
+    if args.check_scores.is_empty() {
+        return Ok(None);
+    }
+    let mut files = Vec::with_capacity(args.check_scores.len());
+    for path in &args.check_scores {
+        let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+        files.push((path.display().to_string(), ScoresFile::parse(&text)?));
+    }
+    Ok(Some(Arc::new(AnswerCheck::new(
+        &files,
+        pool,
+        args.check_tolerance,
+    )?)))
 }
 
 /// The `--log-requests` file of a run.

@@ -584,6 +584,7 @@ mod tests {
             progress: false,
             settle: None,
             log_requests: false,
+            on_answer: None,
         };
         let err = crate::engine::run(target, prepared, &options)
             .await

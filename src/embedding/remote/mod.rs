@@ -45,15 +45,23 @@ pub struct TierContext {
     pub cache_bytes: u64,
     pub fetch_timeout: Duration,
     cluster: Arc<Mutex<Option<Arc<RedisCluster>>>>,
+    /// `recserve_embedding_tier_client_replaced_total`, which the connection counts its replacements in.
+    replaced: IntCounter,
 }
 
 impl TierContext {
-    pub fn new(nodes: Vec<String>, cache_bytes: u64, fetch_timeout: Duration) -> TierContext {
+    pub fn new(
+        nodes: Vec<String>,
+        cache_bytes: u64,
+        fetch_timeout: Duration,
+        replaced: IntCounter,
+    ) -> TierContext {
         TierContext {
             nodes,
             cache_bytes,
             fetch_timeout,
             cluster: Arc::default(),
+            replaced,
         }
     }
 
@@ -69,7 +77,7 @@ impl TierContext {
         if let Some(cluster) = cluster.as_ref() {
             return Ok(Arc::clone(cluster));
         }
-        let connected = Arc::new(RedisCluster::connect(&self.nodes)?);
+        let connected = Arc::new(RedisCluster::connect(&self.nodes, self.replaced.clone())?);
         *cluster = Some(Arc::clone(&connected));
         Ok(connected)
     }

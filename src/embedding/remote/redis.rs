@@ -5,13 +5,30 @@
 //! The client runs on a tokio runtime of its own (one thread, `recserve-redis`), so that Redis I/O never waits
 //! behind the HTTP/gRPC workers and the executor threads, which are not tokio threads, can hand it work: an
 //! executor sends a batch's misses over and waits at most the batch's budget for the answer.
+//!
+//! A connection that stops answering is replaced. The crate's cluster connection routes every request on one task;
+//! while that task refreshes its slot map (after a MOVED, or a node lost), it polls none of the requests in flight,
+//! and the refresh waits for the write half of the lock those requests read the slot map under. A request that took
+//! its read permit in a poll where the task's tokio budget ran out (since tokio 1.54 such an acquire keeps its permit
+//! and returns pending, to keep the lock's order) holds that permit until it is polled again, which never happens:
+//! the refresh waits for good and nothing is answered, on every node, until the process restarts. A batch's 64
+//! MGETs from two executors are about the 128 budget units of one poll, so this followed failovers and restarted
+//! nodes in about half the runs (docs/model-repository.md, "When the client stalls"). So a watchdog sends a PING
+//! every [`PROBE_EVERY`] and, when the connection has answered nothing at all, neither a value nor an error, for
+//! [`WEDGED_AFTER`], connects again and swaps the new connection in; the old one's task is aborted when the last
+//! fetch holding it lets go. A request is never unanswered that long otherwise: every step of the client is bounded
+//! by [`RESPONSE_TIMEOUT`] (a slot-map query to a node that accepts connections but does not answer, stopped or
+//! partitioned, would wait for good too).
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
+use prometheus::IntCounter;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::updates::EntryId;
 
@@ -94,8 +111,54 @@ pub struct RedisCluster {
     /// Always `Some` until dropped: [`Drop`] shuts it down without waiting, which is allowed anywhere (the last
     /// model holding the connection may be dropped on a tokio worker).
     runtime: Option<tokio::runtime::Runtime>,
-    connection: ClusterConnection,
+    live: Arc<Live>,
     nodes: Vec<String>,
+}
+
+/// The connection every request clones, and when it last answered anything; replaced by the watchdog
+/// ([`watch`]) when it stops answering.
+struct Live {
+    connection: RwLock<ClusterConnection>,
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the connection's last answer: a value or an error it returned (not a request
+    /// given up by our own timeout).
+    answered_ms: AtomicU64,
+}
+
+impl Live {
+    fn new(connection: ClusterConnection) -> Live {
+        Live {
+            connection: RwLock::new(connection),
+            epoch: Instant::now(),
+            answered_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn current(&self) -> ClusterConnection {
+        self.connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn answered(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.answered_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long since its last answer.
+    fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    fn replace(&self, connection: ClusterConnection) {
+        *self
+            .connection
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = connection;
+        self.answered();
+    }
 }
 
 impl std::fmt::Debug for RedisCluster {
@@ -108,12 +171,21 @@ impl std::fmt::Debug for RedisCluster {
 
 /// How long connecting to a node may take before the client tries another.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the client waits for one answer of one node (a fetch gives up sooner, at its budget); it bounds every
+/// step of the client's recovery, so that a request is always answered, if only with an error.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often the watchdog sends a PING through the connection.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long a connection may answer nothing, neither a value nor an error, before the watchdog replaces it:
+/// longer than a healthy client takes to answer or fail a request ([`RESPONSE_TIMEOUT`], plus its retries).
+pub const WEDGED_AFTER: Duration = Duration::from_secs(3);
 /// How long the start-up commands (connect, the marker, the default rows) may take.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl RedisCluster {
-    /// Connects to the cluster through any of `nodes` (`redis://host:port` or `host:port`).
-    pub fn connect(nodes: &[String]) -> Result<RedisCluster, String> {
+    /// Connects to the cluster through any of `nodes` (`redis://host:port` or `host:port`); `replaced` counts the
+    /// connection's replacements by the watchdog.
+    pub fn connect(nodes: &[String], replaced: IntCounter) -> Result<RedisCluster, String> {
         let nodes: Vec<String> = nodes
             .iter()
             .map(|n| {
@@ -130,17 +202,21 @@ impl RedisCluster {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the Redis client's thread: {e}"))?;
-        let client = client(&nodes, None)?;
+        let client = client(&nodes, RESPONSE_TIMEOUT, None)?;
+        let connecting = client.clone();
         let connection = wait_on(&runtime, LOAD_TIMEOUT, async move {
-            client.get_async_connection().await
+            connecting.get_async_connection().await
         })
         .ok_or_else(|| {
             format!("no answer from the Redis Cluster at {nodes:?} within {LOAD_TIMEOUT:?}")
         })?
         .map_err(|e| format!("cannot connect to the Redis Cluster at {nodes:?}: {e}"))?;
+        let live = Arc::new(Live::new(connection));
+        live.answered();
+        runtime.spawn(watch(Arc::clone(&live), client, replaced));
         Ok(RedisCluster {
             runtime: Some(runtime),
-            connection,
+            live,
             nodes,
         })
     }
@@ -148,7 +224,7 @@ impl RedisCluster {
     /// A client of the same cluster whose connections wait `response_timeout` for an answer, for a task that
     /// needs a connection of its own ([`super::updates`]).
     pub fn follower_client(&self, response_timeout: Duration) -> Result<ClusterClient, String> {
-        client(&self.nodes, Some(response_timeout))
+        client(&self.nodes, response_timeout, Some(response_timeout))
     }
 
     /// Runs `task` on the client's runtime.
@@ -161,7 +237,7 @@ impl RedisCluster {
 
     /// The ID of the last entry of stream `key`, [`EntryId::ZERO`] when there is none. For loading only.
     pub fn last_entry(&self, key: &str) -> Result<EntryId, String> {
-        let mut connection = self.connection.clone();
+        let live = Arc::clone(&self.live);
         let xrevrange = redis::cmd("XREVRANGE")
             .arg(key)
             .arg("+")
@@ -170,9 +246,11 @@ impl RedisCluster {
             .arg(1)
             .clone();
         let entries = wait_on(self.runtime(), LOAD_TIMEOUT, async move {
-            xrevrange
-                .query_async::<Vec<(String, redis::Value)>>(&mut connection)
-                .await
+            let answer = xrevrange
+                .query_async::<Vec<(String, redis::Value)>>(&mut live.current())
+                .await;
+            live.answered();
+            answer
         })
         .ok_or_else(|| format!("no answer for {key} within {LOAD_TIMEOUT:?}"))?
         .map_err(|e| format!("cannot read {key}: {e}"))?;
@@ -196,13 +274,15 @@ impl RedisCluster {
 
     /// The completion marker of a version (empty when there is none). For loading only: blocks the caller.
     pub fn marker(&self, model: &str, version: u64) -> Result<HashMap<String, String>, String> {
-        let mut connection = self.connection.clone();
+        let live = Arc::clone(&self.live);
         let key = marker_key(model, version);
         let hgetall = redis::cmd("HGETALL").arg(&key).clone();
         wait_on(self.runtime(), LOAD_TIMEOUT, async move {
-            hgetall
-                .query_async::<HashMap<String, String>>(&mut connection)
-                .await
+            let answer = hgetall
+                .query_async::<HashMap<String, String>>(&mut live.current())
+                .await;
+            live.answered();
+            answer
         })
         .ok_or_else(|| format!("no answer for {key} within {LOAD_TIMEOUT:?}"))?
         .map_err(|e| format!("cannot read {key}: {e}"))
@@ -217,11 +297,11 @@ impl RedisCluster {
         if n == 0 {
             return Vec::new();
         }
-        let connection = self.connection.clone();
+        let connection = self.live.current();
         let until = tokio::time::Instant::from_std(deadline);
         let requests = groups
             .into_iter()
-            .map(move |keys| mget(connection.clone(), keys, until));
+            .map(|keys| mget(connection.clone(), Arc::clone(&self.live), keys, until));
         let all = futures_util::future::join_all(requests.collect::<Vec<_>>());
         // Each group times out by itself at the deadline; the margin covers a client thread slow to be scheduled.
         let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(5);
@@ -237,20 +317,27 @@ impl RedisCluster {
         answered: impl FnOnce(GroupAnswer) + Send + 'static,
     ) {
         let until = tokio::time::Instant::from_std(Instant::now() + timeout);
-        let mget = mget(self.connection.clone(), keys, until);
+        let mget = mget(self.live.current(), Arc::clone(&self.live), keys, until);
         self.runtime().spawn(async move { answered(mget.await) });
     }
 }
 
-/// One group's MGET, given up at `until`.
+/// One group's MGET on `connection`, given up at `until`; an answer, even an error, is noted in `live`.
 async fn mget(
     mut connection: ClusterConnection,
+    live: Arc<Live>,
     keys: Group,
     until: tokio::time::Instant,
 ) -> GroupAnswer {
     let mut cmd = redis::cmd("MGET");
     cmd.arg(&keys);
-    let mget = cmd.query_async::<Vec<Option<Vec<u8>>>>(&mut connection);
+    let mget = async {
+        let answer = cmd
+            .query_async::<Vec<Option<Vec<u8>>>>(&mut connection)
+            .await;
+        live.answered();
+        answer
+    };
     match tokio::time::timeout_at(until, mget).await {
         Err(_) => Err(FetchFailure::Timeout),
         Ok(Err(e)) => Err(FetchFailure::of(&e)),
@@ -259,18 +346,62 @@ async fn mget(
     }
 }
 
+/// The watchdog of a connection (module docs): a PING every [`PROBE_EVERY`] (bounded by [`WEDGED_AFTER`], so a
+/// stuck connection's probes let it go), and a new connection in place of one that has answered nothing for
+/// [`WEDGED_AFTER`]. Runs until the client's runtime shuts down.
+async fn watch(live: Arc<Live>, client: ClusterClient, replaced: IntCounter) {
+    let mut every = tokio::time::interval(PROBE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let mut connection = live.current();
+        let probed = Arc::clone(&live);
+        tokio::spawn(async move {
+            let ping = connection.route_command(
+                redis::cmd("PING"),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            );
+            if tokio::time::timeout(WEDGED_AFTER, ping).await.is_ok() {
+                probed.answered();
+            }
+        });
+        let silent = live.silent_for();
+        if silent < WEDGED_AFTER {
+            continue;
+        }
+        tracing::warn!(
+            silent_ms = silent.as_millis() as u64,
+            "the Redis Cluster connection has answered nothing, not even an error; connecting again"
+        );
+        match tokio::time::timeout(LOAD_TIMEOUT, client.get_async_connection()).await {
+            Ok(Ok(connection)) => {
+                live.replace(connection);
+                replaced.inc();
+                tracing::info!("the Redis Cluster connection was replaced");
+            }
+            Ok(Err(e)) => tracing::warn!("cannot connect to the Redis Cluster again: {e}"),
+            Err(_) => tracing::warn!(
+                "no answer from the Redis Cluster within {LOAD_TIMEOUT:?} while connecting again"
+            ),
+        }
+    }
+}
+
 /// The cluster client: short connect timeouts and few quick retries, so a batch's fetch fails over to its
-/// `unfetched` policy instead of waiting; `response_timeout` `None` keeps the client's default.
-fn client(nodes: &[String], response_timeout: Option<Duration>) -> Result<ClusterClient, String> {
-    let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+/// `unfetched` policy instead of waiting; each answer of a node waited for `response_timeout` at most, a whole
+/// request (retries included) `overall` at most (`None`: the caller bounds it).
+fn client(
+    nodes: &[String],
+    response_timeout: Duration,
+    overall: Option<Duration>,
+) -> Result<ClusterClient, String> {
+    ClusterClientBuilder::new(nodes.to_vec())
         .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(response_timeout)
+        .overall_response_timeout(overall)
         .retries(3)
         .min_retry_wait(10)
-        .max_retry_wait(200);
-    if let Some(timeout) = response_timeout {
-        builder = builder.response_timeout(timeout);
-    }
-    builder
+        .max_retry_wait(200)
         .build()
         .map_err(|e| format!("invalid Redis Cluster address in {nodes:?}: {e}"))
 }
