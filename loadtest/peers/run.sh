@@ -8,7 +8,7 @@
 # "Peer benchmark" section of docs/benchmarks.md (between its markers) and docs/peers-<precision>.svg.
 #
 # Usage: loadtest/peers/run.sh [--models DIR] [--fp32-model NAME] [--int8-model NAME] [--results DIR] [--section NAME]
-#                              [--quick]
+#                              [--whole-box] [--quick]
 #   --models DIR    model repository holding the two DeepFM models [default: models/demo (the trained demo models:
 #                   deepfm-fp32 and deepfm, its INT8 one), else the generated test repository
 #                   target/test-fixture/repo (deepfm-fp32 and deepfm-int8)]
@@ -17,6 +17,9 @@
 #   --section NAME  write a section of its own, "Peer benchmark (NAME)", and docs/peers-NAME-<precision>.svg, beside
 #                   the default section (the demo models'): e.g. `--section realistic` for the realistic benchmark
 #                   models (`--models target/bench-repo --fp32-model realistic-fp32 --int8-model realistic-int8`)
+#   --whole-box     no pinning: each server sized to every CPU of the machine and sharing them with recload (as a
+#                   box serving alone would be loaded from elsewhere, minus the generator's share, which every row
+#                   shows); without it recload has CPU 0 and the server the others
 #   --quick         short runs: a check that the script works end to end, not figures to publish
 # Environment (defaults in brackets):
 #   BENCH_NOTE            a warning printed above the figures, e.g. "Machine shared with concurrent builds: preliminary"
@@ -37,6 +40,7 @@ int8_model=""
 results=target/peers
 section=""
 quick=0
+whole_box=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --models) models=$2; shift 2 ;;
@@ -44,6 +48,7 @@ while [ $# -gt 0 ]; do
     --int8-model) int8_model=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --section) section=$2; shift 2 ;;
+    --whole-box) whole_box=1; shift ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -59,6 +64,7 @@ command_line+="loadtest/peers/run.sh${models:+ --models $models}${fp32_model:+ -
 command_line+="${int8_model:+ --int8-model $int8_model}"
 [ "$results" = target/peers ] || command_line+=" --results $results"
 [ -z "$section" ] || command_line+=" --section $section"
+[ $whole_box = 1 ] && command_line+=" --whole-box"
 [ $quick = 1 ] && command_line+=" --quick"
 
 if [ $quick = 1 ]; then
@@ -146,7 +152,17 @@ cp "$stub" "$triton/backends/python/"
 
 # --- cores --------------------------------------------------------------------------------------------------
 cpus=$(nproc)
-if [ "$cpus" -ge 2 ]; then
+sizing() { # N: how each server is sized to N cores
+  echo "Each server is sized to its cores: recserve \`--executors $1\` (one ONNX Runtime intra-op thread each)," \
+    "Triton \`instance_group { count: $1 }\`, uvicorn \`--workers $1\`; every onnxruntime session uses one intra-op" \
+    "thread."
+}
+if [ $whole_box = 1 ]; then
+  client_cpus=""; server_cpus=""; server_cores=$cpus
+  client=(); server=()
+  pinning="Pinning: none (\`--whole-box\`): each server in turn has all $cpus CPUs and shares them with recload, whose"
+  pinning+=" own CPU is shown beside every rate; recserve's in-process ceiling runs on all of them too. $(sizing "$cpus")"
+elif [ "$cpus" -ge 2 ]; then
   client_cpus=0
   server_cpus="1-$((cpus - 1))"
   [ "$cpus" -eq 2 ] && server_cpus=1
@@ -155,10 +171,7 @@ if [ "$cpus" -ge 2 ]; then
   server=(taskset -c "$server_cpus")
   pinning="Pinning (taskset): recload on CPU $client_cpus; each server in turn on CPU $server_cpus"
   pinning+=" ($server_cores core$([ $server_cores = 1 ] || echo s)), alone: one system runs at a time, and recserve's"
-  pinning+=" in-process ceiling runs on the same core(s). Each server is sized to its cores: recserve"
-  pinning+=" \`--executors $server_cores\` (one ONNX Runtime intra-op thread each), Triton"
-  pinning+=" \`instance_group { count: $server_cores }\`, uvicorn \`--workers $server_cores\`; every onnxruntime"
-  pinning+=" session uses one intra-op thread."
+  pinning+=" in-process ceiling runs on the same core(s). $(sizing "$server_cores")"
 else
   client_cpus=""; server_cpus=""; server_cores=1
   client=(); server=()

@@ -122,6 +122,9 @@ pub struct RunStats {
     pub peak_in_flight: u64,
     /// From the first send to the last answer or timeout, warm-up and drain included.
     pub wall: Duration,
+    /// recload's own CPU time (user + system, all threads) over `wall`: a generator near a full core measures
+    /// itself. `None` where the OS would not say.
+    pub cpu: Option<Duration>,
     /// Time spent waiting for the server to settle before the run, and whether it did.
     pub settle_wait: Duration,
     pub settled: bool,
@@ -416,6 +419,7 @@ pub async fn run<T: Target>(
         None => (Duration::ZERO, true),
     };
 
+    let cpu_before = process_cpu();
     let start = Instant::now();
     let started = std::time::SystemTime::now();
     let measure_from = start + options.warmup;
@@ -447,6 +451,9 @@ pub async fn run<T: Target>(
         }
     }
     let wall = start.elapsed();
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     if let Some(progress) = progress {
         progress.abort();
         eprintln!();
@@ -473,6 +480,7 @@ pub async fn run<T: Target>(
         peak_in_flight: shared.live.peak_in_flight.load(Ordering::Relaxed).max(0) as u64,
         recorder,
         wall,
+        cpu,
         settle_wait,
         settled,
         started,
@@ -482,6 +490,22 @@ pub async fn run<T: Target>(
             .map(|log| std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner)))
             .unwrap_or_default(),
     })
+}
+
+/// The CPU time this process has used so far, user and system, all threads (`getrusage(RUSAGE_SELF)`).
+fn process_cpu() -> Option<Duration> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole `rusage` into the pointer it is given when it returns 0, and nothing else.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
 }
 
 /// Sends `request` one at a time on `conn` until [`Settle::CONSECUTIVE`] answers in a row were 2xx within
@@ -717,6 +741,12 @@ mod tests {
         assert!((lat.p99_ms - 1.0).abs() < 0.01, "{lat:?}");
         assert!(lat.max_ms > 150.0, "the stall did happen: {lat:?}");
         assert!(stats.offered_rps.is_none());
+        // Thousands of requests cost the generator some CPU of its own, and it says how much.
+        assert!(
+            stats.cpu.is_some_and(|c| c > Duration::ZERO),
+            "{:?}",
+            stats.cpu
+        );
     }
 
     #[tokio::test(start_paused = true)]

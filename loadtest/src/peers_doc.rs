@@ -242,6 +242,22 @@ fn sla_max(sweep: &Option<SweepReport>, sla_ms: f64) -> Option<f64> {
         .max_rps
 }
 
+/// recload's highest CPU share over the sweep's runs at offered rate `rate` (a rate may have been run again).
+fn sweep_cpu_at(sweep: &Option<SweepReport>, rate: f64) -> Option<f64> {
+    sweep
+        .as_ref()?
+        .steps
+        .iter()
+        .filter(|r| (offered(r) - rate).abs() < 1e-6)
+        .filter_map(RunReport::cpu_share)
+        .max_by(f64::total_cmp)
+}
+
+/// ` (recload 37%)`, or nothing when the report does not say.
+fn cpu_note(share: Option<f64>) -> String {
+    share.map_or(String::new(), |c| format!(" (recload {:.0}%)", 100.0 * c))
+}
+
 fn saturation(r: &Option<RunReport>) -> Option<f64> {
     r.as_ref().map(|r| r.achieved_rps)
 }
@@ -341,6 +357,29 @@ pub fn render(results: &Path, section: &Section) -> Result<String, DocError> {
             Ms(*worst)
         );
     }
+    let mut cpus: Vec<f64> = data
+        .values()
+        .flat_map(|d| {
+            d.sweep
+                .iter()
+                .flat_map(|s| s.steps.iter())
+                .chain(d.fixed.iter())
+                .chain(d.closed.iter())
+        })
+        .filter_map(RunReport::cpu_share)
+        .collect();
+    cpus.sort_by(f64::total_cmp);
+    if let (Some(median), Some(worst)) = (cpus.get(cpus.len() / 2), cpus.last()) {
+        let _ = writeln!(
+            w,
+            "\nrecload's own CPU (user + system over each run's wall time, as a share of one core; beside every rate \
+             below as *recload N%*): median {:.0}%, highest {:.0}% over the {} runs. A generator near 100% would be \
+             measuring itself.",
+            100.0 * median,
+            100.0 * worst,
+            cpus.len()
+        );
+    }
     let _ = writeln!(w, "\n{}\n", meta.pinning);
 
     // Throughput under each SLA.
@@ -371,9 +410,16 @@ pub fn render(results: &Path, section: &Section) -> Result<String, DocError> {
             let d = &data[&(p.name.clone(), s.key.clone())];
             let mut row = format!("| {} | {} |", p.model, s.name);
             for sla in &slas {
-                let _ = write!(row, " {} |", rate(sla_max(&d.sweep, *sla)));
+                let max = sla_max(&d.sweep, *sla);
+                let step_cpu = max.and_then(|max| sweep_cpu_at(&d.sweep, max));
+                let _ = write!(row, " {}{} |", rate(max), cpu_note(step_cpu));
             }
-            let _ = write!(row, " {} |", rate(saturation(&d.closed)));
+            let _ = write!(
+                row,
+                " {}{} |",
+                rate(saturation(&d.closed)),
+                cpu_note(d.closed.as_ref().and_then(RunReport::cpu_share))
+            );
             let _ = writeln!(w, "{row}");
         }
     }
@@ -583,6 +629,7 @@ fn fixed_cell(r: &RunReport) -> String {
     } else if r.achieved_rps < 0.95 * offered(r) {
         let _ = write!(cell, " (achieved {:.0}/s)", r.achieved_rps);
     }
+    cell.push_str(&cpu_note(r.cpu_share()));
     cell
 }
 
@@ -666,8 +713,12 @@ mod tests {
     /// A results directory with recserve and one peer, for one precision: the peer's sweep is recserve's with
     /// every rate divided by 4, its saturation a quarter of recserve's.
     fn results(dir: &Path) {
-        let sweep: SweepReport =
+        let mut sweep: SweepReport =
             serde_json::from_str(include_str!("../tests/data/sweep-a.json")).expect("sweep");
+        // recload at half a core in every open-loop run, a quarter in the closed loops.
+        for step in &mut sweep.steps {
+            step.cpu_s = Some(0.5 * step.wall_s);
+        }
         let mut peer = sweep.clone();
         peer.label = Some("Peer".to_owned());
         for s in &mut peer.sla {
@@ -677,6 +728,7 @@ mod tests {
         closed.mode = crate::engine::Mode::Closed { concurrency: 16 };
         closed.achieved_rps = 900.0;
         closed.wall_s = 1.0;
+        closed.cpu_s = Some(0.25);
         let mut peer_closed = closed.clone();
         peer_closed.achieved_rps = 225.0;
         let write = |path: PathBuf, json: String| {
@@ -777,11 +829,14 @@ mod tests {
         assert!(section.contains("> **Machine shared with concurrent builds: preliminary.**"));
         // recserve's 200 ms-SLA rate is 320/s in the fixture sweep, the peer's 80/s; saturation 900 vs 225.
         assert!(
-            section.contains("| deepfm-int8 | recserve | — | 320/s | 900/s |"),
+            section.contains(
+                "| deepfm-int8 | recserve | — | 320/s (recload 50%) | 900/s (recload 25%) |"
+            ),
             "{section}"
         );
         assert!(
-            section.contains("| deepfm-int8 | Peer | — | 80/s | 225/s |"),
+            section
+                .contains("| deepfm-int8 | Peer | — | 80/s (recload 50%) | 225/s (recload 25%) |"),
             "{section}"
         );
         assert!(
@@ -801,10 +856,16 @@ mod tests {
             "{section}"
         );
         assert!(
-            section.contains("| deepfm-int8 | 40/s | 7.90 ms / 59.34 ms (achieved 35/s) | — |"),
+            section.contains(
+                "| deepfm-int8 | 40/s | 7.90 ms / 59.34 ms (achieved 35/s) (recload 50%) | — |"
+            ),
             "{section}"
         );
         assert!(section.contains("recload's send delay"), "{section}");
+        assert!(
+            section.contains("median 50%, highest 50% over the"),
+            "{section}"
+        );
         assert!(
             section.contains("not even at the lowest rate tried, 20/s"),
             "{section}"

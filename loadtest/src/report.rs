@@ -62,6 +62,10 @@ pub struct RunReport {
     pub send_delay_ms: Option<LatencySummary>,
     pub peak_in_flight: u64,
     pub wall_s: f64,
+    /// recload's own CPU time over `wall_s` (user + system, all its threads), in seconds; `null` where the OS
+    /// would not say (and in reports older than the field).
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
     /// Seconds spent, before the run, waiting for the server to answer promptly again (`--settle-*`), and
     /// whether it did (`false`: the run started after `--settle-timeout` anyway).
     #[serde(default)]
@@ -112,6 +116,7 @@ impl RunReport {
             send_delay_ms: r.send_delay.summary(),
             peak_in_flight: stats.peak_in_flight,
             wall_s: stats.wall.as_secs_f64(),
+            cpu_s: stats.cpu.map(|c| c.as_secs_f64()),
             settle_s: stats.settle_wait.as_secs_f64(),
             settled: stats.settled,
             score_check: None,
@@ -125,6 +130,14 @@ impl RunReport {
         } else {
             self.requests.errors as f64 / self.requests.scheduled as f64
         }
+    }
+
+    /// recload's CPU over the run as a share of one core (1.0 = a full core): a generator near its limit
+    /// measures itself, not the server.
+    pub fn cpu_share(&self) -> Option<f64> {
+        self.cpu_s
+            .filter(|_| self.wall_s > 0.0)
+            .map(|c| c / self.wall_s)
     }
 
     /// p99 latency in milliseconds, when any request succeeded.
@@ -225,6 +238,14 @@ impl fmt::Display for RunReport {
             if let Some(first) = &c.first_mismatch {
                 writeln!(f, "  first       {first}")?;
             }
+        }
+        if let Some(share) = self.cpu_share() {
+            writeln!(
+                f,
+                "  recload CPU {:.0}% of one core over the run's {:.1} s (user + system, warm-up included)",
+                100.0 * share,
+                self.wall_s
+            )?;
         }
         if let (Mode::Open { .. }, Some(d)) = (self.mode, &self.send_delay_ms) {
             writeln!(

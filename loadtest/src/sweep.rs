@@ -487,6 +487,7 @@ mod tests {
             send_delay_ms: None,
             peak_in_flight: 1,
             wall_s: 1.0,
+            cpu_s: Some(0.1),
             settle_s: 0.0,
             settled: true,
             score_check: None,
