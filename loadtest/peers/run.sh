@@ -24,6 +24,7 @@
 # Environment (defaults in brackets):
 #   BENCH_NOTE            a warning printed above the figures, e.g. "Machine shared with concurrent builds: preliminary"
 #   WARMUP [2s] DURATION [8s] MIN_REQUESTS [1000] RATES [50:20000:x1.5] SLA [5ms,20ms] REFINE [3]
+#   REPEAT [1]            runs of each SLA's highest passing rate after a sweep (shown beside it: does it hold?)
 #   FIXED_RATES ["100 400 1600"] CONNECTIONS [64] CLOSED_CONCURRENCY [16] CANDIDATES [100] TIMEOUT [2s]
 #   RECSERVE_FLAGS        extra flags for `recserve serve` and `recload ceiling` (e.g. "--batching off")
 #   TRITON_MAX_BATCH [64] most requests Triton's dynamic batcher puts in one execute()
@@ -77,6 +78,7 @@ MIN_REQUESTS=${MIN_REQUESTS:-1000}
 RATES=${RATES:-50:20000:x1.5}
 SLA=${SLA:-5ms,20ms}
 REFINE=${REFINE:-3}
+REPEAT=${REPEAT:-1}
 FIXED_RATES=${FIXED_RATES:-100 400 1600}
 CONNECTIONS=${CONNECTIONS:-64}
 CLOSED_CONCURRENCY=${CLOSED_CONCURRENCY:-16}
@@ -275,7 +277,7 @@ for system in $systems; do
       --label "${names[$system]}")
     log "$system $model: sweep $RATES, SLA $SLA"
     recload sweep "${target_args[@]}" "${common[@]}" "${timing[@]}" --rates "$RATES" --sla "$SLA" \
-      --refine "$REFINE" --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
+      --refine "$REFINE" --repeat "$REPEAT" --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
     cat "$out/sweep.txt" >&2
     log "$system $model: closed loop, $CLOSED_CONCURRENCY workers"
     [ "$system" = recserve ] && curl -s "$url/metrics" > "$out/metrics-before.prom"

@@ -110,6 +110,27 @@ pub struct SlaResult {
     pub first_failing_rps: Option<f64>,
     /// Why that rate failed.
     pub failure: Option<String>,
+    /// `max_rps` run again after the search (`--repeat`), in run order: whether the rate holds the SLA beyond the
+    /// one run that met it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<Repeat>,
+}
+
+/// One more run at an SLA's highest passing rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Repeat {
+    pub achieved_rps: f64,
+    /// `null` when no request succeeded.
+    pub p99_ms: Option<f64>,
+    /// Why it missed the SLA; `null` when it met it.
+    pub failure: Option<String>,
+}
+
+impl SlaResult {
+    /// How many of `repeats` met the SLA.
+    pub fn repeats_met(&self) -> usize {
+        self.repeats.iter().filter(|r| r.failure.is_none()).count()
+    }
 }
 
 /// A sweep, as `recload sweep --json` writes it.
@@ -132,6 +153,9 @@ pub struct SweepReport {
     /// Extra runs at a failing rate before it counts as failing.
     #[serde(default)]
     pub confirm: u32,
+    /// Runs of each SLA's highest passing rate after the search (`SlaResult::repeats`).
+    #[serde(default)]
+    pub repeat: u32,
     /// Steps measure for at least this many requests (`duration_s` is the shortest window).
     #[serde(default)]
     pub min_requests: u64,
@@ -176,6 +200,9 @@ pub struct SearchRules {
     /// Runs added at a rate that failed, before it counts as failing: a rate passes when any of its runs passes,
     /// so one scheduling hiccup (on a shared machine, say) does not end the search.
     pub confirm: u32,
+    /// Runs of each SLA's highest passing rate once the search is over: a rate that met the SLA once may have
+    /// been lucky, and these say whether it holds. They do not change the verdicts.
+    pub repeat: u32,
 }
 
 /// A rate's verdict for one SLA: its first run that met it, or why its last run failed.
@@ -232,6 +259,7 @@ where
         refine,
         max_error_ratio,
         confirm,
+        repeat,
     } = rules;
     let fails = |r: &RunReport, sla: f64| failure(r, sla, max_error_ratio).is_some();
     let largest = slas_ms.iter().copied().fold(0.0, f64::max);
@@ -288,7 +316,36 @@ where
             p99_at_max_ms: pass.and_then(RunReport::p99_ms),
             first_failing_rps: hi,
             failure: fail,
+            repeats: Vec::new(),
         });
+    }
+    // After every verdict, so that they cannot change one; two SLAs with the same highest rate share its repeats.
+    if repeat > 0 {
+        let mut repeated: Vec<(f64, Vec<RunReport>)> = Vec::new();
+        for (result, &sla) in results.iter_mut().zip(slas_ms) {
+            let Some(rate) = result.max_rps else { continue };
+            let at = match repeated.iter().position(|(r, _)| *r == rate) {
+                Some(i) => i,
+                None => {
+                    let mut reports = Vec::with_capacity(repeat as usize);
+                    for _ in 0..repeat {
+                        reports.push(probe(rate).await?);
+                    }
+                    repeated.push((rate, reports));
+                    repeated.len() - 1
+                }
+            };
+            result.repeats = repeated[at]
+                .1
+                .iter()
+                .map(|r| Repeat {
+                    achieved_rps: r.achieved_rps,
+                    p99_ms: r.p99_ms(),
+                    failure: failure(r, sla, max_error_ratio),
+                })
+                .collect();
+        }
+        runs.extend(repeated.into_iter().flat_map(|(_, reports)| reports));
     }
     // Stable: runs at the same rate stay in the order they ran.
     runs.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
@@ -367,9 +424,24 @@ impl fmt::Display for SweepReport {
                 None => write!(f, "  p99 ≤ {} ms: not met at the lowest rate", s.p99_ms)?,
             }
             match (&s.first_failing_rps, &s.failure) {
-                (Some(rate), Some(why)) => writeln!(f, "; {rate:.0}/s failed: {why}")?,
-                _ => writeln!(f, "; never failed: a lower bound, try higher --rates")?,
+                (Some(rate), Some(why)) => write!(f, "; {rate:.0}/s failed: {why}")?,
+                _ => write!(f, "; never failed: a lower bound, try higher --rates")?,
             }
+            if !s.repeats.is_empty() {
+                let p99s: Vec<String> = s
+                    .repeats
+                    .iter()
+                    .map(|r| r.p99_ms.map_or("-".to_owned(), |p| Ms(p).to_string()))
+                    .collect();
+                write!(
+                    f,
+                    "; run again {}×: met it {} time(s), p99 {}",
+                    s.repeats.len(),
+                    s.repeats_met(),
+                    p99s.join(", ")
+                )?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
@@ -431,6 +503,7 @@ mod tests {
             refine,
             max_error_ratio,
             confirm,
+            repeat: 0,
         }
     }
 
@@ -582,6 +655,7 @@ mod tests {
             timeout_s: 1.0,
             max_error_ratio: 0.001,
             confirm: 1,
+            repeat: 0,
             min_requests: 0,
             steps: steps.clone(),
             sla: results.clone(),
@@ -600,6 +674,69 @@ mod tests {
         assert_eq!(results[0].p99_at_max_ms, Some(5.0));
         assert_eq!(results[0].first_failing_rps, Some(8000.0));
         assert_eq!(results[0].failure.as_deref(), Some("p99 30.00 ms > 20 ms"));
+    }
+
+    #[tokio::test]
+    async fn each_highest_passing_rate_is_repeated_after_the_search_without_changing_a_verdict() {
+        // 5 ms holds up to 1000/s and 20 ms up to 2000/s on the first runs; the first repeat at 2000/s misses
+        // 20 ms (a hiccup), the second meets it; the repeat at 1000/s misses 5 ms once but meets 20 ms.
+        let mut probed = Vec::new();
+        let mut again = 0;
+        let (steps, results) = search(
+            &[500.0, 1000.0, 2000.0, 4000.0],
+            &[5.0, 20.0],
+            SearchRules {
+                refine: 0,
+                max_error_ratio: 0.001,
+                confirm: 0,
+                repeat: 2,
+            },
+            |rate| {
+                probed.push(rate);
+                let seen = probed.iter().filter(|r| **r == rate).count();
+                let p99 = match (rate, seen) {
+                    (500.0, _) => 2.0,
+                    (1000.0, 1) | (1000.0, 3) => 4.0,
+                    (1000.0, _) => 8.0,
+                    (2000.0, 2) => {
+                        again += 1;
+                        40.0
+                    }
+                    (2000.0, _) => 10.0,
+                    _ => 30.0,
+                };
+                async move { Ok::<_, Infallible>(report(rate, p99, 0)) }
+            },
+        )
+        .await
+        .expect("search");
+        assert_eq!(
+            probed,
+            vec![
+                500.0, 1000.0, 2000.0, 4000.0, 1000.0, 1000.0, 2000.0, 2000.0
+            ]
+        );
+        assert_eq!(again, 1);
+        assert_eq!(steps.len(), probed.len());
+        let (five, twenty) = (&results[0], &results[1]);
+        assert_eq!((five.max_rps, twenty.max_rps), (Some(1000.0), Some(2000.0)));
+        let p99s =
+            |r: &SlaResult| -> Vec<Option<f64>> { r.repeats.iter().map(|x| x.p99_ms).collect() };
+        assert_eq!(p99s(five), vec![Some(8.0), Some(4.0)]);
+        assert_eq!(five.repeats_met(), 1);
+        assert_eq!(
+            five.repeats[0].failure.as_deref(),
+            Some("p99 8.00 ms > 5 ms")
+        );
+        assert_eq!(p99s(twenty), vec![Some(40.0), Some(10.0)]);
+        assert_eq!(twenty.repeats_met(), 1);
+        // Without repeats nothing is run again and nothing is reported.
+        let (steps, results) = search(&[500.0], &[5.0], rules(0, 0.001, 0), |rate| async move {
+            Ok::<_, Infallible>(report(rate, 1.0, 0))
+        })
+        .await
+        .expect("search");
+        assert_eq!((steps.len(), results[0].repeats.len()), (1, 0));
     }
 
     #[tokio::test]

@@ -222,6 +222,10 @@ pub struct SweepArgs {
     /// does), so that one hiccup does not end the search.
     #[arg(long, env = "RECLOAD_CONFIRM", default_value_t = 1)]
     pub confirm: u32,
+    /// Once the search is over, run each SLA's highest passing rate this many more times and report whether each
+    /// run met the SLA again (the verdicts stay those of the search).
+    #[arg(long, env = "RECLOAD_REPEAT", default_value_t = 0)]
+    pub repeat: u32,
     /// Lengthen a step's measurement window to hold at least this many requests (a p99 from 200 requests is
     /// their second-worst).
     #[arg(long, env = "RECLOAD_MIN_REQUESTS", default_value_t = 1000)]

@@ -45,6 +45,7 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         refine: args.refine,
         max_error_ratio: args.max_error_ratio,
         confirm: args.confirm,
+        repeat: args.repeat,
     };
     let (steps, sla) = sweep::search(&rates, &slas_ms, rules, |rate| {
         let mut options = run_options(
@@ -96,6 +97,7 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         timeout_s: args.timing.timeout.as_secs_f64(),
         max_error_ratio: args.max_error_ratio,
         confirm: args.confirm,
+        repeat: args.repeat,
         min_requests: args.min_requests,
         steps,
         sla,
