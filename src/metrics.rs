@@ -3,10 +3,15 @@
 //!
 //! The full list, with what each is for, is in `docs/metrics.md`.
 
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::trace::Finished;
+use crate::trace::slow::SlowRequests;
 
 /// Latency buckets from 10 µs to 10 s, three per decade.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -31,6 +36,7 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     request_duration: HistogramVec,
+    traces: Arc<TraceSink>,
     request_rows: HistogramVec,
     gather_duration: HistogramVec,
     inference_duration: HistogramVec,
@@ -80,6 +86,31 @@ pub struct Metrics {
     update_following: IntGaugeVec,
 }
 
+/// Where finished request traces go: the per-stage histograms (answered requests only) and the slow-request
+/// record (every request that reached a model).
+#[derive(Debug)]
+pub struct TraceSink {
+    stages: HistogramVec,
+    slow: SlowRequests,
+}
+
+impl TraceSink {
+    pub fn finish(&self, finished: Finished) {
+        if finished.outcome.status == 200 {
+            for (stage, took) in &finished.stages {
+                self.stages
+                    .with_label_values(&[finished.outcome.model.as_str(), stage.as_str()])
+                    .observe(took.as_secs_f64());
+            }
+        }
+        self.slow.offer(finished);
+    }
+
+    pub fn slow(&self) -> &SlowRequests {
+        &self.slow
+    }
+}
+
 /// Buckets for loading a model: 10 ms to 20 minutes.
 pub const LOAD_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
@@ -124,6 +155,16 @@ impl Metrics {
                 LATENCY_BUCKETS,
                 &["model", "endpoint", "protocol"],
             ),
+            traces: Arc::new(TraceSink {
+                stages: histogram(
+                    "recserve_request_stage_seconds",
+                    "Time answered requests spent in each stage, from their first byte to their response handed \
+                     to the connection (stages in docs/metrics.md), by model and stage.",
+                    LATENCY_BUCKETS,
+                    &["model", "stage"],
+                ),
+                slow: SlowRequests::default(),
+            }),
             request_rows: histogram(
                 "recserve_request_rows",
                 "Rows (candidates) per ranking request.",
@@ -388,9 +429,10 @@ impl Metrics {
                 &["model"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 50] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 51] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
+            Box::new(m.traces.stages.clone()),
             Box::new(m.request_rows.clone()),
             Box::new(m.gather_duration.clone()),
             Box::new(m.inference_duration.clone()),
@@ -471,6 +513,11 @@ impl Metrics {
         self.request_duration
             .with_label_values(&[model, endpoint, protocol])
             .observe(seconds);
+    }
+
+    /// Where the connection layer hands finished request traces.
+    pub fn traces(&self) -> Arc<TraceSink> {
+        Arc::clone(&self.traces)
     }
 
     /// The handles one model's hot path uses, resolved once so no label lookup happens per request.

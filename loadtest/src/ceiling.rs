@@ -372,7 +372,7 @@ fn measure(
         let (input, requests) = &batches[next % batches.len()];
         next += 1;
         let start = Instant::now();
-        let scores = worker
+        let executed = worker
             .execute(
                 input.rows,
                 &input.ids,
@@ -382,7 +382,7 @@ fn measure(
             )
             .map_err(|e| CeilingError::Execute(e.to_string()))?;
         let took = start.elapsed();
-        std::hint::black_box(scores);
+        std::hint::black_box(executed);
         Ok(took)
     };
     let warm_until = Instant::now() + options.warmup;

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::error::{Echo, ServiceError};
 use crate::service::{ModelRequest, Operation, Protocol};
+use crate::trace::{self, Stage};
 
 /// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
 #[derive(Debug, Deserialize)]
@@ -23,8 +24,9 @@ pub struct ModelPath {
 }
 
 impl ModelPath {
-    /// What the service's envelope needs of an HTTP request for this model, read now: its arrival and the
-    /// deadline header. `deadline_in_body`: the body may set a deadline of its own (KServe's `timeout`).
+    /// What the service's envelope needs of an HTTP request for this model, read now that its body is in: its
+    /// arrival (its first byte) and the deadline header. `deadline_in_body`: the body may set a deadline of its
+    /// own (KServe's `timeout`).
     pub fn request(
         &self,
         protocol: Protocol,
@@ -32,7 +34,7 @@ impl ModelPath {
         headers: &HeaderMap,
         deadline_in_body: bool,
     ) -> ModelRequest<'_> {
-        let arrival = Instant::now();
+        let arrival = read_at_arrival();
         ModelRequest {
             protocol,
             operation,
@@ -43,6 +45,13 @@ impl ModelPath {
             deadline_in_body,
         }
     }
+}
+
+/// Ends the current request's [`Stage::Read`] (its body is in) and returns when its first byte arrived: the
+/// instant its deadline and duration count from.
+pub fn read_at_arrival() -> Instant {
+    trace::mark(Stage::Read);
+    trace::arrival()
 }
 
 /// The HTTP status of a service error ([`ServiceError::http_status`], the one mapping).

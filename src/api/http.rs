@@ -1,8 +1,9 @@
 //! The axum router: the `/v1` JSON routes ([`super::v1`]), the KServe v2 routes ([`super::kserve::http`]),
-//! health and `/metrics`. `--max-body-bytes` bounds every request body; [`super::guard`] checks every request
+//! health, `/metrics` and the slow-request record (`/debug/slow-requests`). `--max-body-bytes` bounds every request body; [`super::guard`] checks every request
 //! before its route runs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -16,6 +17,7 @@ use super::envelope::{error_body, error_response};
 use super::{guard, kserve, v1};
 use crate::error::ServiceError;
 use crate::service::{Readiness, Service};
+use crate::trace::slow::{KEEP, WINDOW};
 
 /// Builds the router.
 pub fn router(service: Arc<Service>) -> Router {
@@ -27,6 +29,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/debug/slow-requests", get(slow_requests))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service);
@@ -61,6 +64,48 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
             .into_response(),
         Err(e) => error_response(&ServiceError::Internal(format!("render metrics: {e}"))),
     }
+}
+
+/// The slowest requests of the last minute, slowest first, with their stages ([`crate::trace::slow`]).
+async fn slow_requests(State(service): State<Arc<Service>>) -> Response {
+    let now = Instant::now();
+    let traces = service.metrics.traces();
+    let requests: Vec<_> = traces
+        .slow()
+        .slowest(now)
+        .iter()
+        .map(|f| {
+            json!({
+                "model": f.outcome.model,
+                "endpoint": f.outcome.endpoint,
+                "protocol": f.outcome.protocol,
+                "status": f.outcome.status,
+                "total_ms": ms(f.total),
+                "seconds_ago": now.saturating_duration_since(f.at).as_secs_f64(),
+                "stages": f.stages.iter().map(|(stage, took)| json!({
+                    "stage": stage.as_str(),
+                    "ms": ms(*took),
+                })).collect::<Vec<_>>(),
+                "batch": f.batch.map(|b| json!({
+                    "id": b.id,
+                    "rows": b.rows,
+                    "requests": b.requests,
+                    "closed_by": b.reason,
+                })),
+            })
+        })
+        .collect();
+    axum::Json(json!({
+        "window_seconds": WINDOW.as_secs(),
+        "kept": KEEP,
+        "requests": requests,
+    }))
+    .into_response()
+}
+
+/// Milliseconds, to the microsecond.
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

@@ -1,12 +1,16 @@
 //! What the batcher queues: a request's [`Work`] (or a chunk of it) with the channel its answer goes back on
-//! ([`Job`]), and the one error type of execution ([`ExecError`]), which [`super::Batcher::run`] turns into the
-//! error the client gets.
+//! ([`Job`]), the one error type of execution ([`ExecError`]), which [`super::Batcher::run`] turns into the
+//! error the client gets, and what an answer carries back of the batch that produced it ([`BatchTrace`]), for
+//! the request's stage trace.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::error::ServiceError;
+use crate::trace::BatchInfo;
 
 /// The work of one request, or of one chunk of a request the batcher split, as an executor reads it.
 pub trait Work: Send + 'static {
@@ -14,26 +18,82 @@ pub trait Work: Send + 'static {
     type Output: Send + 'static;
 }
 
+/// A job's answer, and the batch it was executed in (none for a job answered without executing: expired, shut
+/// down).
+#[derive(Debug)]
+pub struct Answered<O> {
+    pub result: Result<O, ExecError>,
+    pub batch: Option<Arc<BatchTrace>>,
+}
+
 /// The answer of a job, as its request waits for it.
-pub type Answer<W> = oneshot::Receiver<Result<<W as Work>::Output, ExecError>>;
+pub type Answer<W> = oneshot::Receiver<Answered<<W as Work>::Output>>;
+
+/// One executed batch, as its requests' traces see it: which batch, when it closed and when an executor started
+/// it, and how long its gather and inference took (set by the executor before it answers).
+#[derive(Debug)]
+pub struct BatchTrace {
+    pub info: BatchInfo,
+    pub closed: Instant,
+    pub started: Instant,
+    phases: OnceLock<(Duration, Duration)>,
+}
+
+impl BatchTrace {
+    pub fn new(info: BatchInfo, closed: Instant, started: Instant) -> BatchTrace {
+        BatchTrace {
+            info,
+            closed,
+            started,
+            phases: OnceLock::new(),
+        }
+    }
+
+    /// Notes how long the batch's gather and inference took (the first call wins).
+    pub fn set_phases(&self, gather: Duration, inference: Duration) {
+        let _ = self.phases.set((gather, inference));
+    }
+
+    /// The gather and inference times, when the executor set them.
+    pub fn phases(&self) -> Option<(Duration, Duration)> {
+        self.phases.get().copied()
+    }
+}
 
 /// Queued work and where its answer goes.
 #[derive(Debug)]
 pub struct Job<W: Work> {
     pub work: W,
-    reply: oneshot::Sender<Result<W::Output, ExecError>>,
+    reply: oneshot::Sender<Answered<W::Output>>,
+    /// The batch it is executed in, set when its batch is handed to an executor.
+    batch: Option<Arc<BatchTrace>>,
 }
 
 impl<W: Work> Job<W> {
     /// A job, and the receiver its answer arrives on.
     pub fn new(work: W) -> (Job<W>, Answer<W>) {
         let (reply, answer) = oneshot::channel();
-        (Job { work, reply }, answer)
+        (
+            Job {
+                work,
+                reply,
+                batch: None,
+            },
+            answer,
+        )
+    }
+
+    /// Notes the batch the job is executed in: its answer carries it back.
+    pub fn executed_in(&mut self, batch: &Arc<BatchTrace>) {
+        self.batch = Some(Arc::clone(batch));
     }
 
     /// Sends the job's answer; a request that has gone (its receiver dropped) is not waiting for it.
     pub fn answer(self, result: Result<W::Output, ExecError>) {
-        let _ = self.reply.send(result);
+        let _ = self.reply.send(Answered {
+            result,
+            batch: self.batch,
+        });
     }
 
     /// Whether the request has gone, so that its answer would be thrown away.

@@ -9,7 +9,7 @@ mod job;
 pub mod lateness;
 pub mod policy;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -18,8 +18,9 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 
 use crate::error::ServiceError;
+use crate::trace::{self, BatchInfo, Stage};
 pub use estimator::Estimator;
-pub use job::{Answer, ExecError, Job, Work, catch_panic};
+pub use job::{Answer, Answered, BatchTrace, ExecError, Job, Work, catch_panic};
 pub use policy::{Batch, BatchConfig, CloseReason, Entry, QueueFit, Refusal, split_rows};
 use policy::{Decision, Policy};
 
@@ -97,11 +98,15 @@ impl BatchSettings {
     }
 }
 
-/// Executes batches on an executor thread. Must answer every job of the batch.
+/// Executes batches on an executor thread. Must answer every job of the batch, after noting its gather and
+/// inference times in `trace` ([`BatchTrace::set_phases`]).
 pub trait BatchExecutor: Send + 'static {
     type Work: Work;
-    fn execute(&mut self, batch: Batch<Job<Self::Work>>);
+    fn execute(&mut self, batch: Batch<Job<Self::Work>>, trace: &BatchTrace);
 }
+
+/// The number the next batch gets (across models): a slow request's record names its batch by it.
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
 
 /// The batching metrics of one model.
 #[derive(Debug, Clone)]
@@ -277,11 +282,18 @@ impl<W: Work> Batcher<W> {
         let promised = self
             .submit(jobs, deadline)
             .map_err(|refusal| self.refused(refusal))?;
+        trace::mark(Stage::Admit);
         let mut outputs = Vec::with_capacity(answers.len());
         for answer in answers {
-            let output = answer
-                .await
-                .unwrap_or(Err(ExecError::Dropped))
+            let answered = answer.await.unwrap_or(Answered {
+                result: Err(ExecError::Dropped),
+                batch: None,
+            });
+            if let Some(batch) = &answered.batch {
+                trace_batch(batch, Instant::now());
+            }
+            let output = answered
+                .result
                 .map_err(|e| e.into_service_error(&self.model))?;
             outputs.push(output);
         }
@@ -349,6 +361,20 @@ impl<W: Work> Drop for Batcher<W> {
             }
         }
     }
+}
+
+/// Marks the current request's trace with the batch one of its jobs was executed in, answered at `answered`.
+fn trace_batch(batch: &BatchTrace, answered: Instant) {
+    trace::record(|t| {
+        t.mark_at(Stage::Queue, batch.closed);
+        t.mark_at(Stage::Dispatch, batch.started);
+        if let Some((gather, inference)) = batch.phases() {
+            t.mark_at(Stage::Gather, batch.started + gather);
+            t.mark_at(Stage::Inference, batch.started + gather + inference);
+        }
+        t.mark_at(Stage::Answer, answered);
+        t.batch(batch.info);
+    });
 }
 
 /// Sleeps until `until`, or until unparked: parks while far, spins when close.
@@ -455,7 +481,21 @@ fn run_executor<E: BatchExecutor>(
         let (rows, bucket, estimate) = (batch.rows, batch.bucket, batch.estimate);
         let closed_at = batch.closed_at;
         let start = Instant::now();
-        executor.execute(batch);
+        let mut batch = batch;
+        let trace = Arc::new(BatchTrace::new(
+            BatchInfo {
+                id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
+                rows,
+                requests: batch.entries.len(),
+                reason: batch.reason.as_str(),
+            },
+            closed_at,
+            start,
+        ));
+        for entry in &mut batch.entries {
+            entry.job.executed_in(&trace);
+        }
+        executor.execute(batch, &trace);
         let done = Instant::now();
         metrics.execution.observe((done - start).as_secs_f64());
         // What admission and deadline closes must predict: from the close to the answer, including the time the

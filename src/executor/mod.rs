@@ -10,4 +10,4 @@ mod worker;
 pub use graph::{DenseGraph, DeviceInput, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};
 pub use split::SplitGraph;
-pub use worker::Worker;
+pub use worker::{Executed, Worker};

@@ -13,6 +13,14 @@ use crate::metrics::ModelMetrics;
 /// How long a warm-up batch may wait for rows of a remote tier (it reads row 0 of every table, once per bucket).
 const WARM_UP_BUDGET: Duration = Duration::from_secs(10);
 
+/// A batch's scores and how long its two phases took.
+#[derive(Debug)]
+pub struct Executed {
+    pub scores: Vec<f32>,
+    pub gather: Duration,
+    pub inference: Duration,
+}
+
 /// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
 #[derive(Debug)]
 pub struct Worker {
@@ -88,12 +96,16 @@ impl Worker {
         dense: &[f32],
         requests: &[usize],
         deadline: Instant,
-    ) -> Result<Vec<f32>, ExecError> {
+    ) -> Result<Executed, ExecError> {
         let mut scores = Vec::with_capacity(rows);
         let (gather, inference) = self.run(rows, ids, dense, requests, &mut scores, deadline)?;
         self.metrics.gather_duration.observe(gather);
         self.metrics.inference_duration.observe(inference);
-        Ok(scores)
+        Ok(Executed {
+            scores,
+            gather: Duration::from_secs_f64(gather),
+            inference: Duration::from_secs_f64(inference),
+        })
     }
 
     /// Runs each batch size in `sizes` twice with in-vocabulary ids, so that no request pays for first-run

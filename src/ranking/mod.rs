@@ -14,13 +14,14 @@ pub use contract::{RankContract, RankInput, best_first};
 pub use item_features::ItemFeatures;
 
 use crate::batching::{
-    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, Job, Work, catch_panic, split_rows,
+    Batch, BatchConfig, BatchExecutor, BatchTrace, Batcher, Estimator, Job, Work, catch_panic,
+    split_rows,
 };
 use crate::embedding::remote::{TableSource, TieredStore};
 use crate::embedding::{self, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
 use crate::executor::SessionOptions;
-use crate::executor::{DenseGraph, GraphShape, SplitGraph, Worker};
+use crate::executor::{DenseGraph, Executed, GraphShape, SplitGraph, Worker};
 use crate::registry::LoadContext;
 use crate::repository::{DenseGraphSpec, ModelSpec, ModelVersion, TableEntry, Tier};
 
@@ -52,7 +53,7 @@ struct RankExecutor {
 impl BatchExecutor for RankExecutor {
     type Work = RankWork;
 
-    fn execute(&mut self, batch: Batch<Job<RankWork>>) {
+    fn execute(&mut self, batch: Batch<Job<RankWork>>, trace: &BatchTrace) {
         let GraphShape { fields, dense, .. } = self.shape;
         self.ids.clear();
         self.dense.clear();
@@ -79,7 +80,12 @@ impl BatchExecutor for RankExecutor {
         let result =
             catch_panic(|| worker.execute(batch.bucket, ids, dense_values, requests, deadline));
         match result {
-            Ok(scores) => {
+            Ok(Executed {
+                scores,
+                gather,
+                inference,
+            }) => {
+                trace.set_phases(gather, inference);
                 let mut at = 0;
                 for entry in batch.entries {
                     let mine = scores[at..at + entry.rows].to_vec();

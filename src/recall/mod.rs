@@ -32,8 +32,8 @@ pub use signal::Fallback;
 use signal::Popularity;
 
 use crate::batching::{
-    Batch, BatchConfig, BatchExecutor, Batcher, Estimator, ExecError, Job, QueueFit, Work,
-    catch_panic,
+    Batch, BatchConfig, BatchExecutor, BatchTrace, Batcher, Estimator, ExecError, Job, QueueFit,
+    Work, catch_panic,
 };
 use crate::embedding::{CpuStore, EmbeddingStore, open_tables};
 use crate::error::{LoadError, ServiceError};
@@ -401,7 +401,9 @@ struct RecallExecutor {
 
 impl RecallExecutor {
     /// Answers every job of `jobs`: their queries are scored together, and a job fails if one of its queries does.
-    fn answer(&mut self, jobs: Vec<Job<RecallWork>>) {
+    /// The query vectors' lookup and the search are the batch's gather and inference in `trace`.
+    fn answer(&mut self, jobs: Vec<Job<RecallWork>>, trace: Option<&BatchTrace>) {
+        let started = Instant::now();
         let dim = self.tables.dim;
         let all = || jobs.iter().flat_map(|job| &job.work.queries);
         self.vectors.resize(all().count() * dim, 0.0);
@@ -425,11 +427,15 @@ impl RecallExecutor {
             .collect();
         let (tables, metrics) = (&self.tables, &self.metrics);
         let (scratch, index_scratch) = (&mut self.scratch, &mut self.index_scratch);
+        let embedded = Instant::now();
         let searched = if queries.is_empty() {
             Ok(Vec::new())
         } else {
             catch_panic(|| search_all(tables, &queries, scratch, index_scratch, metrics))
         };
+        if let Some(trace) = trace {
+            trace.set_phases(embedded - started, embedded.elapsed());
+        }
         drop(queries);
         let mut results = match searched {
             Ok(results) => results.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -524,9 +530,9 @@ fn search_all(
 impl BatchExecutor for RecallExecutor {
     type Work = RecallWork;
 
-    fn execute(&mut self, batch: Batch<Job<RecallWork>>) {
+    fn execute(&mut self, batch: Batch<Job<RecallWork>>, trace: &BatchTrace) {
         let jobs = batch.entries.into_iter().map(|e| e.job).collect();
-        self.answer(jobs);
+        self.answer(jobs, Some(trace));
     }
 }
 
@@ -863,9 +869,9 @@ fn warm_up(
             .collect();
         let (job, mut answer) = Job::new(RecallWork { queries });
         let started = Instant::now();
-        executor.answer(vec![job]);
+        executor.answer(vec![job], None);
         let took = started.elapsed();
-        match answer.try_recv() {
+        match answer.try_recv().map(|a| a.result) {
             Ok(Ok(answers)) if answers.len() == size_now => {}
             Ok(Ok(_)) => return Err("a warm-up query got no answer".to_owned()),
             Ok(Err(e)) => return Err(format!("warm-up query failed: {e}")),

@@ -38,7 +38,8 @@ use tower_service::Service as _;
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Config;
-use crate::metrics::{ConnectionMetrics, Metrics};
+use crate::metrics::{ConnectionMetrics, Metrics, TraceSink};
+use crate::trace::{self, TraceCell};
 
 /// How long an idle connection stays open once the drain begins, answering a request that was already on its way
 /// (with `Connection: close`) instead of closing under it.
@@ -215,6 +216,7 @@ async fn connection(
     });
     let service = ConnectionService {
         app,
+        traces: connections.metrics.traces(),
         activity: Arc::clone(&activity),
         body_read: timeouts.body_read,
         reader: kind.reader(),
@@ -431,20 +433,25 @@ impl Activity {
             .is_none()
     }
 
-    fn request_started(self: &Arc<Self>, http2: bool) -> InFlight {
+    /// Counts a request whose head has arrived; returns it in flight, and when its first byte arrived if this
+    /// connection saw it (an HTTP/1 request read while no other was in flight).
+    fn request_started(self: &Arc<Self>, http2: bool) -> (InFlight, Option<std::time::Instant>) {
         self.awaiting_head.store(false, Ordering::Relaxed);
-        let first = {
+        let (first, head_started) = {
             let mut state = self.lock();
             state.requests += 1;
             state.in_flight += 1;
-            state.head_started = None;
+            let head_started = state.head_started.take();
             state.http2 |= http2;
-            state.in_flight == 1
+            (state.in_flight == 1, head_started)
         };
         if first {
             self.changed.notify_one();
         }
-        InFlight(Arc::clone(self))
+        (
+            InFlight(Arc::clone(self)),
+            head_started.map(Instant::into_std),
+        )
     }
 
     fn request_finished(&self) {
@@ -570,10 +577,12 @@ impl AsyncWrite for Watched {
 }
 
 /// The router, seen by hyper: counts each request in flight until its response body is done, gives its body the
-/// read timeout, and closes HTTP/1 connections after their response once the server drains.
+/// read timeout, traces it from its first byte until its response is handed over ([`crate::trace`]), and closes
+/// HTTP/1 connections after their response once the server drains.
 #[derive(Clone)]
 struct ConnectionService {
     app: Router,
+    traces: Arc<TraceSink>,
     activity: Arc<Activity>,
     body_read: Duration,
     reader: Reader,
@@ -590,16 +599,24 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 
     fn call(&self, request: Request<Incoming>) -> ResponseFuture {
         let http2 = request.version() == Version::HTTP_2;
-        let in_flight = self.activity.request_started(http2);
+        let (in_flight, head_started) = self.activity.request_started(http2);
+        // HTTP/2 (and a pipelined HTTP/1 request) starts when hyper has its head: the frames before it are not
+        // told apart per stream.
+        let first_byte = head_started
+            .filter(|_| !http2)
+            .unwrap_or_else(std::time::Instant::now);
+        let trace = TraceCell::new(first_byte);
         let (body_read, reader) = (self.body_read, self.reader);
         let request = request.map(|body| TimedBody::new(body, body_read, reader));
         let mut app = self.app.clone();
         let draining = Arc::clone(&self.draining);
+        let traces = Arc::clone(&self.traces);
         Box::pin(async move {
-            let Ok(response) = app.call(request).await;
+            let Ok(response) = trace::scope(Arc::clone(&trace), app.call(request)).await;
             let mut response = response.map(|body| CountedBody {
                 inner: body,
                 _in_flight: in_flight,
+                _trace: Finisher { trace, traces },
             });
             if !http2 && draining.load(Ordering::Acquire) {
                 response
@@ -611,10 +628,26 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
     }
 }
 
-/// A response body that holds its request's place in flight until it is dropped.
+/// A response body that holds its request's place in flight, and its trace, until it is dropped.
 struct CountedBody {
     inner: Body,
     _in_flight: InFlight,
+    _trace: Finisher,
+}
+
+/// Finishes a request's trace when its response body is dropped: once hyper has taken its last byte, or when the
+/// response was abandoned.
+struct Finisher {
+    trace: Arc<TraceCell>,
+    traces: Arc<TraceSink>,
+}
+
+impl Drop for Finisher {
+    fn drop(&mut self) {
+        if let Some(finished) = self.trace.finish(std::time::Instant::now()) {
+            self.traces.finish(finished);
+        }
+    }
 }
 
 impl HttpBody for CountedBody {

@@ -3,13 +3,16 @@
 //! [`PipelineRequest`] and hands the service a closure that decodes the body and runs it. The service:
 //!
 //! 1. resolves the model (and version) or pipeline from one registry snapshot, which the call keeps to its end;
-//! 2. refuses an operation the model does not do (`/v1` rank on a recall model) before reading the body;
-//! 3. resolves the deadline once: the transport's, else the model's default counted from arrival;
+//! 2. refuses an operation the model does not do (`/v1` rank on a recall model) before decoding the body;
+//! 3. resolves the deadline once: the transport's, else the model's default, both counted from the request's
+//!    arrival, its first byte ([`crate::trace::arrival`]; the body has been read by then, but not decoded);
 //! 4. refuses at once what the model's queue would refuse whatever the request holds (when the deadline is known
-//!    before the body: always, except for a KServe request without a transport deadline, whose body may set one);
-//! 5. runs the closure with a [`ModelCall`] or [`PipelineCall`], which scores, recalls or recommends;
-//! 6. records the request (`recserve_requests_total`, `recserve_request_duration_seconds`) by model, endpoint,
-//!    protocol and the HTTP status of its outcome.
+//!    before the body: always, except for a KServe request without a transport deadline, whose body may set one),
+//!    which saves the decode, not the read;
+//! 5. runs the closure with a [`ModelCall`] or [`PipelineCall`], which scores, recalls or recommends and builds the
+//!    response;
+//! 6. records the request (`recserve_requests_total`, `recserve_request_duration_seconds` from its first byte) by
+//!    model, endpoint, protocol and the HTTP status of its outcome, and notes the outcome on its trace.
 //!
 //! The transport then encodes the answer or maps the error to its status codes.
 
@@ -23,6 +26,7 @@ use crate::metrics::UNKNOWN_MODEL;
 use crate::pipeline::{RecommendInput, Recommendation};
 use crate::ranking::{RankInput, RankingModel};
 use crate::recall::{RecallInput, RecallModel, Recalled};
+use crate::trace::{self, Outcome, Stage};
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,11 +165,13 @@ impl ModelCall {
 
     /// Scores validated rows on the ranking model.
     pub async fn rank(&self, input: RankInput) -> Result<Vec<f32>, ServiceError> {
+        trace::mark(Stage::Decode);
         self.ranking()?.score(input, self.deadline.at).await
     }
 
     /// The answers of a request's recall queries, queued together, in input order.
     pub async fn recall(&self, inputs: Vec<RecallInput>) -> Result<Vec<Recalled>, ServiceError> {
+        trace::mark(Stage::Decode);
         self.recall_model()?
             .recall_many(inputs, self.deadline.at)
             .await
@@ -182,6 +188,7 @@ pub struct PipelineCall {
 impl PipelineCall {
     /// Recall then rank.
     pub async fn recommend(&self, input: RecommendInput) -> Result<Recommendation, ServiceError> {
+        trace::mark(Stage::Decode);
         let p = &self.pipeline;
         p.pipeline
             .recommend(
@@ -295,20 +302,30 @@ impl Service {
         &self,
         protocol: Protocol,
         label: &str,
-        endpoint: &str,
+        endpoint: &'static str,
         result: &Result<T, ServiceError>,
         arrival: Instant,
     ) {
         let status = result
             .as_ref()
             .map_or_else(ServiceError::http_status, |_| 200);
+        let now = Instant::now();
         self.metrics.observe_request(
             label,
             endpoint,
             protocol.as_str(),
             status,
-            arrival.elapsed().as_secs_f64(),
+            now.saturating_duration_since(arrival).as_secs_f64(),
         );
+        trace::record(|t| {
+            t.mark_at(Stage::Encode, now);
+            t.outcome(Outcome {
+                model: label.to_owned(),
+                endpoint,
+                protocol: protocol.as_str(),
+                status,
+            });
+        });
     }
 }
 

@@ -4,7 +4,7 @@
 //! the one mapping from service errors to gRPC status codes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use tonic::metadata::MetadataMap;
@@ -14,6 +14,7 @@ use super::{
     Datatype, EXTENSIONS, InferRequest, InferResponse, InputTensor, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, Typed,
 };
+use crate::api::envelope::read_at_arrival;
 use crate::error::ServiceError;
 use crate::service::{ModelRequest, Operation, Protocol, Readiness, Service};
 
@@ -445,7 +446,7 @@ impl GrpcInferenceService for Inference {
         &self,
         request: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
-        let arrival = Instant::now();
+        let arrival = read_at_arrival();
         let (metadata, _, mut request) = request.into_parts();
         let model = std::mem::take(&mut request.model_name);
         let version = std::mem::take(&mut request.model_version);

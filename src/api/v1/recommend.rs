@@ -3,7 +3,6 @@
 //! the service's envelope with both models of one snapshot.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -16,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::UserSide;
 use super::recall::{recall_query, search_request};
-use crate::api::envelope::{body_bytes, deadline_header, error_response, parse_json};
+use crate::api::envelope::{
+    body_bytes, deadline_header, error_response, parse_json, read_at_arrival,
+};
 use crate::error::ServiceError;
 use crate::pipeline::{RecommendInput, Recommendation};
 use crate::ranking::RankContract;
@@ -35,7 +36,7 @@ async fn recommend(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let arrival = Instant::now();
+    let arrival = read_at_arrival();
     let max_body_bytes = service.limits.max_body_bytes;
     let request = PipelineRequest {
         protocol: Protocol::V1,
