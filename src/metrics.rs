@@ -232,7 +232,7 @@ impl Metrics {
             ),
             batches: counter(
                 "recserve_batches_total",
-                "Batches executed, by why they were closed: full, delay, deadline, unbatched, drain.",
+                "Batches executed, by why they were closed: full, executor_free, delay, deadline, unbatched, drain.",
                 &["model", "reason"],
             ),
             queue_depth: gauge(
@@ -546,13 +546,7 @@ impl Metrics {
             queue_duration: self.queue_duration.with_label_values(&[model]),
             batch_rows: self.batch_rows.with_label_values(&[model]),
             padding_rows: self.padding_rows.with_label_values(&[model]),
-            batches: [
-                reason("full"),
-                reason("delay"),
-                reason("deadline"),
-                reason("unbatched"),
-                reason("drain"),
-            ],
+            batches: crate::batching::CloseReason::ALL.map(|r| reason(r.as_str())),
             queue_depth: self.queue_depth.with_label_values(&[model]),
             execution: self.execution.with_label_values(&[model]),
             estimate_ratio: self.estimate_ratio.with_label_values(&[model]),

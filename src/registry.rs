@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
-use crate::config::{Config, Switch};
+use crate::config::{BatchDelay, Config, Switch};
 use crate::embedding::Preload;
 use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
@@ -94,6 +94,7 @@ impl LoadContext {
             },
             batching: BatchSettings {
                 enabled: config.batching == Switch::On,
+                fixed_delay: config.batch_delay == BatchDelay::Fixed,
                 max_batch_rows: config.max_batch_rows,
                 max_queue_delay_us: config.max_queue_delay_us,
                 buckets: config.batch_buckets.clone(),

@@ -17,7 +17,7 @@ use recserve::api::kserve::grpc::proto::model_infer_request::{
     InferInputTensor, InferRequestedOutputTensor,
 };
 use recserve::api::kserve::grpc::proto::{self, InferTensorContents};
-use recserve::config::Config;
+use recserve::config::{BatchDelay, Config};
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -895,6 +895,8 @@ async fn the_documented_v2_example_scores_like_its_v1_twin() {
 async fn a_full_queue_refuses_before_decoding_when_the_transport_has_a_deadline() {
     let server = TestServer::start(config(&fixture_repo(), |a| {
         a.queue_capacity = Some(1);
+        // A free executor waits for company, so the first request holds the queue's one place.
+        a.batch_delay = Some(BatchDelay::Fixed);
         a.max_queue_delay_us = Some(1_000_000);
     }))
     .await;

@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::{TestServer, config, copy_dir, fixture_dir, fixture_repo, metric_sample as sample};
+use recserve::config::BatchDelay;
 use serde_json::{Value, json};
 
 fn recall_cases() -> Value {
@@ -344,6 +345,9 @@ async fn a_request_the_ranking_queue_would_refuse_is_refused_before_recall() {
     let server = TestServer::start(config(dir.path(), |a| {
         a.config = Some(fixture_dir().join("recserve.toml"));
         a.queue_capacity = Some(1);
+        // The ranking model's free executor waits for company (its delay is 1 s), so the first request holds the
+        // queue's one place.
+        a.batch_delay = Some(BatchDelay::Fixed);
     }))
     .await;
     let request = recall_cases()["recommend_cases"][0]["request"].clone();

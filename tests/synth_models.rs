@@ -17,7 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{TestServer, config};
-use recserve::config::Switch;
+use recserve::config::{BatchDelay, Switch};
 use serde_json::Value;
 
 fn synth_dir() -> PathBuf {
@@ -144,7 +144,8 @@ async fn a_split_graph_gives_the_scores_of_the_whole_graph() {
     for switch in [Switch::On, Switch::Off] {
         let server = TestServer::start(config(&dir, |args| {
             args.split_graph = Some(switch);
-            // Room for several requests per batch.
+            // Several requests per batch: a free executor waits up to 20 ms for company.
+            args.batch_delay = Some(BatchDelay::Fixed);
             args.max_queue_delay_us = Some(20_000);
         }))
         .await;

@@ -1,20 +1,24 @@
-//! Dynamic batching: one batcher thread per model forms batches under each request's deadline
-//! ([`policy::Policy`] decides; this module is the thin thread around it), and hands them to executor threads
-//! through a rendezvous channel, so a batch keeps growing until an executor is actually free. Plain OS threads:
-//! tokio timers have millisecond granularity, the batcher wakes within tens of microseconds (park with a
-//! timeout, then a short spin).
+//! Dynamic batching: each model's executor threads take their batches straight from the model's queue. A free
+//! executor asks the policy ([`policy::Policy`], a plain struct tested with a fake clock) what to do: take the
+//! queue's oldest requests now (work-conserving: a request that finds an executor free is not delayed), or wait
+//! for company when the policy predicts that pays, or sleep until a request arrives. Requests that arrive while
+//! every executor is busy wait and ride in the next batch together. This module is the thin loop around the
+//! policy: admission on the transport's side ([`Batcher::run`]), and the executors' loop ([`run_executor`]). One
+//! hand-off per request each way (transport → executor, executor → transport), no thread between them. Plain OS
+//! threads: tokio timers have millisecond granularity; an executor waiting for company wakes within tens of
+//! microseconds (a condition variable with a timeout, then a short spin).
 
+mod arrivals;
 pub mod estimator;
 mod job;
 pub mod lateness;
 pub mod policy;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::thread::{JoinHandle, Thread};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, bounded};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 
 use crate::error::ServiceError;
@@ -22,9 +26,10 @@ use crate::trace::{self, BatchInfo, Stage};
 pub use estimator::Estimator;
 pub use job::{Answer, Answered, BatchTrace, ExecError, Job, Work, catch_panic};
 pub use policy::{Batch, BatchConfig, CloseReason, Entry, QueueFit, Refusal, split_rows};
-use policy::{Decision, Policy};
+use policy::{Decision, Dropped, Policy};
 
-/// Closer than this to a wake-up time, the batcher spins instead of parking (parking overshoots by tens of µs).
+/// Closer than this to a wake-up time, an executor waiting for company spins instead of sleeping (a timed wait
+/// overshoots by tens of µs).
 const SPIN: Duration = Duration::from_micros(80);
 
 /// Built-in defaults (documented in docs/batching.md).
@@ -51,6 +56,8 @@ pub fn default_buckets(max: usize) -> Vec<usize> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchSettings {
     pub enabled: bool,
+    /// `--batch-delay fixed`: a free executor always waits for company.
+    pub fixed_delay: bool,
     pub max_batch_rows: Option<usize>,
     pub max_queue_delay_us: Option<u64>,
     pub buckets: Option<Vec<usize>>,
@@ -85,6 +92,7 @@ impl BatchSettings {
         (
             BatchConfig {
                 enabled: self.enabled,
+                fixed_delay: self.fixed_delay,
                 max_batch_rows,
                 max_queue_delay: Duration::from_micros(delay),
                 buckets,
@@ -114,8 +122,8 @@ pub struct BatchMetrics {
     pub queue_duration: Histogram,
     pub batch_rows: Histogram,
     pub padding_rows: IntCounter,
-    /// By close reason, in [`CloseReason`] order.
-    pub batches: [IntCounter; 5],
+    /// By close reason, in [`CloseReason::ALL`] order.
+    pub batches: [IntCounter; CloseReason::ALL.len()],
     pub queue_depth: IntGauge,
     pub execution: Histogram,
     pub estimate_ratio: Histogram,
@@ -128,13 +136,10 @@ pub struct BatchMetrics {
 
 impl BatchMetrics {
     fn closed(&self, reason: CloseReason) -> &IntCounter {
-        let i = match reason {
-            CloseReason::Full => 0,
-            CloseReason::Delay => 1,
-            CloseReason::Deadline => 2,
-            CloseReason::Unbatched => 3,
-            CloseReason::Drain => 4,
-        };
+        let i = CloseReason::ALL
+            .iter()
+            .position(|&r| r == reason)
+            .unwrap_or(0);
         &self.batches[i]
     }
 }
@@ -142,14 +147,15 @@ impl BatchMetrics {
 struct State<J> {
     policy: Policy<J>,
     closing: bool,
+    /// Executors waiting for a request (or for company): an admission wakes one.
+    waiting: usize,
 }
 
 struct Shared<J> {
     state: Mutex<State<J>>,
+    /// Where free executors wait.
+    work: Condvar,
     estimator: Estimator,
-    /// Executors blocked (or about to block) on the batch channel: a batch sent now starts at once.
-    idle_executors: AtomicUsize,
-    batcher: OnceLock<Thread>,
     metrics: BatchMetrics,
 }
 
@@ -158,20 +164,13 @@ impl<J> Shared<J> {
         // A panic while holding the lock leaves the queue consistent (every update is a single push or drain).
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    fn wake_batcher(&self) {
-        if let Some(thread) = self.batcher.get() {
-            thread.unpark();
-        }
-    }
 }
 
-/// The batcher of one model: its queue, its batcher thread and its executor threads.
+/// The batcher of one model: its queue and its executor threads.
 pub struct Batcher<W: Work> {
     /// The model's name, for the errors clients get and the refusal counts.
     model: String,
     shared: Arc<Shared<Job<W>>>,
-    batcher: Option<JoinHandle<()>>,
     executors: Vec<JoinHandle<()>>,
 }
 
@@ -184,8 +183,7 @@ impl<W: Work> std::fmt::Debug for Batcher<W> {
 }
 
 impl<W: Work> Batcher<W> {
-    /// Starts the batcher thread and one thread per executor. `estimator` should already hold warm-up
-    /// measurements of every bucket.
+    /// Starts one thread per executor. `estimator` should already hold warm-up measurements of every bucket.
     pub fn start<E: BatchExecutor<Work = W>>(
         model: &str,
         config: BatchConfig,
@@ -198,37 +196,37 @@ impl<W: Work> Batcher<W> {
             state: Mutex::new(State {
                 policy: Policy::new(config, executors.len()),
                 closing: false,
+                waiting: 0,
             }),
+            work: Condvar::new(),
             estimator,
-            idle_executors: AtomicUsize::new(0),
-            batcher: OnceLock::new(),
             metrics,
         });
-        // Rendezvous: a send completes only when an executor takes the batch.
-        let (sender, receiver) = bounded::<Batch<Job<W>>>(0);
         let mut threads = Vec::with_capacity(executors.len());
         for (i, executor) in executors.into_iter().enumerate() {
-            let (shared, receiver) = (Arc::clone(&shared), receiver.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("exec-{model}-{i}"))
-                    .spawn(move || {
-                        lower_priority(niceness);
-                        run_executor(executor, &shared, &receiver);
-                    })?,
-            );
+            let theirs = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("exec-{model}-{i}"))
+                .spawn(move || {
+                    lower_priority(niceness);
+                    run_executor(executor, &theirs);
+                });
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(e) => {
+                    // The threads already running stop with the batcher.
+                    drop(Batcher {
+                        model: model.to_owned(),
+                        shared,
+                        executors: threads,
+                    });
+                    return Err(e);
+                }
+            }
         }
-        let batcher = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name(format!("batch-{model}"))
-                .spawn(move || run_batcher(&shared, sender))?
-        };
-        let _ = shared.batcher.set(batcher.thread().clone());
         Ok(Batcher {
             model: model.to_owned(),
             shared,
-            batcher: Some(batcher),
             executors: threads,
         })
     }
@@ -237,7 +235,7 @@ impl<W: Work> Batcher<W> {
     /// the request is predicted to be answered: pass it to [`Self::answered`] once the answer is in hand.
     fn submit(&self, chunks: Vec<(Job<W>, usize)>, deadline: Instant) -> Result<Instant, Refusal> {
         let now = Instant::now();
-        let promised = {
+        let (promised, wake) = {
             let mut state = self.shared.lock();
             if state.closing {
                 return Err(Refusal::ShuttingDown);
@@ -250,12 +248,11 @@ impl<W: Work> Batcher<W> {
                 .metrics
                 .queue_depth
                 .set(state.policy.len() as i64);
-            promised
+            (promised, state.waiting > 0)
         };
-        // With every executor busy the batcher can dispatch nothing: an executor that frees up wakes it. Waking it
-        // for every arrival under load only had it scan the queue for nothing.
-        if self.shared.idle_executors.load(Ordering::Acquire) > 0 {
-            self.shared.wake_batcher();
+        // With every executor busy, the one that frees up first takes the request: nobody to wake.
+        if wake {
+            self.shared.work.notify_one();
         }
         Ok(promised)
     }
@@ -346,15 +343,10 @@ impl<W: Work> Batcher<W> {
 }
 
 impl<W: Work> Drop for Batcher<W> {
-    /// Stops admitting, executes everything already queued, then joins every thread.
+    /// Stops admitting, executes everything already queued, then joins every executor thread.
     fn drop(&mut self) {
         self.shared.lock().closing = true;
-        self.shared.wake_batcher();
-        if let Some(batcher) = self.batcher.take()
-            && batcher.join().is_err()
-        {
-            tracing::error!("a batcher thread panicked");
-        }
+        self.shared.work.notify_all();
         for executor in self.executors.drain(..) {
             if executor.join().is_err() {
                 tracing::error!("an executor thread panicked");
@@ -377,73 +369,26 @@ fn trace_batch(batch: &BatchTrace, answered: Instant) {
     });
 }
 
-/// Sleeps until `until`, or until unparked: parks while far, spins when close.
-fn wait_until(until: Instant) {
-    let now = Instant::now();
-    if until <= now {
-        return;
-    }
-    let left = until - now;
+/// Waits on `work` until `until` or a notification: sleeps while far, then lets go of the lock and spins when
+/// close.
+fn wait_until<'a, J>(
+    shared: &'a Shared<J>,
+    state: MutexGuard<'a, State<J>>,
+    until: Instant,
+) -> MutexGuard<'a, State<J>> {
+    let left = until.saturating_duration_since(Instant::now());
     if left > SPIN {
-        std::thread::park_timeout(left - SPIN);
-        return;
+        return shared
+            .work
+            .wait_timeout(state, left - SPIN)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
+    drop(state);
     while Instant::now() < until {
         std::hint::spin_loop();
     }
-}
-
-fn run_batcher<W: Work>(shared: &Shared<Job<W>>, sender: Sender<Batch<Job<W>>>) {
-    let metrics = &shared.metrics;
-    loop {
-        let now = Instant::now();
-        let (decision, dropped, closing) = {
-            let mut state = shared.lock();
-            let dropped = state
-                .policy
-                .drop_dead(now, &shared.estimator, Job::is_abandoned);
-            let free = shared.idle_executors.load(Ordering::Acquire) > 0;
-            let closing = state.closing;
-            let decision = state.policy.decide(now, free, closing, &shared.estimator);
-            metrics.queue_depth.set(state.policy.len() as i64);
-            if dropped.expired_requests > 0 {
-                // Expired requests teach the margin too.
-                metrics
-                    .admission_margin
-                    .set(state.policy.margin().as_secs_f64());
-            }
-            (decision, dropped, closing)
-        };
-        metrics.expired.inc_by(dropped.expired_requests);
-        metrics.abandoned.inc_by(dropped.abandoned_requests);
-        for entry in dropped.expired {
-            entry.job.answer(Err(ExecError::DeadlineExceeded));
-        }
-        match decision {
-            Decision::Dispatch(batch) => {
-                metrics.closed(batch.reason).inc();
-                metrics.batch_rows.observe(batch.rows as f64);
-                metrics
-                    .padding_rows
-                    .inc_by((batch.bucket - batch.rows) as u64);
-                for entry in &batch.entries {
-                    metrics
-                        .queue_duration
-                        .observe(now.saturating_duration_since(entry.enqueued).as_secs_f64());
-                }
-                shared.idle_executors.fetch_sub(1, Ordering::AcqRel);
-                // An idle executor is committed to receiving, so this completes at once.
-                if let Err(unsent) = sender.send(batch) {
-                    for entry in unsent.0.entries {
-                        entry.job.answer(Err(ExecError::ShuttingDown));
-                    }
-                }
-            }
-            Decision::Idle if closing => break,
-            Decision::Idle | Decision::WaitForExecutor => std::thread::park(),
-            Decision::WaitUntil(until) => wait_until(until),
-        }
-    }
+    shared.lock()
 }
 
 /// Gives the calling thread the nice value `niceness` (Linux: nice values are per thread). Raising one's own
@@ -466,49 +411,117 @@ pub fn lower_priority(niceness: u8) {
     }
 }
 
-fn run_executor<E: BatchExecutor>(
-    mut executor: E,
+/// An executor thread: takes its batches from the model's queue as the policy decides, executes them, and
+/// stops once the batcher is closing and the queue is empty.
+fn run_executor<E: BatchExecutor>(mut executor: E, shared: &Shared<Job<E::Work>>) {
+    let metrics = &shared.metrics;
+    let mut state = shared.lock();
+    loop {
+        let now = Instant::now();
+        let dropped = state
+            .policy
+            .drop_dead(now, &shared.estimator, Job::is_abandoned);
+        if dropped.expired_requests > 0 {
+            // Expired requests teach the margin too.
+            metrics
+                .admission_margin
+                .set(state.policy.margin().as_secs_f64());
+        }
+        let closing = state.closing;
+        let decision = state.policy.decide(now, closing, &shared.estimator);
+        metrics.queue_depth.set(state.policy.len() as i64);
+        if !dropped.expired.is_empty() || !dropped.abandoned.is_empty() {
+            // Answered (and dropped) without the lock, then look again: time has passed.
+            drop(state);
+            answer_dropped(dropped, metrics);
+            if let Decision::Dispatch(batch) = decision {
+                execute(&mut executor, batch, shared);
+            }
+            state = shared.lock();
+            continue;
+        }
+        state = match decision {
+            Decision::Dispatch(batch) => {
+                drop(state);
+                execute(&mut executor, batch, shared);
+                shared.lock()
+            }
+            Decision::Idle if closing => break,
+            Decision::Idle => {
+                state.waiting += 1;
+                let mut state = shared
+                    .work
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state.waiting -= 1;
+                state
+            }
+            Decision::WaitUntil(until) => {
+                state.waiting += 1;
+                let mut state = wait_until(shared, state, until);
+                state.waiting -= 1;
+                state
+            }
+        };
+    }
+}
+
+/// Answers the requests dropped as expired (504) and counts both kinds.
+fn answer_dropped<J: Work>(dropped: Dropped<Job<J>>, metrics: &BatchMetrics) {
+    metrics.expired.inc_by(dropped.expired_requests);
+    metrics.abandoned.inc_by(dropped.abandoned_requests);
+    for entry in dropped.expired {
+        entry.job.answer(Err(ExecError::DeadlineExceeded));
+    }
+}
+
+/// Executes one batch on this executor thread, records it, and tells the policy it is done.
+fn execute<E: BatchExecutor>(
+    executor: &mut E,
+    batch: Batch<Job<E::Work>>,
     shared: &Shared<Job<E::Work>>,
-    batches: &Receiver<Batch<Job<E::Work>>>,
 ) {
     let metrics = &shared.metrics;
-    loop {
-        shared.idle_executors.fetch_add(1, Ordering::AcqRel);
-        shared.wake_batcher();
-        let Ok(batch) = batches.recv() else {
-            break;
-        };
-        let (rows, bucket, estimate) = (batch.rows, batch.bucket, batch.estimate);
-        let closed_at = batch.closed_at;
-        let start = Instant::now();
-        let mut batch = batch;
-        let trace = Arc::new(BatchTrace::new(
-            BatchInfo {
-                id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
-                rows,
-                requests: batch.entries.len(),
-                reason: batch.reason.as_str(),
-            },
-            closed_at,
-            start,
-        ));
-        for entry in &mut batch.entries {
-            entry.job.executed_in(&trace);
-        }
-        executor.execute(batch, &trace);
-        let done = Instant::now();
-        metrics.execution.observe((done - start).as_secs_f64());
-        // What admission and deadline closes must predict: from the close to the answer, including the time the
-        // executor thread waited for a core, which a CPU-bound server under overload makes large.
-        let took = done.saturating_duration_since(closed_at);
-        shared.estimator.observe(bucket, took);
-        if !estimate.is_zero() {
-            metrics
-                .estimate_ratio
-                .observe(took.as_secs_f64() / estimate.as_secs_f64());
-        }
-        shared.lock().policy.finished(rows);
+    let (rows, bucket, estimate, closed_at) =
+        (batch.rows, batch.bucket, batch.estimate, batch.closed_at);
+    metrics.closed(batch.reason).inc();
+    metrics.batch_rows.observe(rows as f64);
+    metrics.padding_rows.inc_by((bucket - rows) as u64);
+    for entry in &batch.entries {
+        metrics.queue_duration.observe(
+            closed_at
+                .saturating_duration_since(entry.enqueued)
+                .as_secs_f64(),
+        );
     }
+    let start = Instant::now();
+    let mut batch = batch;
+    let trace = Arc::new(BatchTrace::new(
+        BatchInfo {
+            id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
+            rows,
+            requests: batch.entries.len(),
+            reason: batch.reason.as_str(),
+        },
+        closed_at,
+        start,
+    ));
+    for entry in &mut batch.entries {
+        entry.job.executed_in(&trace);
+    }
+    executor.execute(batch, &trace);
+    let done = Instant::now();
+    metrics.execution.observe((done - start).as_secs_f64());
+    // What admission and deadline closes must predict: from the close to the answer, including any time the
+    // executor thread waited for a core, which a CPU-bound server under overload makes large.
+    let took = done.saturating_duration_since(closed_at);
+    shared.estimator.observe(bucket, took);
+    if !estimate.is_zero() {
+        metrics
+            .estimate_ratio
+            .observe(took.as_secs_f64() / estimate.as_secs_f64());
+    }
+    shared.lock().policy.finished(rows);
 }
 
 #[cfg(test)]
@@ -543,6 +556,7 @@ mod tests {
     fn server_settings_override_the_model_which_overrides_defaults() {
         let server = BatchSettings {
             enabled: true,
+            fixed_delay: false,
             max_batch_rows: None,
             max_queue_delay_us: Some(250),
             buckets: None,

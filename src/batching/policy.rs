@@ -1,11 +1,20 @@
 //! The batching policy as a plain struct: a FIFO queue of requests with rows and deadlines, the admission rule,
-//! and the decision of when to close a batch. No threads, no clock of its own: every call takes `now`, so the unit
-//! tests drive it with a fake clock. [`super::Batcher`] is the thin thread around it.
+//! and the decision a free executor makes: take a batch now, or wait for company. No threads, no clock of its own:
+//! every call takes `now`, so the unit tests drive it with a fake clock. [`super::Batcher`]'s executor threads are
+//! the thin loop around it.
+//!
+//! Work-conserving: a free executor takes the queue's oldest requests at once, unless waiting is predicted to pay
+//! ([`Policy::decide`]): only when the model's measured batch times say that running the requests that may arrive
+//! within the wait together with those queued saves more executor time than the wait costs, weighed by the chance
+//! that any arrives at the recent rate. On a CPU, where a batch costs about the same per row at any size, that is
+//! never; on a GPU, whose batches cost about the same whatever their size, it is when requests come often enough.
+//! Requests that arrive while every executor is busy wait and share the next batch anyway.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use super::arrivals::Arrivals;
 use super::estimator::Estimator;
 use super::lateness::Lateness;
 use crate::error::ServiceError;
@@ -29,9 +38,12 @@ pub const MAX_MARGIN_SHARE: f64 = 0.5;
 pub struct BatchConfig {
     /// `false`: every request (or chunk of `max_batch_rows`) is executed alone, as soon as an executor is free.
     pub enabled: bool,
+    /// A free executor always waits up to `max_queue_delay` for company (`--batch-delay fixed`), instead of only
+    /// when that is predicted to pay.
+    pub fixed_delay: bool,
     /// A batch closes when it holds this many rows; larger requests are split into chunks of at most this size.
     pub max_batch_rows: usize,
-    /// A batch closes when its oldest request has waited this long.
+    /// The longest a free executor waits for company for the oldest request, when waiting is predicted to pay.
     pub max_queue_delay: Duration,
     /// Batch sizes warmed up and estimated: a batch's execution time is predicted from the smallest bucket that
     /// holds it (and, with `pad`, it is padded up to that bucket). Ascending; the last is `max_batch_rows`.
@@ -121,9 +133,11 @@ pub fn split_rows(rows: usize, max_batch_rows: usize) -> Vec<Range<usize>> {
 pub enum CloseReason {
     /// It reached `max_batch_rows` (or the next request would not fit).
     Full,
-    /// Its oldest request had waited `max_queue_delay`.
+    /// An executor was free and waiting for more requests was not predicted to pay.
+    ExecutorFree,
+    /// An executor waited for company, and its oldest request had waited `max_queue_delay`.
     Delay,
-    /// Waiting longer would miss the tightest deadline in it.
+    /// An executor waited for company, and waiting longer would miss the tightest deadline in it.
     Deadline,
     /// Batching is off: one request per batch.
     Unbatched,
@@ -132,9 +146,20 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Every reason: the `reason` label values of `recserve_batches_total`.
+    pub const ALL: [CloseReason; 6] = [
+        CloseReason::Full,
+        CloseReason::ExecutorFree,
+        CloseReason::Delay,
+        CloseReason::Deadline,
+        CloseReason::Unbatched,
+        CloseReason::Drain,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             CloseReason::Full => "full",
+            CloseReason::ExecutorFree => "executor_free",
             CloseReason::Delay => "delay",
             CloseReason::Deadline => "deadline",
             CloseReason::Unbatched => "unbatched",
@@ -258,14 +283,12 @@ pub struct Batch<J> {
     pub closed_at: Instant,
 }
 
-/// What the batcher thread should do now.
+/// What a free executor should do now.
 #[derive(Debug)]
 pub enum Decision<J> {
-    /// Hand this batch to a free executor.
+    /// Execute this batch.
     Dispatch(Batch<J>),
-    /// A batch is ready but every executor is busy: wait for one.
-    WaitForExecutor,
-    /// Nothing is ready; look again at this instant (or when a request arrives).
+    /// Wait for company: look again at this instant (or when a request arrives).
     WaitUntil(Instant),
     /// The queue is empty.
     Idle,
@@ -305,6 +328,10 @@ pub struct Policy<J> {
     in_flight_rows: usize,
     executors: usize,
     lateness: Lateness,
+    /// Requests admitted lately: whether waiting for company may pay.
+    arrivals: Arrivals,
+    /// An executor chose to wait for company for the queue's oldest requests (and has not taken them yet).
+    waiting: bool,
     /// The admission number the next request gets.
     next_request: u64,
     /// The request of the last chunk dropped: its other chunks, queued right behind it, are the same request.
@@ -320,6 +347,8 @@ impl<J> Policy<J> {
             in_flight_rows: 0,
             executors: executors.max(1),
             lateness: Lateness::default(),
+            arrivals: Arrivals::default(),
+            waiting: false,
             next_request: 0,
             last_dropped: None,
         }
@@ -476,6 +505,7 @@ impl<J> Policy<J> {
         let promised = now + predicted_wait;
         let request = self.next_request;
         self.next_request += 1;
+        self.arrivals.admitted(now, rows);
         for (job, rows) in chunks {
             self.queued_rows += rows;
             self.queue.push_back(Entry {
@@ -576,16 +606,13 @@ impl<J> Policy<J> {
         dropped
     }
 
-    /// Decides what to do at `now`. `executor_free`: whether a batch handed over now would start at once.
-    /// `draining`: the server is shutting down and everything queued goes now.
-    pub fn decide(
-        &mut self,
-        now: Instant,
-        executor_free: bool,
-        draining: bool,
-        estimator: &Estimator,
-    ) -> Decision<J> {
+    /// What a free executor does at `now`: take the batch that would close now (the oldest requests, first in
+    /// first out, as many as fit), or wait for company when that is predicted to pay ([`Self::worth_waiting`]),
+    /// at most until the oldest request has waited `max_queue_delay` or waiting longer would miss the tightest
+    /// deadline in the batch. `draining`: the server is shutting down and everything queued goes now.
+    pub fn decide(&mut self, now: Instant, draining: bool, estimator: &Estimator) -> Decision<J> {
         let Some(oldest) = self.queue.front() else {
+            self.waiting = false;
             return Decision::Idle;
         };
         let max = self.config.max_batch_rows;
@@ -613,37 +640,64 @@ impl<J> Policy<J> {
             .checked_sub(estimate + DISPATCH_MARGIN)
             .unwrap_or(now);
         let delay_ends = oldest.enqueued + self.config.max_queue_delay;
+        let wait_until = delay_ends.min(latest_start);
 
         let reason = if draining {
-            Some(CloseReason::Drain)
+            CloseReason::Drain
         } else if !self.config.enabled {
-            Some(CloseReason::Unbatched)
+            CloseReason::Unbatched
         } else if rows >= max || next_does_not_fit {
-            Some(CloseReason::Full)
-        } else if now >= latest_start {
-            Some(CloseReason::Deadline)
-        } else if now >= delay_ends {
-            Some(CloseReason::Delay)
+            CloseReason::Full
+        } else if now < wait_until && self.worth_waiting(rows, now, wait_until, estimator) {
+            self.waiting = true;
+            return Decision::WaitUntil(wait_until);
+        } else if self.waiting && now >= latest_start {
+            CloseReason::Deadline
+        } else if self.waiting && now >= delay_ends {
+            CloseReason::Delay
         } else {
-            None
+            CloseReason::ExecutorFree
         };
-        match reason {
-            None => Decision::WaitUntil(delay_ends.min(latest_start)),
-            Some(_) if !executor_free => Decision::WaitForExecutor,
-            Some(reason) => {
-                let entries: Vec<Entry<J>> = self.queue.drain(..count).collect();
-                self.queued_rows -= rows;
-                self.in_flight_rows += rows;
-                Decision::Dispatch(Batch {
-                    entries,
-                    rows,
-                    bucket: self.config.executed_rows(rows),
-                    reason,
-                    estimate,
-                    closed_at: now,
-                })
-            }
+        self.waiting = false;
+        let entries: Vec<Entry<J>> = self.queue.drain(..count).collect();
+        self.queued_rows -= rows;
+        self.in_flight_rows += rows;
+        Decision::Dispatch(Batch {
+            entries,
+            rows,
+            bucket: self.config.executed_rows(rows),
+            reason,
+            estimate,
+            closed_at: now,
+        })
+    }
+
+    /// Whether a free executor holding a batch of `rows` rows should wait until `until` for company: always with
+    /// `fixed_delay`; otherwise when the executor time saved by running a request of the recent mean size together
+    /// with them, rather than after them, weighed by the chance that one arrives by then at the recent rate, is
+    /// more than the wait.
+    fn worth_waiting(
+        &mut self,
+        rows: usize,
+        now: Instant,
+        until: Instant,
+        estimator: &Estimator,
+    ) -> bool {
+        let wait = until.saturating_duration_since(now);
+        if self.config.fixed_delay {
+            return !wait.is_zero();
         }
+        let Some((chance, mean_rows)) = self.arrivals.chance_within(now, wait) else {
+            return false;
+        };
+        let room = self.config.max_batch_rows.saturating_sub(rows);
+        if room == 0 {
+            return false;
+        }
+        let extra = (mean_rows.round() as usize).clamp(1, room);
+        let time = |r: usize| estimator.estimate(self.config.bucket(r));
+        let saved = (time(rows) + time(extra)).saturating_sub(time(rows + extra));
+        saved.mul_f64(chance) > wait
     }
 
     /// An executor finished a batch of `rows` rows.
@@ -667,6 +721,7 @@ mod tests {
     fn config() -> BatchConfig {
         BatchConfig {
             enabled: true,
+            fixed_delay: false,
             max_batch_rows: 100,
             max_queue_delay: 2 * MS,
             buckets: vec![10, 50, 100],
@@ -739,7 +794,7 @@ mod tests {
         );
         admit(&mut p, 0, 30, t0 + 50 * MS, t0, &e);
         admit(&mut p, 1, 7, t0 + 50 * MS, t0, &e);
-        match p.decide(t0 + 2 * MS, true, false, &e) {
+        match p.decide(t0 + 2 * MS, false, &e) {
             Decision::Dispatch(b) => {
                 assert_eq!((b.rows, b.bucket), (37, 37), "no padding rows");
                 assert_eq!(b.estimate, 5 * MS, "estimated as its bucket of 50");
@@ -756,64 +811,130 @@ mod tests {
             admit(&mut p, job, 30, t0 + 50 * MS, t0, &e);
         }
         // 30+30+30 fit in 100, the fourth does not: the batch is as full as it can be.
-        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, true, false, &e));
+        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, false, &e));
         assert_eq!(
             (jobs, rows, bucket, reason),
             (vec![0, 1, 2], 90, 100, CloseReason::Full)
         );
-        // The fourth waits for its own delay.
-        assert!(
-            matches!(p.decide(t0, true, false, &e), Decision::WaitUntil(t) if t == t0 + 2 * MS)
+        // The fourth goes at once to the executor free for it: nothing says company is coming.
+        let (jobs, rows, _, reason) = dispatched(p.decide(t0, false, &e));
+        assert_eq!(
+            (jobs, rows, reason),
+            (vec![3], 30, CloseReason::ExecutorFree)
         );
 
         let mut p = Policy::new(config(), 1);
         admit(&mut p, 7, 60, t0 + 50 * MS, t0, &e);
         admit(&mut p, 8, 40, t0 + 50 * MS, t0, &e);
-        let (jobs, rows, _, reason) = dispatched(p.decide(t0, true, false, &e));
+        let (jobs, rows, _, reason) = dispatched(p.decide(t0, false, &e));
         assert_eq!((jobs, rows, reason), (vec![7, 8], 100, CloseReason::Full));
     }
 
+    /// An estimator that predicts `ms` for every bucket: batches cost the same whatever their size, as on a GPU.
+    fn flat(ms: u32) -> Estimator {
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(b, MS * ms);
+        }
+        e
+    }
+
+    /// Notes `n` requests of `rows` rows admitted (and since executed) in the `n` milliseconds before `now`: a
+    /// recent rate of `n` requests per 100 ms.
+    fn arrived_lately(p: &mut Policy<u32>, now: Instant, n: u32, rows: usize) {
+        for i in (1..=n).rev() {
+            p.arrivals.admitted(now - MS * i, rows);
+        }
+    }
+
     #[test]
-    fn closes_when_the_oldest_has_waited_the_delay() {
-        let (t0, e) = (Instant::now(), one_ms());
+    fn a_free_executor_waits_for_company_only_when_that_is_predicted_to_pay() {
+        let t0 = Instant::now() + Duration::from_secs(1);
+        // Batches cost 5 ms whatever their size and requests come at 1,000/s: within the 2 ms delay one comes with
+        // a chance of 1 - e^-2 = 0.86, and running it with the queued ones saves 5 ms: waiting pays.
+        let e = flat(5);
         let mut p = Policy::new(config(), 1);
+        arrived_lately(&mut p, t0, 100, 5);
         admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
         admit(&mut p, 2, 5, t0 + 50 * MS, t0 + MS, &e);
-        match p.decide(t0 + MS, true, false, &e) {
+        match p.decide(t0 + MS, false, &e) {
             Decision::WaitUntil(t) => assert_eq!(t, t0 + 2 * MS),
             other => panic!("{other:?}"),
         }
-        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0 + 2 * MS, true, false, &e));
+        let (jobs, rows, bucket, reason) = dispatched(p.decide(t0 + 2 * MS, false, &e));
         assert_eq!(
             (jobs, rows, bucket, reason),
             (vec![1, 2], 10, 10, CloseReason::Delay)
         );
         assert!(p.is_empty());
-        assert!(matches!(
-            p.decide(t0 + 3 * MS, true, false, &e),
-            Decision::Idle
-        ));
+        assert!(matches!(p.decide(t0 + 3 * MS, false, &e), Decision::Idle));
+
+        // Batches that cost in proportion to their rows, as on a CPU: running more rows together saves nothing,
+        // so the executor takes the request at once however often requests come.
+        let e = proportional();
+        let mut p = Policy::new(config(), 1);
+        arrived_lately(&mut p, t0, 100, 5);
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        let (jobs, _, _, reason) = dispatched(p.decide(t0, false, &e));
+        assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
+
+        // Flat batch costs, but no request came lately: nothing to wait for.
+        let e = flat(5);
+        let mut p = Policy::new(config(), 1);
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        let (jobs, _, _, reason) = dispatched(p.decide(t0, false, &e));
+        assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
+
+        // Flat batch costs and frequent requests, but a delay longer than what a shared batch saves: no wait.
+        let mut c = config();
+        c.max_queue_delay = 20 * MS;
+        let mut p = Policy::new(c, 1);
+        arrived_lately(&mut p, t0, 100, 5);
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        let (jobs, _, _, reason) = dispatched(p.decide(t0, false, &e));
+        assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
+    }
+
+    #[test]
+    fn with_a_fixed_delay_a_free_executor_always_waits_for_company() {
+        let (t0, e) = (Instant::now(), proportional());
+        let mut p = Policy::new(
+            BatchConfig {
+                fixed_delay: true,
+                ..config()
+            },
+            1,
+        );
+        admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
+        match p.decide(t0, false, &e) {
+            Decision::WaitUntil(t) => assert_eq!(t, t0 + 2 * MS),
+            other => panic!("{other:?}"),
+        }
+        let (jobs, _, _, reason) = dispatched(p.decide(t0 + 2 * MS, false, &e));
+        assert_eq!((jobs, reason), (vec![1], CloseReason::Delay));
     }
 
     #[test]
     fn closes_early_when_waiting_would_miss_the_tightest_deadline() {
-        let (t0, e) = (Instant::now(), one_ms());
+        let t0 = Instant::now() + Duration::from_secs(1);
+        let e = flat(5);
         let mut c = config();
         c.max_queue_delay = 10 * MS;
         let mut p = Policy::new(c, 1);
+        arrived_lately(&mut p, t0, 100, 5);
         admit(&mut p, 1, 5, t0 + 20 * MS, t0, &e);
-        // A later request with a tighter deadline: 1 ms of execution + the margin must fit before it.
-        admit(&mut p, 2, 5, t0 + 3 * MS, t0, &e);
-        let latest_start = t0 + 3 * MS - MS - DISPATCH_MARGIN;
-        match p.decide(t0, true, false, &e) {
+        // A later request with a tighter deadline: 5 ms of execution + the margin must fit before it.
+        admit(&mut p, 2, 5, t0 + 8 * MS, t0, &e);
+        let latest_start = t0 + 8 * MS - 5 * MS - DISPATCH_MARGIN;
+        match p.decide(t0, false, &e) {
             Decision::WaitUntil(t) => assert_eq!(t, latest_start),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            p.decide(latest_start - Duration::from_micros(1), true, false, &e),
+            p.decide(latest_start - Duration::from_micros(1), false, &e),
             Decision::WaitUntil(_)
         ));
-        let (jobs, _, _, reason) = dispatched(p.decide(latest_start, true, false, &e));
+        let (jobs, _, _, reason) = dispatched(p.decide(latest_start, false, &e));
         assert_eq!((jobs, reason), (vec![1, 2], CloseReason::Deadline));
     }
 
@@ -834,7 +955,7 @@ mod tests {
             dropped.abandoned.iter().map(|x| x.job).collect::<Vec<_>>(),
             vec![3]
         );
-        let (jobs, rows, _, _) = dispatched(p.decide(t0 + 4 * MS, true, false, &e));
+        let (jobs, rows, _, _) = dispatched(p.decide(t0 + 4 * MS, false, &e));
         assert_eq!((jobs, rows), (vec![1], 5));
     }
 
@@ -852,7 +973,7 @@ mod tests {
             dropped.expired.iter().map(|x| x.job).collect::<Vec<_>>(),
             vec![2]
         );
-        let (jobs, rows, _, _) = dispatched(p.decide(now, true, false, &e));
+        let (jobs, rows, _, _) = dispatched(p.decide(now, false, &e));
         assert_eq!((jobs, rows), (vec![1], 90));
     }
 
@@ -901,7 +1022,7 @@ mod tests {
         }
         assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
         // Work handed to executors counts until it finishes.
-        let _ = p.decide(t0, true, false, &e);
+        let _ = p.decide(t0, false, &e);
         assert_eq!(p.predicted_wait(10, &e), MS + MS / 2 + MS);
         p.finished(100);
         assert_eq!(p.predicted_wait(10, &e), MS + MS);
@@ -1195,29 +1316,17 @@ mod tests {
         assert!(p.admit(two, t0 + 50 * MS, t0, &e).is_err());
         assert_eq!(p.len(), 4, "a refused request leaves no chunk behind");
         // Chunks run in order, each in its own full batch after the small request.
-        let (jobs, ..) = dispatched(p.decide(t0, true, false, &e));
+        let (jobs, ..) = dispatched(p.decide(t0, false, &e));
         assert_eq!(jobs, vec![0]);
         for want in [10, 11, 12] {
-            let (jobs, ..) = dispatched(p.decide(t0 + 2 * MS, true, false, &e));
+            let (jobs, ..) = dispatched(p.decide(t0 + 2 * MS, false, &e));
             assert_eq!(jobs, vec![want]);
         }
     }
 
     #[test]
-    fn waits_for_a_free_executor_and_batches_one_by_one_when_off() {
+    fn batches_one_by_one_when_off_and_everything_when_draining() {
         let (t0, e) = (Instant::now(), one_ms());
-        let mut p = Policy::new(config(), 1);
-        admit(&mut p, 1, 100, t0 + 50 * MS, t0, &e);
-        assert!(matches!(
-            p.decide(t0, false, false, &e),
-            Decision::WaitForExecutor
-        ));
-        assert_eq!(
-            p.len(),
-            1,
-            "nothing leaves the queue while executors are busy"
-        );
-
         let mut c = config();
         c.enabled = false;
         let mut p = Policy::new(c, 1);
@@ -1225,7 +1334,7 @@ mod tests {
             admit(&mut p, job, 5, t0 + 50 * MS, t0, &e);
         }
         for want in 0..3 {
-            let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, true, false, &e));
+            let (jobs, rows, bucket, reason) = dispatched(p.decide(t0, false, &e));
             assert_eq!(
                 (jobs, rows, bucket, reason),
                 (vec![want], 5, 10, CloseReason::Unbatched)
@@ -1234,7 +1343,7 @@ mod tests {
 
         let mut p = Policy::new(config(), 1);
         admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
-        let (jobs, _, _, reason) = dispatched(p.decide(t0, true, true, &e));
+        let (jobs, _, _, reason) = dispatched(p.decide(t0, true, &e));
         assert_eq!((jobs, reason), (vec![1], CloseReason::Drain));
     }
 }

@@ -47,6 +47,18 @@ pub enum Switch {
     Off,
 }
 
+/// When a free executor waits for more requests to share its batch (`--batch-delay`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchDelay {
+    /// Only when the model's measured batch times predict that waiting pays (never on a CPU, where a batch costs
+    /// about the same per row at any size), at most `max_queue_delay_us`.
+    #[default]
+    Adaptive,
+    /// Always, up to `max_queue_delay_us` or a full batch, as Triton's dynamic batcher does.
+    Fixed,
+}
+
 /// How model versions change while serving (`--model-control`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -102,6 +114,7 @@ pub struct Config {
     pub queue_capacity: usize,
     pub executor_niceness: u8,
     pub batching: Switch,
+    pub batch_delay: BatchDelay,
     /// `--gather-user-once`.
     pub gather_user_once: Switch,
     /// `--preload`.
@@ -276,6 +289,7 @@ impl ServeArgs {
             queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
             executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
             batching: self.batching.unwrap_or(Switch::On),
+            batch_delay: self.batch_delay.unwrap_or_default(),
             gather_user_once: self.gather_user_once.unwrap_or(Switch::On),
             preload: self.preload.unwrap_or(Switch::On),
             split_graph: self.split_graph.unwrap_or(Switch::On),

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
+use super::{BatchDelay, ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
 use crate::gpu::{DeviceRequest, ProviderRequest};
 use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
@@ -278,6 +278,13 @@ pub struct ServeArgs {
     /// [default: on].
     #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
     pub batching: Option<Switch>,
+
+    /// When a free executor waits up to the queue delay for more requests to share its batch: `adaptive` only
+    /// when the model's measured batch times predict that saves more than the wait (never on a CPU); `fixed`
+    /// always, as Triton's dynamic batcher does (throughput on a GPU at the price of latency at low load)
+    /// [default: adaptive].
+    #[arg(long, value_enum, env = "RECSERVE_BATCH_DELAY")]
+    pub batch_delay: Option<BatchDelay>,
 
     /// Ranking: `on` gathers each request's user-side embedding rows once and copies them to its candidates;
     /// `off` gathers them once per candidate, as the device gather does (the scores are the same) [default: on].
