@@ -17,7 +17,7 @@ use super::envelope::{error_body, error_response};
 use super::{guard, kserve, v1};
 use crate::error::ServiceError;
 use crate::service::{Readiness, Service};
-use crate::trace::slow::{KEEP, WINDOW};
+use crate::trace::slow::WINDOW;
 
 /// Builds the router.
 pub fn router(service: Arc<Service>) -> Router {
@@ -97,7 +97,7 @@ async fn slow_requests(State(service): State<Arc<Service>>) -> Response {
         .collect();
     axum::Json(json!({
         "window_seconds": WINDOW.as_secs(),
-        "kept": KEEP,
+        "kept": traces.slow().keep(),
         "requests": requests,
     }))
     .into_response()

@@ -18,7 +18,7 @@ use settings::{
     HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING,
     MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
     MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
-    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
+    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS,
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
@@ -138,6 +138,7 @@ pub struct Config {
     /// 0: no pings.
     pub http2_ping_interval_ms: u64,
     pub max_connections: usize,
+    pub slow_requests: usize,
     pub log_format: LogFormat,
     pub device: DeviceRequest,
     pub execution_provider: ProviderRequest,
@@ -313,6 +314,7 @@ impl ServeArgs {
             idle_timeout_ms: IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?,
             http2_ping_interval_ms: HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?,
             max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
+            slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
             log_format: self.log_format.unwrap_or(LogFormat::Text),
             device,
             execution_provider,

@@ -157,6 +157,13 @@ pub const REPOSITORY_POLL_S: Setting<u64> = Setting {
     min: 1,
     max: 86_400,
 };
+/// The slow-request record (`GET /debug/slow-requests`, `crate::trace::slow`): requests kept per minute.
+pub const SLOW_REQUESTS: Setting<usize> = Setting {
+    flag: "--slow-requests",
+    default: crate::trace::slow::DEFAULT_KEEP,
+    min: 0,
+    max: 100_000,
+};
 pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
     flag: "--shutdown-timeout-s",
     default: 30,
@@ -363,6 +370,11 @@ pub struct ServeArgs {
     /// counted in recserve_connections_refused_total [default: 10000].
     #[arg(long, env = "RECSERVE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+
+    /// How many of each minute's slowest requests `GET /debug/slow-requests` keeps, with their stages; 0 keeps
+    /// none [default: 32].
+    #[arg(long, env = "RECSERVE_SLOW_REQUESTS")]
+    pub slow_requests: Option<usize>,
 
     /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
     #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]

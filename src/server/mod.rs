@@ -34,8 +34,10 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    let metrics = Metrics::new();
+    metrics.traces().slow().set_keep(config.slow_requests);
     let service = Arc::new(Service::new(
-        Metrics::new(),
+        metrics,
         Limits {
             max_body_bytes: config.max_body_bytes,
         },

@@ -1,19 +1,20 @@
 //! The slow-request record: the slowest requests of the last minute with their stage breakdown and batch, bounded
-//! in memory (at most [`KEEP`] requests for each of two one-minute windows), read at `GET /debug/slow-requests`.
+//! in memory (at most `--slow-requests`, [`DEFAULT_KEEP`] by default, for each of two one-minute windows), read at
+//! `GET /debug/slow-requests`.
 //! When a window ends, its slowest request is logged (target `recserve::slow`), so the log holds one line a
 //! minute, with its stages, for as long as requests come.
 //!
-//! Cheap on the hot path: a request no slower than the slowest [`KEEP`] of the current window is turned away by
-//! two atomic loads, without the lock.
+//! Cheap on the hot path: a request no slower than the slowest kept of the current window is turned away by a few
+//! atomic loads, without the lock.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::Finished;
 
-/// Requests kept per window.
-pub const KEEP: usize = 32;
+/// Requests kept per window unless `--slow-requests` says otherwise.
+pub const DEFAULT_KEEP: usize = 32;
 
 /// The length of a window, and how far back the record reaches.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -22,7 +23,7 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 struct Windows {
     /// When the current window began.
     began: Instant,
-    /// The current window's slowest, unordered, at most `KEEP`.
+    /// The current window's slowest, unordered, at most `keep`.
     current: Vec<Finished>,
     /// The window before it.
     previous: Vec<Finished>,
@@ -36,8 +37,10 @@ pub struct SlowRequests {
     origin: Instant,
     /// The current window's end, in ns after `origin`.
     window_end_ns: AtomicU64,
-    /// Once the current window holds `KEEP` requests, the fastest of them (ns): a request no slower is not kept.
+    /// Once the current window holds `keep` requests, the fastest of them (ns): a request no slower is not kept.
     floor_ns: AtomicU64,
+    /// Requests kept per window; 0 keeps none.
+    keep: AtomicUsize,
 }
 
 impl Default for SlowRequests {
@@ -55,17 +58,31 @@ impl SlowRequests {
         SlowRequests {
             windows: Mutex::new(Windows {
                 began: now,
-                current: Vec::with_capacity(KEEP + 1),
+                current: Vec::new(),
                 previous: Vec::new(),
             }),
             origin: now,
             window_end_ns: AtomicU64::new(nanos(WINDOW)),
             floor_ns: AtomicU64::new(0),
+            keep: AtomicUsize::new(DEFAULT_KEEP),
         }
+    }
+
+    /// Keeps `keep` requests per window from now on (`--slow-requests`).
+    pub fn set_keep(&self, keep: usize) {
+        self.keep.store(keep, Ordering::Relaxed);
+    }
+
+    pub fn keep(&self) -> usize {
+        self.keep.load(Ordering::Relaxed)
     }
 
     /// Keeps `request` if it is among the slowest of the current window (its `at` is its time).
     pub fn offer(&self, request: Finished) {
+        let keep = self.keep();
+        if keep == 0 {
+            return;
+        }
         let at = nanos(request.at.saturating_duration_since(self.origin));
         if at < self.window_end_ns.load(Ordering::Relaxed)
             && nanos(request.total) <= self.floor_ns.load(Ordering::Relaxed)
@@ -94,13 +111,13 @@ impl SlowRequests {
                 self.floor_ns.store(0, Ordering::Relaxed);
             }
             w.current.push(request);
-            if w.current.len() > KEEP {
+            while w.current.len() > keep {
                 let fastest = (0..w.current.len())
                     .min_by_key(|&i| w.current[i].total)
                     .unwrap_or(0);
                 w.current.swap_remove(fastest);
             }
-            if w.current.len() == KEEP {
+            if w.current.len() == keep {
                 let floor = w.current.iter().map(|f| f.total).min().unwrap_or_default();
                 self.floor_ns.store(nanos(floor), Ordering::Relaxed);
             }
@@ -111,7 +128,7 @@ impl SlowRequests {
         }
     }
 
-    /// The slowest requests handed over within `WINDOW` of `now`, slowest first, at most `KEEP`.
+    /// The slowest requests handed over within `WINDOW` of `now`, slowest first, at most `keep`.
     pub fn slowest(&self, now: Instant) -> Vec<Finished> {
         let w = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         let mut all: Vec<Finished> = w
@@ -122,7 +139,7 @@ impl SlowRequests {
             .cloned()
             .collect();
         all.sort_by_key(|f| std::cmp::Reverse(f.total));
-        all.truncate(KEEP);
+        all.truncate(self.keep());
         all
     }
 }
@@ -161,6 +178,8 @@ mod tests {
     use super::*;
     use crate::trace::{Outcome, Stage};
     use std::time::SystemTime;
+
+    const KEEP: usize = DEFAULT_KEEP;
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -210,6 +229,21 @@ mod tests {
         offered.sort_unstable_by(|a, b| b.cmp(a));
         offered.truncate(KEEP);
         assert_eq!(got, offered);
+    }
+
+    #[test]
+    fn keeps_as_many_as_it_is_told_and_none_at_zero() {
+        let t0 = Instant::now();
+        let record = SlowRequests::new(t0);
+        record.set_keep(2);
+        for ms in [5, 9, 1, 7] {
+            record.offer(request(t0, ms));
+        }
+        assert_eq!(totals(&record, t0), vec![9, 7]);
+        let record = SlowRequests::new(t0);
+        record.set_keep(0);
+        record.offer(request(t0, 5));
+        assert!(totals(&record, t0).is_empty());
     }
 
     #[test]
