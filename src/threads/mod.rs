@@ -13,7 +13,7 @@
 //! (`docs/architecture.md`).
 
 mod collector;
-pub mod procfs;
+mod procfs;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

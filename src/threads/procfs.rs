@@ -1,6 +1,7 @@
 //! What the kernel says about where the CPU time went: each thread's scheduler statistics
 //! (`/proc/self/task/<tid>/schedstat`), the machine's steal time (`/proc/stat`), and the CPUs this process may run
-//! on (`sched_getaffinity`). Parsers take text and never panic: a file in a shape they do not know is skipped.
+//! on (`sched_getaffinity`). Parsers take text and never panic: a file in a shape they do not know reads as
+//! nothing.
 
 use std::io;
 use std::path::PathBuf;
@@ -65,39 +66,12 @@ pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
     })
 }
 
-/// The steal column of `/proc/stat`: the 8th value of each `cpu…` line (user, nice, system, idle, iowait, irq,
-/// softirq, steal), in clock ticks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Steal {
-    /// All CPUs (the `cpu` line).
-    pub total_ticks: u64,
-    /// Each CPU's (`cpuN` lines), in the file's order, as (N, ticks).
-    pub per_cpu: Vec<(u32, u64)>,
-}
-
-/// Parses `/proc/stat`. `None` without a `cpu` line holding a steal column (a kernel before 2.6.11, or not a
-/// `/proc/stat`); a `cpuN` line that is malformed is left out of `per_cpu`.
-pub fn parse_steal(stat: &str) -> Option<Steal> {
-    let steal_of =
-        |values: &str| -> Option<u64> { values.split_ascii_whitespace().nth(7)?.parse().ok() };
-    let mut total_ticks = None;
-    let mut per_cpu = Vec::new();
-    for line in stat.lines() {
-        let Some(rest) = line.strip_prefix("cpu") else {
-            continue;
-        };
-        if let Some(values) = rest.strip_prefix(' ') {
-            total_ticks = total_ticks.or(steal_of(values));
-        } else if let Some((n, values)) = rest.split_once(' ')
-            && let (Ok(n), Some(ticks)) = (n.parse::<u32>(), steal_of(values))
-        {
-            per_cpu.push((n, ticks));
-        }
-    }
-    Some(Steal {
-        total_ticks: total_ticks?,
-        per_cpu,
-    })
+/// Parses `/proc/stat`: the steal column of its `cpu` line (all CPUs), the 8th value after the label (user, nice,
+/// system, idle, iowait, irq, softirq, steal), in clock ticks. `None` without a `cpu` line holding a steal column
+/// (a kernel before 2.6.11, or not a `/proc/stat`). Per-CPU steal is `scripts/lib/steal.py`'s.
+pub fn parse_steal(stat: &str) -> Option<u64> {
+    let values = stat.lines().find_map(|line| line.strip_prefix("cpu "))?;
+    values.split_ascii_whitespace().nth(7)?.parse().ok()
 }
 
 /// The kernel's clock tick (`USER_HZ`), in which `/proc/stat` counts: `sysconf(_SC_CLK_TCK)`, 100 if unknown.
@@ -181,7 +155,7 @@ impl Proc {
         let path = self.root.join("stat");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        parse_steal(&text).map(|s| s.total_ticks).ok_or_else(|| {
+        parse_steal(&text).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{}: no `cpu` line with a steal column", path.display()),
@@ -237,33 +211,21 @@ btime 1733220000
 ";
 
     #[test]
-    fn steal_is_the_eighth_value_of_the_cpu_lines() {
-        assert_eq!(
-            parse_steal(STAT),
-            Some(Steal {
-                total_ticks: 118,
-                per_cpu: vec![(0, 60), (1, 58)]
-            })
-        );
+    fn steal_is_the_eighth_value_of_the_cpu_line() {
+        assert_eq!(parse_steal(STAT), Some(118));
     }
 
     #[test]
-    fn malformed_proc_stat_gives_no_steal_and_skips_bad_cpu_lines() {
+    fn malformed_proc_stat_gives_no_steal() {
         // Before 2.6.11 the cpu line had seven values: no steal column.
         assert_eq!(parse_steal("cpu  1 2 3 4 5 6 7\n"), None);
         assert_eq!(parse_steal(""), None);
         assert_eq!(parse_steal("intr 1 2 3\nctxt 4\n"), None);
         assert_eq!(parse_steal("cpu  1 2 3 4 5 6 7 x\n"), None);
-        // A per-CPU line cut short, or with a bad number, is left out; the total still reads.
-        assert_eq!(
-            parse_steal(
-                "cpu  0 0 0 0 0 0 0 9\ncpu0 0 0 0 0 0 0 0 4\ncpu1 0 0 0\ncpuX 0 0 0 0 0 0 0 5\n"
-            ),
-            Some(Steal {
-                total_ticks: 9,
-                per_cpu: vec![(0, 4)]
-            })
-        );
+        assert_eq!(parse_steal("cpu  1 2 3 4 5 6 7 -1\n"), None);
+        // Only the all-CPU line counts, wherever it is.
+        assert_eq!(parse_steal("cpu0 0 0 0 0 0 0 0 4\n"), None);
+        assert_eq!(parse_steal("intr 0\ncpu  0 0 0 0 0 0 0 9 0 0\n"), Some(9));
     }
 
     #[test]
