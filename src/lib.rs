@@ -20,4 +20,5 @@ pub mod service;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod threads;
 pub mod trace;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use recserve::config::{Cli, Command};
+use recserve::threads::{ThreadRole, register_current_thread};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -35,7 +36,14 @@ fn main() -> ExitCode {
 }
 
 fn serve(config: recserve::config::Config) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Runtime::new().context("start the async runtime")?;
+    // `Runtime::new()`'s runtime (one worker per CPU), with each of its threads counted as the server's I/O in
+    // `recserve_thread_*`; so is this thread, which drives the listeners' accept loops inside `block_on`.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_start(|| register_current_thread(ThreadRole::Io, ""))
+        .build()
+        .context("start the async runtime")?;
+    register_current_thread(ThreadRole::Io, "");
     runtime.block_on(async {
         let http = tokio::net::TcpListener::bind(config.http_addr)
             .await

@@ -487,6 +487,10 @@ impl Metrics {
                 .register(c)
                 .expect("each metric is registered once");
         }
+        // Read at each scrape, not updated: the server's threads and the machine's steal (`crate::threads`).
+        m.registry
+            .register(Box::new(crate::threads::ThreadCollector::new()))
+            .expect("each metric is registered once");
         m
     }
 

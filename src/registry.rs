@@ -517,6 +517,10 @@ impl<M: Send + Sync + 'static> Releaser<M> {
             std::thread::Builder::new()
                 .name("model-releaser".to_owned())
                 .spawn(move || {
+                    crate::threads::register_current_thread(
+                        crate::threads::ThreadRole::Other,
+                        "model-releaser",
+                    );
                     while !stop.load(Ordering::Acquire) {
                         std::thread::park_timeout(RELEASE_EVERY);
                         release_drained(&draining, &metrics);

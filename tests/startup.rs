@@ -1,6 +1,7 @@
 //! End to end: start-up and shutdown. Broken repositories fail to load with a message naming the file and the
-//! mismatch (never a panic), `/metrics` is valid Prometheus exposition, and the binary exits 0 on SIGTERM after
-//! finishing what it accepted, or 1 with a clear message when ONNX Runtime cannot be loaded.
+//! mismatch (never a panic), `/metrics` is valid Prometheus exposition (the binary's too, with its I/O threads'
+//! CPU time and the machine's steal), and the binary exits 0 on SIGTERM after finishing what it accepted, or 1
+//! with a clear message when ONNX Runtime cannot be loaded.
 
 mod common;
 
@@ -177,6 +178,11 @@ async fn health_turns_ready_and_metrics_pass_promtool() {
         "recserve_request_rows",
         "recserve_model_info",
         "recserve_embedding_table_bytes",
+        "recserve_thread_cpu_seconds_total",
+        "recserve_thread_run_queue_wait_seconds_total",
+        "recserve_thread_time_slices_total",
+        "recserve_machine_steal_seconds_total",
+        "recserve_machine_cpus",
     ] {
         assert!(
             metrics.contains(&format!("# TYPE {family} ")),
@@ -196,6 +202,23 @@ async fn health_turns_ready_and_metrics_pass_promtool() {
         common::metric_sample(&metrics, "recserve_request_rows_sum{model=\"deepfm-int8\"}"),
         candidates as f64
     );
+    // The thread that loaded the models registered itself; the test's own runtime threads did not.
+    assert!(
+        metrics.contains("recserve_thread_cpu_seconds_total{model=\"\",role=\"loader\"} "),
+        "{metrics}"
+    );
+    assert!(
+        common::metric_sample(
+            &metrics,
+            "recserve_thread_cpu_seconds_total{model=\"\",role=\"unregistered\"}"
+        ) > 0.0
+    );
+    promtool_check(&metrics);
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Fails unless `promtool check metrics` finds `metrics` valid and has nothing to say about it.
+fn promtool_check(metrics: &str) {
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -222,7 +245,6 @@ async fn health_turns_ready_and_metrics_pass_promtool() {
         out.status.success() && report.trim().is_empty(),
         "promtool check metrics reports problems:\n{report}"
     );
-    server.stop().await.expect("clean shutdown");
 }
 
 /// Kills the child process if the test fails before it exits.
@@ -235,9 +257,13 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The real binary: SIGTERM after a request is in flight → it finishes it and exits 0.
-#[test]
-fn the_binary_drains_and_exits_zero_on_sigterm() {
+/// The real binary serving the fixture on port 0, once it has logged readiness: the child, its HTTP address, and
+/// the rest of its log.
+fn start_binary() -> (
+    KillOnDrop,
+    String,
+    std::io::Lines<BufReader<std::process::ChildStderr>>,
+) {
     let child = Command::new(env!("CARGO_BIN_EXE_recserve"))
         .args([
             "serve",
@@ -270,7 +296,65 @@ fn the_binary_drains_and_exits_zero_on_sigterm() {
         }
     }
     assert!(ready, "the server logged readiness");
-    let addr = addr.expect("the server logged its address");
+    (child, addr.expect("the server logged its address"), lines)
+}
+
+/// The real binary's `/metrics`: its tokio threads count as `io` (registered by the runtime it builds), each
+/// model's executor threads as `executor`, the machine's steal is there, and promtool finds it all valid.
+#[test]
+fn the_binary_exports_its_io_threads_and_the_machines_steal() {
+    let (_child, addr, lines) = start_binary();
+    let _drain = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let scrape = || {
+        runtime.block_on(async {
+            let response = reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .expect("GET /metrics");
+            assert_eq!(response.status(), 200);
+            response.text().await.expect("body")
+        })
+    };
+    let first = scrape();
+    let io = "recserve_thread_cpu_seconds_total{model=\"\",role=\"io\"}";
+    let io_cpu = common::metric_sample(&first, io);
+    assert!(io_cpu > 0.0, "{first}");
+    assert!(
+        common::metric_sample(
+            &first,
+            "recserve_thread_time_slices_total{model=\"\",role=\"io\"}"
+        ) >= 1.0
+    );
+    assert!(
+        common::metric_sample(
+            &first,
+            "recserve_thread_cpu_seconds_total{model=\"\",role=\"loader\"}"
+        ) > 0.0
+    );
+    // Every model's executor threads are accounted under their model (they have run little yet: warm-up runs on
+    // the loader).
+    assert!(
+        common::metric_sample(
+            &first,
+            "recserve_thread_cpu_seconds_total{model=\"deepfm-int8\",role=\"executor\"}"
+        ) >= 0.0,
+        "{first}"
+    );
+    assert!(common::metric_sample(&first, "recserve_machine_steal_seconds_total") >= 0.0);
+    assert!(common::metric_sample(&first, "recserve_machine_cpus") >= 1.0);
+    promtool_check(&first);
+    // Answering the first scrape, after its reading, was I/O work: the next scrape counts it.
+    let second = scrape();
+    assert!(common::metric_sample(&second, io) > io_cpu, "{second}");
+}
+
+/// The real binary: SIGTERM after a request is in flight → it finishes it and exits 0.
+#[test]
+fn the_binary_drains_and_exits_zero_on_sigterm() {
+    let (mut child, addr, lines) = start_binary();
     // Drain the rest of stderr in the background so the child never blocks on a full pipe.
     let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
     let body = std::fs::read_to_string("docs/examples/rank-request.json").expect("example");

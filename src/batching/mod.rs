@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 
 use crate::error::ServiceError;
+use crate::threads::ThreadRole;
 use crate::trace::{self, BatchInfo, Stage};
 pub use estimator::Estimator;
 pub use job::{Answer, Answered, BatchTrace, ExecError, Job, Work, catch_panic};
@@ -205,9 +206,11 @@ impl<W: Work> Batcher<W> {
         let mut threads = Vec::with_capacity(executors.len());
         for (i, executor) in executors.into_iter().enumerate() {
             let theirs = Arc::clone(&shared);
+            let name = model.to_owned();
             let spawned = std::thread::Builder::new()
                 .name(format!("exec-{model}-{i}"))
                 .spawn(move || {
+                    crate::threads::register_current_thread(ThreadRole::Executor, &name);
                     lower_priority(niceness);
                     run_executor(executor, &theirs);
                 });

@@ -58,6 +58,7 @@ pub async fn run(
         std::thread::Builder::new()
             .name("model-loader".to_owned())
             .spawn(move || {
+                crate::threads::register_current_thread(crate::threads::ThreadRole::Loader, "");
                 let result = service.load(&config);
                 match &result {
                     Ok(()) => {

@@ -122,6 +122,8 @@ async fn on_loader_thread<T: Send + 'static>(
     std::thread::Builder::new()
         .name("model-load".to_owned())
         .spawn(move || {
+            // No model label: the name comes from an admin call and may not be in the repository.
+            crate::threads::register_current_thread(crate::threads::ThreadRole::Loader, "");
             crate::batching::lower_priority(LOADER_NICENESS);
             let _ = done.send(work());
         })
@@ -283,6 +285,10 @@ impl Service {
         std::thread::Builder::new()
             .name("repository-poll".to_owned())
             .spawn(move || {
+                crate::threads::register_current_thread(
+                    crate::threads::ThreadRole::Other,
+                    "repository-poll",
+                );
                 crate::batching::lower_priority(LOADER_NICENESS);
                 loop {
                     std::thread::sleep(every);

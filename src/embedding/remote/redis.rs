@@ -199,6 +199,12 @@ impl RedisCluster {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("recserve-redis")
+            .on_thread_start(|| {
+                crate::threads::register_current_thread(
+                    crate::threads::ThreadRole::Other,
+                    "recserve-redis",
+                );
+            })
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the Redis client's thread: {e}"))?;
