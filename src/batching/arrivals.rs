@@ -1,6 +1,6 @@
 //! The recent arrival rate of one model's requests, for the batching policy's one question about the future: if
 //! a free executor waits, will a request come to share its batch? Requests admitted over the last [`WINDOW`] (at
-//! most [`KEEP`] of them) give the rate and the mean rows of a request. A plain struct: every call takes `now`.
+//! most [`KEEP`] of them) give the rate. A plain struct: every call takes `now`.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -11,40 +11,35 @@ pub const WINDOW: Duration = Duration::from_millis(100);
 /// Most admissions remembered: at higher rates the rate is measured over the last `KEEP` of them.
 pub const KEEP: usize = 256;
 
-/// Requests admitted recently: when, and with how many rows.
+/// When requests were admitted lately.
 #[derive(Debug, Default)]
 pub struct Arrivals {
-    recent: VecDeque<(Instant, usize)>,
-    rows: usize,
+    recent: VecDeque<Instant>,
 }
 
 impl Arrivals {
-    /// Notes a request of `rows` rows admitted at `now`.
-    pub fn admitted(&mut self, now: Instant, rows: usize) {
+    /// Notes a request admitted at `now`.
+    pub fn admitted(&mut self, now: Instant) {
         self.forget(now);
-        if self.recent.len() == KEEP
-            && let Some((_, oldest)) = self.recent.pop_front()
-        {
-            self.rows -= oldest;
+        if self.recent.len() == KEEP {
+            self.recent.pop_front();
         }
-        self.recent.push_back((now, rows));
-        self.rows += rows;
+        self.recent.push_back(now);
     }
 
     fn forget(&mut self, now: Instant) {
-        while let Some(&(at, rows)) = self.recent.front() {
+        while let Some(&at) = self.recent.front() {
             if now.saturating_duration_since(at) <= WINDOW {
                 break;
             }
             self.recent.pop_front();
-            self.rows -= rows;
         }
     }
 
-    /// Requests per second over the last [`WINDOW`] and the mean rows of one, or `None` when none came.
-    pub fn rate(&mut self, now: Instant) -> Option<(f64, f64)> {
+    /// Requests per second over the last [`WINDOW`], or `None` when none came.
+    pub fn rate(&mut self, now: Instant) -> Option<f64> {
         self.forget(now);
-        let (&(oldest, _), count) = (self.recent.front()?, self.recent.len());
+        let (&oldest, count) = (self.recent.front()?, self.recent.len());
         // A full memory spans less than the window: measure over what it spans (at least a microsecond).
         let span = if count == KEEP {
             now.saturating_duration_since(oldest)
@@ -52,17 +47,13 @@ impl Arrivals {
         } else {
             WINDOW
         };
-        Some((
-            count as f64 / span.as_secs_f64(),
-            self.rows as f64 / count as f64,
-        ))
+        Some(count as f64 / span.as_secs_f64())
     }
 
-    /// The chance that at least one request arrives within `wait`, for Poisson arrivals at the recent rate, and the
-    /// mean rows of one.
-    pub fn chance_within(&mut self, now: Instant, wait: Duration) -> Option<(f64, f64)> {
-        let (rate, rows) = self.rate(now)?;
-        Some((1.0 - (-rate * wait.as_secs_f64()).exp(), rows))
+    /// The chance that at least one request arrives within `wait`, for Poisson arrivals at the recent rate.
+    pub fn chance_within(&mut self, now: Instant, wait: Duration) -> Option<f64> {
+        let rate = self.rate(now)?;
+        Some(1.0 - (-rate * wait.as_secs_f64()).exp())
     }
 }
 
@@ -77,13 +68,12 @@ mod tests {
         let t0 = Instant::now();
         let mut a = Arrivals::default();
         assert_eq!(a.rate(t0), None);
-        // 10 requests of 100 rows over 50 ms: 100 requests/s over the 100 ms window.
+        // 10 requests over 50 ms: 100 requests/s over the 100 ms window.
         for i in 0..10 {
-            a.admitted(t0 + 5 * MS * i, 100);
+            a.admitted(t0 + 5 * MS * i);
         }
-        let (rate, rows) = a.rate(t0 + 50 * MS).expect("a rate");
+        let rate = a.rate(t0 + 50 * MS).expect("a rate");
         assert!((rate - 100.0).abs() < 1e-9, "{rate}");
-        assert!((rows - 100.0).abs() < 1e-9, "{rows}");
         // 200 ms later every one of them is out of the window.
         assert_eq!(a.rate(t0 + 250 * MS), None);
     }
@@ -92,19 +82,18 @@ mod tests {
     fn at_high_rates_the_rate_is_over_the_remembered_span() {
         let t0 = Instant::now();
         let mut a = Arrivals::default();
-        // 10,000 requests/s of 2 rows for 50 ms: more than KEEP arrivals within the window.
+        // 10,000 requests/s for 50 ms: more than KEEP arrivals within the window.
         for i in 0..500u32 {
-            a.admitted(t0 + Duration::from_micros(100) * i, 2);
+            a.admitted(t0 + Duration::from_micros(100) * i);
         }
         let now = t0 + Duration::from_micros(100) * 499;
-        let (rate, rows) = a.rate(now).expect("a rate");
+        let rate = a.rate(now).expect("a rate");
         // KEEP arrivals over (KEEP - 1) intervals of 100 us.
         let expected = KEEP as f64 / ((KEEP - 1) as f64 * 1e-4);
         assert!(
             (rate - expected).abs() / expected < 1e-9,
             "{rate} vs {expected}"
         );
-        assert!((rows - 2.0).abs() < 1e-9);
     }
 
     #[test]
@@ -112,11 +101,11 @@ mod tests {
         let t0 = Instant::now();
         let mut a = Arrivals::default();
         for i in 0..10 {
-            a.admitted(t0 + MS * i, 100);
+            a.admitted(t0 + MS * i);
         }
         // 100 requests/s: within 1 ms, 1 - e^-0.1; within 10 ms, 1 - e^-1.
-        let (p1, _) = a.chance_within(t0 + 10 * MS, MS).expect("a rate");
-        let (p10, _) = a.chance_within(t0 + 10 * MS, 10 * MS).expect("a rate");
+        let p1 = a.chance_within(t0 + 10 * MS, MS).expect("a rate");
+        let p10 = a.chance_within(t0 + 10 * MS, 10 * MS).expect("a rate");
         assert!((p1 - (1.0 - (-0.1f64).exp())).abs() < 1e-9, "{p1}");
         assert!((p10 - (1.0 - (-1.0f64).exp())).abs() < 1e-9, "{p10}");
     }

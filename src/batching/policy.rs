@@ -4,9 +4,9 @@
 //! the thin loop around it.
 //!
 //! Work-conserving: a free executor takes the queue's oldest requests at once, unless waiting is predicted to pay
-//! ([`Policy::decide`]): only when the model's measured batch times say that running the requests that may arrive
-//! within the wait together with those queued saves more executor time than the wait costs, weighed by the chance
-//! that any arrives at the recent rate. On a CPU, where a batch costs about the same per row at any size, that is
+//! ([`Policy::decide`]): only when the model's measured batch times say that running a request that may arrive
+//! within the wait together with those queued saves more executor time (a batch's fixed cost) than the wait
+//! costs, weighed by the chance that one arrives at the recent rate. On a CPU, where a batch costs about the same per row at any size, that is
 //! never; on a GPU, whose batches cost about the same whatever their size, it is when requests come often enough.
 //! Requests that arrive while every executor is busy wait and share the next batch anyway.
 
@@ -505,7 +505,7 @@ impl<J> Policy<J> {
         let promised = now + predicted_wait;
         let request = self.next_request;
         self.next_request += 1;
-        self.arrivals.admitted(now, rows);
+        self.arrivals.admitted(now);
         for (job, rows) in chunks {
             self.queued_rows += rows;
             self.queue.push_back(Entry {
@@ -673,9 +673,11 @@ impl<J> Policy<J> {
     }
 
     /// Whether a free executor holding a batch of `rows` rows should wait until `until` for company: always with
-    /// `fixed_delay`; otherwise when the executor time saved by running a request of the recent mean size together
-    /// with them, rather than after them, weighed by the chance that one arrives by then at the recent rate, is
-    /// more than the wait.
+    /// `fixed_delay`; otherwise when what running a request that arrives meanwhile together with them saves (a
+    /// batch's fixed cost, [`Estimator::fixed_cost`]: the part of its time that does not grow with its rows),
+    /// weighed by the chance that one arrives by then at the recent rate, is more than the wait. The fixed cost
+    /// comes from the line through every bucket's time, so one bucket's noisy measurement (a batch that waited for
+    /// a core) does not make waiting look worthwhile.
     fn worth_waiting(
         &mut self,
         rows: usize,
@@ -687,17 +689,13 @@ impl<J> Policy<J> {
         if self.config.fixed_delay {
             return !wait.is_zero();
         }
-        let Some((chance, mean_rows)) = self.arrivals.chance_within(now, wait) else {
-            return false;
-        };
-        let room = self.config.max_batch_rows.saturating_sub(rows);
-        if room == 0 {
+        if rows >= self.config.max_batch_rows {
             return false;
         }
-        let extra = (mean_rows.round() as usize).clamp(1, room);
-        let time = |r: usize| estimator.estimate(self.config.bucket(r));
-        let saved = (time(rows) + time(extra)).saturating_sub(time(rows + extra));
-        saved.mul_f64(chance) > wait
+        let Some(chance) = self.arrivals.chance_within(now, wait) else {
+            return false;
+        };
+        estimator.fixed_cost().mul_f64(chance) > wait
     }
 
     /// An executor finished a batch of `rows` rows.
@@ -839,11 +837,11 @@ mod tests {
         e
     }
 
-    /// Notes `n` requests of `rows` rows admitted (and since executed) in the `n` milliseconds before `now`: a
+    /// Notes `n` requests admitted (and since executed) in the `n` milliseconds before `now`: a
     /// recent rate of `n` requests per 100 ms.
-    fn arrived_lately(p: &mut Policy<u32>, now: Instant, n: u32, rows: usize) {
+    fn arrived_lately(p: &mut Policy<u32>, now: Instant, n: u32) {
         for i in (1..=n).rev() {
-            p.arrivals.admitted(now - MS * i, rows);
+            p.arrivals.admitted(now - MS * i);
         }
     }
 
@@ -854,7 +852,7 @@ mod tests {
         // a chance of 1 - e^-2 = 0.86, and running it with the queued ones saves 5 ms: waiting pays.
         let e = flat(5);
         let mut p = Policy::new(config(), 1);
-        arrived_lately(&mut p, t0, 100, 5);
+        arrived_lately(&mut p, t0, 100);
         admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
         admit(&mut p, 2, 5, t0 + 50 * MS, t0 + MS, &e);
         match p.decide(t0 + MS, false, &e) {
@@ -873,7 +871,7 @@ mod tests {
         // so the executor takes the request at once however often requests come.
         let e = proportional();
         let mut p = Policy::new(config(), 1);
-        arrived_lately(&mut p, t0, 100, 5);
+        arrived_lately(&mut p, t0, 100);
         admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
         let (jobs, _, _, reason) = dispatched(p.decide(t0, false, &e));
         assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
@@ -889,7 +887,7 @@ mod tests {
         let mut c = config();
         c.max_queue_delay = 20 * MS;
         let mut p = Policy::new(c, 1);
-        arrived_lately(&mut p, t0, 100, 5);
+        arrived_lately(&mut p, t0, 100);
         admit(&mut p, 1, 5, t0 + 50 * MS, t0, &e);
         let (jobs, _, _, reason) = dispatched(p.decide(t0, false, &e));
         assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
@@ -921,7 +919,7 @@ mod tests {
         let mut c = config();
         c.max_queue_delay = 10 * MS;
         let mut p = Policy::new(c, 1);
-        arrived_lately(&mut p, t0, 100, 5);
+        arrived_lately(&mut p, t0, 100);
         admit(&mut p, 1, 5, t0 + 20 * MS, t0, &e);
         // A later request with a tighter deadline: 5 ms of execution + the margin must fit before it.
         admit(&mut p, 2, 5, t0 + 8 * MS, t0, &e);
