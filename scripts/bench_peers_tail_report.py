@@ -206,7 +206,13 @@ def rate_cell(found: list[tuple[float | None, bool]], lowest: float) -> str:
     return f"{one(med)} / {one(worst)}"
 
 
-def cpu_share(step: dict | None) -> str:
+def cpu_share(step: dict | None, report: dict | None) -> str:
+    """The generator's share of one core over a step: recload's own `cpu_s` over its run (for a sweep, its busiest
+    rate, marked `max`), else (oha) the step's CPU from getrusage over its wall time."""
+    runs = [] if report is None else report.get("steps") or [report]  # a sweep's runs, or the run itself
+    shares = [r["cpu_s"] / r["wall_s"] for r in runs if r.get("cpu_s") is not None and r.get("wall_s")]
+    if shares:
+        return f"{'max ' if len(shares) > 1 else ''}{100 * max(shares):.0f}%"
     if not step or not step.get("wall_s"):
         return "?"
     return f"{100 * step['generator_cpu_s'] / step['wall_s']:.0f}%"
@@ -379,8 +385,9 @@ def noise_table(res: Results, name: str, shares: list[str]) -> list[str]:
     low = float(res.meta["settings"]["LOW_RATE"])
     titles = [f"{low:.0f}/s"] + [x for s in shares for x in (f"{float(s):.0%}", f"oha {float(s):.0%}")] + ["sweep"]
     out = [
-        "The machine's steal time over each step and the load generator's CPU (its share of one core), per round: "
-        "compare systems within rounds of similar steal.",
+        "The machine's steal time over each step and the load generator's CPU (its share of one core: recload's own "
+        "`cpu_s`, for a sweep at its busiest rate; oha's from getrusage), per round: compare systems within rounds "
+        "of similar steal.",
         "",
         "| round | system | " + " | ".join(titles) + " |",
         "| ---: | --- |" + " ---: |" * len(titles),
@@ -390,7 +397,11 @@ def noise_table(res: Results, name: str, shares: list[str]) -> list[str]:
             d = res.dir(name, r, system)
             if not d.is_dir():
                 continue
-            cells = [f"{steal(load(d / f'{s}.step.json'))} · {cpu_share(load(d / f'{s}.step.json'))}" for s in steps]
+            cells = [
+                f"{steal(load(d / f'{s}.step.json'))} · "
+                f"{cpu_share(load(d / f'{s}.step.json'), None if s.startswith('oha') else load(d / f'{s}.json'))}"
+                for s in steps
+            ]
             out.append(f"| {r} | {res.meta['systems'][system]['name']} | " + " | ".join(cells) + " |")
     return [*out, "", "Each cell: steal · generator CPU.", ""]
 

@@ -221,7 +221,19 @@ def test_recserve_s_stages_steal_and_generator_cpu_and_the_tuning_are_shown(resu
     assert cells[5] == "idle 50"
     assert cells[6] == "executor 2.00 s (waited 0.50 s)"
     noise = next(line for line in text.splitlines() if line.startswith("| 2 | Triton |"))
-    assert "0.02 s · 15%" in noise
+    assert "0.02 s · 15%" in noise  # without recload's own cpu_s, the step's (getrusage)
+    # With it, recload's own figure; for a sweep its busiest rate.
+    d = results / "int8" / "round-2" / "triton"
+    write(d / "fixed-low.json", {**run(1.0), "cpu_s": 2.0, "wall_s": 5.0})
+    write(
+        d / "sweep.json", {**sweep(100, 200), "steps": [{"cpu_s": 1.0, "wall_s": 10.0}, {"cpu_s": 3.0, "wall_s": 10.0}]}
+    )
+    text = report.render(report.Results(results), "t")
+    noise = [
+        c.strip() for c in next(line for line in text.splitlines() if line.startswith("| 2 | Triton |")).split("|")
+    ]
+    assert noise[3] == "0.02 s · 40%"
+    assert noise[-2] == "0.02 s · max 30%"
     assert "| **16** | **200** | **3.00 ms** | **8.00 ms** | **5.50 ms** |" in text
     assert "| 64 | 0 | 2.00 ms | ∞ | ∞ |" in text
     assert "| int8 | Triton | 32 | 3200 | 0.0e+00 |" in text
