@@ -268,6 +268,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             zipf_exponent: options.zipf_exponent,
             top_k: None,
             user_id_field: None,
+            body: crate::workload::BodyForm::Rows,
         },
         None,
     )?;

@@ -65,11 +65,9 @@ pub struct Agreement {
 }
 
 fn candidates_of(body: &[u8]) -> Option<usize> {
-    serde_json::from_slice::<Value>(body)
-        .ok()?
-        .get("candidates")?
-        .as_array()
-        .map(Vec::len)
+    crate::workload::RankBody::parse(body)
+        .ok()
+        .map(|b| b.candidates)
 }
 
 /// Sends `requests` one after the other on one connection and returns each one's scores.

@@ -4,8 +4,8 @@
 //! now; KServe v2 and gRPC later implement the same trait), sending requests a [`workload::Workload`] generated
 //! (ranking, recall, recommend). Latency is measured from each request's scheduled send time into HdrHistograms
 //! ([`stats`]); [`report`] is the JSON a run writes, [`sweep`] searches the highest rate under a p99 bound,
-//! [`plot`] draws latency against throughput, [`check`] compares servers' scores, [`ceiling`] measures recserve's
-//! compute path in-process, and [`peers_doc`] writes the peer-benchmark section of docs/benchmarks.md.
+//! [`plot`] draws latency against throughput, [`check`] compares servers' scores, and [`ceiling`] measures
+//! recserve's compute path in-process.
 //! The command line ([`cli`]) is documented in docs/recload.md.
 
 pub mod arrivals;
@@ -13,7 +13,6 @@ pub mod ceiling;
 pub mod check;
 pub mod cli;
 pub mod engine;
-pub mod peers_doc;
 pub mod plot;
 pub mod report;
 pub mod stats;

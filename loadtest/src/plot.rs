@@ -1,7 +1,6 @@
 //! The latency-vs-throughput chart of one or more sweeps, as a self-contained SVG (text is left to the viewer's
 //! fonts): p99 (solid, dots) and p50 (thin) against the achieved rate of each step, on a log latency axis, with
-//! the SLAs as horizontal lines. A rate run more than once (a sweep confirms failures) is drawn through the run
-//! that decided its verdict, the others as hollow dots.
+//! the SLAs as horizontal lines.
 
 use plotters::prelude::*;
 
@@ -37,23 +36,19 @@ type Point = (f64, f64, f64);
 /// One sweep's points (runs that have a latency).
 struct Series {
     name: String,
-    /// One per rate (the run that decided the rate's verdict), by ascending rate.
+    /// One per run, by ascending offered rate (the sweep's order).
     line: Vec<Point>,
-    /// The other runs of rates that were run again.
-    others: Vec<Point>,
 }
 
 impl Series {
     fn of(sweep: &SweepReport) -> Series {
-        let point = |s: &&RunReport| s.latency_ms.map(|l| (s.achieved_rps, l.p50_ms, l.p99_ms));
-        let (chosen, others) = sweep.runs_by_rate();
+        let point = |s: &RunReport| s.latency_ms.map(|l| (s.achieved_rps, l.p50_ms, l.p99_ms));
         Series {
             name: sweep
                 .label
                 .clone()
                 .unwrap_or_else(|| sweep.target.url.clone()),
-            line: chosen.iter().filter_map(point).collect(),
-            others: others.iter().filter_map(point).collect(),
+            line: sweep.steps.iter().filter_map(point).collect(),
         }
     }
 }
@@ -65,9 +60,7 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
         .map(Series::of)
         .filter(|s| !s.line.is_empty())
         .collect();
-    let all = series
-        .iter()
-        .flat_map(|s| s.line.iter().chain(s.others.iter()));
+    let all = series.iter().flat_map(|s| s.line.iter());
     let (mut x_max, mut y_min, mut y_max) = (0.0f64, f64::INFINITY, 0.0f64);
     for &(x, p50, p99) in all {
         x_max = x_max.max(x);
@@ -118,7 +111,7 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
                 .label(format!("SLA p99 ≤ {sla} ms"))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey));
         }
-        for (i, Series { name, line, others }) in series.iter().enumerate() {
+        for (i, Series { name, line }) in series.iter().enumerate() {
             let colour = COLOURS[i % COLOURS.len()];
             chart
                 .draw_series(LineSeries::new(
@@ -134,14 +127,6 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
                 .draw_series(
                     line.iter()
                         .map(|&(x, _, p99)| Circle::new((x, p99), 3, colour.filled())),
-                )
-                .map_err(draw_error)?;
-            // Repeated runs of a rate: hollow, off the line.
-            chart
-                .draw_series(
-                    others
-                        .iter()
-                        .map(|&(x, _, p99)| Circle::new((x, p99), 3, colour.stroke_width(1))),
                 )
                 .map_err(draw_error)?;
             chart

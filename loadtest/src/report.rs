@@ -150,6 +150,9 @@ impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let w = &self.workload;
         let what = match (w.candidates, w.k) {
+            (Some(c), _) if w.body == Some(crate::workload::BodyForm::Columnar) => {
+                format!("{c} candidates (columnar body)")
+            }
             (Some(c), _) => format!("{c} candidates"),
             (None, Some(k)) => format!("k = {k}"),
             (None, None) => String::new(),

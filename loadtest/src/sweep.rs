@@ -1,8 +1,9 @@
 //! The latency-bounded throughput search: open-loop runs at increasing offered rates until a rate exceeds the
 //! largest SLA (its p99 over the bound, or too many failed requests), then bisection between the last passing and
-//! the first failing rate of each SLA. A rate that fails is run again (`confirm` times) and passes if any of its
-//! runs does, so one hiccup does not end the search. The answer for an SLA is the highest rate such that it and
-//! every lower rate tried passed.
+//! the first failing rate of each SLA, one run per rate. The answer for an SLA is the highest rate such that it and
+//! every lower rate tried passed. One sweep is one sample: a rate is never run again to give it another chance
+//! (on a machine whose p99 swings between identical runs, that picks the lucky run); a benchmark repeats whole
+//! sweeps in interleaved rounds and reports their median and worst (scripts/bench-peers-tail.sh).
 
 use std::fmt;
 use std::future::Future;
@@ -110,27 +111,6 @@ pub struct SlaResult {
     pub first_failing_rps: Option<f64>,
     /// Why that rate failed.
     pub failure: Option<String>,
-    /// `max_rps` run again after the search (`--repeat`), in run order: whether the rate holds the SLA beyond the
-    /// one run that met it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub repeats: Vec<Repeat>,
-}
-
-/// One more run at an SLA's highest passing rate.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Repeat {
-    pub achieved_rps: f64,
-    /// `null` when no request succeeded.
-    pub p99_ms: Option<f64>,
-    /// Why it missed the SLA; `null` when it met it.
-    pub failure: Option<String>,
-}
-
-impl SlaResult {
-    /// How many of `repeats` met the SLA.
-    pub fn repeats_met(&self) -> usize {
-        self.repeats.iter().filter(|r| r.failure.is_none()).count()
-    }
 }
 
 /// A sweep, as `recload sweep --json` writes it.
@@ -150,12 +130,6 @@ pub struct SweepReport {
     pub timeout_s: f64,
     /// Most failed requests (as a fraction of the window's) a passing run may have.
     pub max_error_ratio: f64,
-    /// Extra runs at a failing rate before it counts as failing.
-    #[serde(default)]
-    pub confirm: u32,
-    /// Runs of each SLA's highest passing rate after the search (`SlaResult::repeats`).
-    #[serde(default)]
-    pub repeat: u32,
     /// Steps measure for at least this many requests (`duration_s` is the shortest window).
     #[serde(default)]
     pub min_requests: u64,
@@ -197,18 +171,13 @@ pub struct SearchRules {
     pub refine: u32,
     /// Most failed requests (a fraction of the window's) a passing run may have.
     pub max_error_ratio: f64,
-    /// Runs added at a rate that failed, before it counts as failing: a rate passes when any of its runs passes,
-    /// so one scheduling hiccup (on a shared machine, say) does not end the search.
-    pub confirm: u32,
-    /// Runs of each SLA's highest passing rate once the search is over: a rate that met the SLA once may have
-    /// been lucky, and these say whether it holds. They do not change the verdicts.
-    pub repeat: u32,
 }
 
-/// A rate's verdict for one SLA: its first run that met it, or why its last run failed.
+/// A rate's verdict for one SLA: its run that met it, or why it failed.
 type Verdict<'a> = Result<&'a RunReport, String>;
 
-/// The verdicts of a set of runs for one SLA, by ascending rate.
+/// The verdicts of a set of runs for one SLA, by ascending rate. A rate the runs hold more than once (a report
+/// written by an older recload, which ran failing rates again) passes only if every run at it passed.
 fn verdicts(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> Vec<(f64, Verdict<'_>)> {
     let mut rates: Vec<f64> = runs.iter().map(rate_of).collect();
     rates.sort_by(f64::total_cmp);
@@ -216,16 +185,10 @@ fn verdicts(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> Vec<(f64, 
     rates
         .into_iter()
         .map(|rate| {
-            let at: Vec<&RunReport> = runs.iter().filter(|r| rate_of(r) == rate).collect();
-            let verdict = match at
-                .iter()
-                .find(|r| failure(r, sla_ms, max_error_ratio).is_none())
-            {
-                Some(pass) => Ok(*pass),
-                None => Err(at
-                    .last()
-                    .and_then(|last| failure(last, sla_ms, max_error_ratio))
-                    .unwrap_or_default()),
+            let mut at = runs.iter().filter(|r| rate_of(r) == rate);
+            let verdict = match at.clone().find_map(|r| failure(r, sla_ms, max_error_ratio)) {
+                Some(why) => Err(why),
+                None => Ok(at.next_back().expect("a rate of the runs")),
             };
             (rate, verdict)
         })
@@ -243,8 +206,8 @@ fn bounds(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> (Option<f64>
     )
 }
 
-/// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate, in run order
-/// within a rate) and one result per SLA (`slas_ms` ascending).
+/// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate) and one result
+/// per SLA (`slas_ms` ascending).
 pub async fn search<F, Fut, E>(
     rates: &[f64],
     slas_ms: &[f64],
@@ -258,29 +221,14 @@ where
     let SearchRules {
         refine,
         max_error_ratio,
-        confirm,
-        repeat,
     } = rules;
-    let fails = |r: &RunReport, sla: f64| failure(r, sla, max_error_ratio).is_some();
     let largest = slas_ms.iter().copied().fold(0.0, f64::max);
     let mut runs: Vec<RunReport> = Vec::new();
-    // Runs `rate`, and again (up to `confirm` times) while it fails `sla`; whether it finally failed.
-    macro_rules! measure {
-        ($rate:expr, $sla:expr) => {{
-            let mut failed = true;
-            for _ in 0..=confirm {
-                let report = probe($rate).await?;
-                failed = fails(&report, $sla);
-                runs.push(report);
-                if !failed {
-                    break;
-                }
-            }
-            failed
-        }};
-    }
     for &rate in rates {
-        if measure!(rate, largest) {
+        let report = probe(rate).await?;
+        let failed = failure(&report, largest, max_error_ratio).is_some();
+        runs.push(report);
+        if failed {
             break;
         }
     }
@@ -290,12 +238,12 @@ where
             let (Some(lo), Some(hi)) = bounds(&runs, sla, max_error_ratio) else {
                 break;
             };
-            // Closer than 2% is within the run-to-run noise of any real server.
-            if (hi - lo) / lo < 0.02 {
+            let mid = ((lo + hi) / 2.0).round();
+            // Closer than 2% is within the run-to-run noise of any real server; and a rate is run once.
+            if (hi - lo) / lo < 0.02 || mid <= lo || mid >= hi {
                 break;
             }
-            let mid = ((lo + hi) / 2.0).round().max(1.0);
-            measure!(mid, sla);
+            runs.push(probe(mid).await?);
         }
         let v = verdicts(&runs, sla, max_error_ratio);
         let (lo, hi) = bounds(&runs, sla, max_error_ratio);
@@ -316,63 +264,11 @@ where
             p99_at_max_ms: pass.and_then(RunReport::p99_ms),
             first_failing_rps: hi,
             failure: fail,
-            repeats: Vec::new(),
         });
-    }
-    // After every verdict, so that they cannot change one; two SLAs with the same highest rate share its repeats.
-    if repeat > 0 {
-        let mut repeated: Vec<(f64, Vec<RunReport>)> = Vec::new();
-        for (result, &sla) in results.iter_mut().zip(slas_ms) {
-            let Some(rate) = result.max_rps else { continue };
-            let at = match repeated.iter().position(|(r, _)| *r == rate) {
-                Some(i) => i,
-                None => {
-                    let mut reports = Vec::with_capacity(repeat as usize);
-                    for _ in 0..repeat {
-                        reports.push(probe(rate).await?);
-                    }
-                    repeated.push((rate, reports));
-                    repeated.len() - 1
-                }
-            };
-            result.repeats = repeated[at]
-                .1
-                .iter()
-                .map(|r| Repeat {
-                    achieved_rps: r.achieved_rps,
-                    p99_ms: r.p99_ms(),
-                    failure: failure(r, sla, max_error_ratio),
-                })
-                .collect();
-        }
-        runs.extend(repeated.into_iter().flat_map(|(_, reports)| reports));
     }
     // Stable: runs at the same rate stay in the order they ran.
     runs.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
     Ok((runs, results))
-}
-
-impl SweepReport {
-    /// One run per rate, ascending, and the others: at a rate run more than once, the run that decided its
-    /// verdict for the largest SLA (the first that passed, else the last).
-    pub fn runs_by_rate(&self) -> (Vec<&RunReport>, Vec<&RunReport>) {
-        let largest = self.sla.iter().map(|s| s.p99_ms).fold(0.0, f64::max);
-        let mut chosen: Vec<&RunReport> = Vec::new();
-        let mut others = Vec::new();
-        for run in &self.steps {
-            match chosen.last_mut() {
-                Some(last) if rate_of(last) == rate_of(run) => {
-                    if failure(last, largest, self.max_error_ratio).is_some() {
-                        others.push(std::mem::replace(last, run));
-                    } else {
-                        others.push(run);
-                    }
-                }
-                _ => chosen.push(run),
-            }
-        }
-        (chosen, others)
-    }
 }
 
 impl fmt::Display for SweepReport {
@@ -426,20 +322,6 @@ impl fmt::Display for SweepReport {
             match (&s.first_failing_rps, &s.failure) {
                 (Some(rate), Some(why)) => write!(f, "; {rate:.0}/s failed: {why}")?,
                 _ => write!(f, "; never failed: a lower bound, try higher --rates")?,
-            }
-            if !s.repeats.is_empty() {
-                let p99s: Vec<String> = s
-                    .repeats
-                    .iter()
-                    .map(|r| r.p99_ms.map_or("-".to_owned(), |p| Ms(p).to_string()))
-                    .collect();
-                write!(
-                    f,
-                    "; run again {}×: met it {} time(s), p99 {}",
-                    s.repeats.len(),
-                    s.repeats_met(),
-                    p99s.join(", ")
-                )?;
             }
             writeln!(f)?;
         }
@@ -498,12 +380,10 @@ mod tests {
         assert!(parse_slas("0ms").is_err());
     }
 
-    fn rules(refine: u32, max_error_ratio: f64, confirm: u32) -> SearchRules {
+    fn rules(refine: u32, max_error_ratio: f64) -> SearchRules {
         SearchRules {
             refine,
             max_error_ratio,
-            confirm,
-            repeat: 0,
         }
     }
 
@@ -528,6 +408,7 @@ mod tests {
                 pool: 1,
                 seed: 0,
                 mean_body_bytes: 1.0,
+                body: None,
             },
             mode: Mode::Open {
                 rate,
@@ -582,7 +463,7 @@ mod tests {
         let (steps, results) = search(
             &parse_rates("250:16000:x2").expect("rates"),
             &[5.0, 20.0],
-            rules(6, 0.001, 0),
+            rules(6, 0.001),
             |rate| {
                 probed.push(rate);
                 async move { Ok::<_, Infallible>(report(rate, server(rate), 0)) }
@@ -615,128 +496,49 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_rate_is_run_again_and_passes_if_any_run_passes() {
-        // The first run at 2000/s hits a hiccup (p99 50 ms); its second run passes. 8000/s fails twice.
-        let mut runs_at_2000 = 0;
+    async fn every_rate_is_run_once_and_one_bad_run_fails_it() {
+        // The run at 2000/s hits a hiccup (p99 50 ms): the search stops there and does not try it again, and the
+        // bisection below it never lands on a rate already run.
         let mut probed = Vec::new();
         let (steps, results) = search(
-            &[1000.0, 2000.0, 4000.0, 8000.0],
+            &[1000.0, 2000.0, 4000.0],
             &[20.0],
-            rules(0, 0.001, 1),
+            rules(8, 0.001),
             |rate| {
                 probed.push(rate);
-                let p99 = match rate {
-                    2000.0 => {
-                        runs_at_2000 += 1;
-                        if runs_at_2000 == 1 { 50.0 } else { 5.0 }
-                    }
-                    8000.0 => 30.0,
-                    _ => 5.0,
-                };
+                let p99 = if rate == 2000.0 { 50.0 } else { 5.0 };
                 async move { Ok::<_, Infallible>(report(rate, p99, 0)) }
             },
         )
         .await
         .expect("search");
-        assert_eq!(probed, vec![1000.0, 2000.0, 2000.0, 4000.0, 8000.0, 8000.0]);
-        assert_eq!(steps.len(), 6);
-        // One run per rate for the chart: at 2000/s the passing one.
-        let sweep = SweepReport {
-            schema: SWEEP_SCHEMA.to_owned(),
-            recload_version: "test".to_owned(),
-            label: None,
-            started_at: String::new(),
-            target: steps[0].target.clone(),
-            workload: steps[0].workload.clone(),
-            arrivals: Arrivals::Poisson,
-            connections: 1,
-            warmup_s: 0.0,
-            duration_s: 1.0,
-            timeout_s: 1.0,
-            max_error_ratio: 0.001,
-            confirm: 1,
-            repeat: 0,
-            min_requests: 0,
-            steps: steps.clone(),
-            sla: results.clone(),
-        };
-        let (line, others) = sweep.runs_by_rate();
-        let summary: Vec<(f64, f64)> = line
-            .iter()
-            .map(|r| (rate_of(r), r.p99_ms().expect("p99")))
-            .collect();
-        assert_eq!(
-            summary,
-            vec![(1000.0, 5.0), (2000.0, 5.0), (4000.0, 5.0), (8000.0, 30.0)]
+        assert_eq!(probed[..2], [1000.0, 2000.0]);
+        let mut distinct = probed.clone();
+        distinct.sort_by(f64::total_cmp);
+        distinct.dedup();
+        assert_eq!(distinct.len(), probed.len(), "{probed:?}");
+        assert_eq!(steps.len(), probed.len());
+        assert_eq!(results[0].first_failing_rps, Some(2000.0));
+        assert_eq!(results[0].failure.as_deref(), Some("p99 50.00 ms > 20 ms"));
+        assert!(
+            results[0].max_rps.expect("met") >= 1960.0,
+            "{:?}",
+            results[0]
         );
-        assert_eq!(others.len(), 2);
-        assert_eq!(results[0].max_rps, Some(4000.0));
-        assert_eq!(results[0].p99_at_max_ms, Some(5.0));
-        assert_eq!(results[0].first_failing_rps, Some(8000.0));
-        assert_eq!(results[0].failure.as_deref(), Some("p99 30.00 ms > 20 ms"));
     }
 
-    #[tokio::test]
-    async fn each_highest_passing_rate_is_repeated_after_the_search_without_changing_a_verdict() {
-        // 5 ms holds up to 1000/s and 20 ms up to 2000/s on the first runs; the first repeat at 2000/s misses
-        // 20 ms (a hiccup), the second meets it; the repeat at 1000/s misses 5 ms once but meets 20 ms.
-        let mut probed = Vec::new();
-        let mut again = 0;
-        let (steps, results) = search(
-            &[500.0, 1000.0, 2000.0, 4000.0],
-            &[5.0, 20.0],
-            SearchRules {
-                refine: 0,
-                max_error_ratio: 0.001,
-                confirm: 0,
-                repeat: 2,
-            },
-            |rate| {
-                probed.push(rate);
-                let seen = probed.iter().filter(|r| **r == rate).count();
-                let p99 = match (rate, seen) {
-                    (500.0, _) => 2.0,
-                    (1000.0, 1) | (1000.0, 3) => 4.0,
-                    (1000.0, _) => 8.0,
-                    (2000.0, 2) => {
-                        again += 1;
-                        40.0
-                    }
-                    (2000.0, _) => 10.0,
-                    _ => 30.0,
-                };
-                async move { Ok::<_, Infallible>(report(rate, p99, 0)) }
-            },
-        )
-        .await
-        .expect("search");
-        assert_eq!(
-            probed,
-            vec![
-                500.0, 1000.0, 2000.0, 4000.0, 1000.0, 1000.0, 2000.0, 2000.0
-            ]
-        );
-        assert_eq!(again, 1);
-        assert_eq!(steps.len(), probed.len());
-        let (five, twenty) = (&results[0], &results[1]);
-        assert_eq!((five.max_rps, twenty.max_rps), (Some(1000.0), Some(2000.0)));
-        let p99s =
-            |r: &SlaResult| -> Vec<Option<f64>> { r.repeats.iter().map(|x| x.p99_ms).collect() };
-        assert_eq!(p99s(five), vec![Some(8.0), Some(4.0)]);
-        assert_eq!(five.repeats_met(), 1);
-        assert_eq!(
-            five.repeats[0].failure.as_deref(),
-            Some("p99 8.00 ms > 5 ms")
-        );
-        assert_eq!(p99s(twenty), vec![Some(40.0), Some(10.0)]);
-        assert_eq!(twenty.repeats_met(), 1);
-        // Without repeats nothing is run again and nothing is reported.
-        let (steps, results) = search(&[500.0], &[5.0], rules(0, 0.001, 0), |rate| async move {
-            Ok::<_, Infallible>(report(rate, 1.0, 0))
-        })
-        .await
-        .expect("search");
-        assert_eq!((steps.len(), results[0].repeats.len()), (1, 0));
+    #[test]
+    fn a_rate_run_more_than_once_in_an_older_report_passes_only_if_every_run_did() {
+        // Older reports hold failing rates run again; the first run at 2000/s failed, the second passed.
+        let runs = [
+            report(1000.0, 5.0, 0),
+            report(2000.0, 50.0, 0),
+            report(2000.0, 5.0, 0),
+            report(4000.0, 5.0, 0),
+        ];
+        assert_eq!(bounds(&runs, 20.0, 0.001), (Some(1000.0), Some(2000.0)));
+        let v = verdicts(&runs, 20.0, 0.001);
+        assert_eq!(v[1].1, Err("p99 50.00 ms > 20 ms".to_owned()));
     }
 
     #[tokio::test]
@@ -745,7 +547,7 @@ mod tests {
         let (_, results) = search(
             &[1000.0, 2000.0, 4000.0],
             &[5.0],
-            rules(0, 0.001, 0),
+            rules(0, 0.001),
             |rate| async move {
                 let errors = if rate == 2000.0 { 5 } else { 0 };
                 Ok::<_, Infallible>(report(rate, 1.0, errors))
@@ -766,7 +568,7 @@ mod tests {
         let (_, results) = search(
             &[100.0, 200.0],
             &[1.0, 1000.0],
-            rules(3, 0.0, 0),
+            rules(3, 0.0),
             |rate| async move { Ok::<_, Infallible>(report(rate, 50.0, 0)) },
         )
         .await

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by the benchmark scripts (scripts/bench-batching.sh, scripts/sigterm-under-load.sh, loadtest/peers/run.sh):
+# Sourced by the benchmark scripts (scripts/bench-batching.sh, scripts/sigterm-under-load.sh, scripts/bench-peers-tail.sh):
 # a free local port, one background server process at a time in $server_pid (stopped on exit), and waiting for it
 # to be ready.
 

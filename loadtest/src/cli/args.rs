@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::CliError;
 use crate::arrivals::Arrivals;
 use crate::target::Envelope;
-use crate::workload::{IdDistribution, RecallInput};
+use crate::workload::{BodyForm, IdDistribution, RecallInput};
 
 /// Where requests go.
 #[derive(Clone, Debug, Args)]
@@ -21,8 +21,10 @@ pub struct TargetArgs {
     #[arg(long, env = "RECLOAD_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// How the JSON body travels: as is, as one BYTES tensor of a KServe v2 request (Triton Python-backend
-    /// models that parse recserve's /v1 JSON), or rewritten into the DeepFM model's own KServe v2 tensors as binary
-    /// data (`kserve-v2-tensors`, rank workload, needs --repository for the tensors' column order).
+    /// models that parse recserve's /v1 JSON), or rewritten into KServe v2 tensors as binary data (rank workload,
+    /// needs --repository for the tensors' column order): the DeepFM model's own row tensors
+    /// (`kserve-v2-tensors`), or the user once and the candidates' item ids as a matrix, each tensor with a leading
+    /// request dimension of 1, as a model behind Triton's dynamic batcher takes them (`kserve-v2-grouped-batched`).
     #[arg(long, env = "RECLOAD_ENVELOPE", value_enum, default_value_t = EnvelopeKind::None)]
     pub envelope: EnvelopeKind,
     /// KServe v2 model name [default: --model].
@@ -38,6 +40,7 @@ pub enum EnvelopeKind {
     None,
     KserveV2Bytes,
     KserveV2Tensors,
+    KserveV2GroupedBatched,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,6 +72,11 @@ pub struct WorkloadArgs {
     /// Ask rank for only the k best candidates.
     #[arg(long, env = "RECLOAD_TOP_K")]
     pub top_k: Option<usize>,
+    /// How ranking requests write their candidates: an array of objects that name every field (`rows`), or the
+    /// item fields named once and the candidates' ids as a matrix (`columnar`). The same seed draws the same
+    /// requests in both forms.
+    #[arg(long, env = "RECLOAD_BODY", value_enum, default_value_t = BodyForm::Rows)]
+    pub body: BodyForm,
     /// How ids are drawn from each table's rows.
     #[arg(long, env = "RECLOAD_IDS", value_enum, default_value_t = IdDistribution::Zipf)]
     pub ids: IdDistribution,
@@ -218,14 +226,6 @@ pub struct SweepArgs {
     /// Most failed requests a passing step may have, as a fraction.
     #[arg(long, env = "RECLOAD_MAX_ERROR_RATIO", default_value_t = 0.001)]
     pub max_error_ratio: f64,
-    /// Runs added at a rate that fails an SLA before it counts as failing (a rate passes when any of its runs
-    /// does), so that one hiccup does not end the search.
-    #[arg(long, env = "RECLOAD_CONFIRM", default_value_t = 1)]
-    pub confirm: u32,
-    /// Once the search is over, run each SLA's highest passing rate this many more times and report whether each
-    /// run met the SLA again (the verdicts stay those of the search).
-    #[arg(long, env = "RECLOAD_REPEAT", default_value_t = 0)]
-    pub repeat: u32,
     /// Lengthen a step's measurement window to hold at least this many requests (a p99 from 200 requests is
     /// their second-worst).
     #[arg(long, env = "RECLOAD_MIN_REQUESTS", default_value_t = 1000)]
@@ -275,6 +275,18 @@ pub struct CheckArgs {
 }
 
 #[derive(Clone, Debug, Args)]
+pub struct BodiesArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Write the bodies here: one per line where no body holds a newline (JSON), else only the first (binary
+    /// tensor data), as `oha -Z FILE` and `oha -D FILE` read them.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Debug, Args)]
 pub struct CeilingArgs {
     /// The model to measure.
     #[arg(long, env = "RECLOAD_MODEL")]
@@ -306,20 +318,6 @@ pub struct CeilingArgs {
     pub serve: recserve::config::ServeArgs,
 }
 
-#[derive(Clone, Debug, Args)]
-pub struct PeersReportArgs {
-    /// Results directory of loadtest/peers/run.sh.
-    #[arg(long)]
-    pub results: PathBuf,
-    /// Document whose peer-benchmark section is replaced (created when missing); '-' prints the section.
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub doc: PathBuf,
-    /// A named section (e.g. `realistic`), with markers of its own, written beside the default one (the demo
-    /// models'); its plots are docs/peers-<name>-<precision>.svg.
-    #[arg(long)]
-    pub section: Option<String>,
-}
-
 impl TargetArgs {
     /// How bodies travel: a KServe v2 envelope needs a model name, from --v2-model or else --model.
     pub(super) fn envelope(&self, workload: &WorkloadArgs) -> Result<Envelope, CliError> {
@@ -337,26 +335,31 @@ impl TargetArgs {
                 model: v2_model("kserve-v2-bytes")?,
                 input: self.v2_input.clone(),
             },
-            EnvelopeKind::KserveV2Tensors => {
+            EnvelopeKind::KserveV2Tensors | EnvelopeKind::KserveV2GroupedBatched => {
+                let flag = match self.envelope {
+                    EnvelopeKind::KserveV2Tensors => "kserve-v2-tensors",
+                    _ => "kserve-v2-grouped-batched",
+                };
                 if workload.workload != WorkloadKind::Rank {
-                    return Err(CliError::Usage(
-                        "--envelope kserve-v2-tensors carries ranking requests: use --workload rank"
-                            .to_owned(),
-                    ));
+                    return Err(CliError::Usage(format!(
+                        "--envelope {flag} carries ranking requests: use --workload rank"
+                    )));
                 }
-                let model = v2_model("kserve-v2-tensors")?;
+                let model = v2_model(flag)?;
                 let repo = workload.repository.as_deref().ok_or_else(|| {
-                    CliError::Usage(
-                        "--envelope kserve-v2-tensors needs --repository DIR: the `categorical` tensor's \
-                         columns are the model.toml's [[fields]] in order"
-                            .to_owned(),
-                    )
+                    CliError::Usage(format!(
+                        "--envelope {flag} needs --repository DIR: the tensors' columns are the model.toml's \
+                         [[fields]] in order"
+                    ))
                 })?;
                 let layout = super::schema::tensor_layout(
                     repo,
                     workload.model.as_deref().unwrap_or(&model),
                 )?;
-                Envelope::KserveV2Tensors { model, layout }
+                match self.envelope {
+                    EnvelopeKind::KserveV2Tensors => Envelope::KserveV2Tensors { model, layout },
+                    _ => Envelope::KserveV2GroupedBatched { model, layout },
+                }
             }
         })
     }
@@ -406,8 +409,8 @@ mod tests {
     use clap::error::ErrorKind;
     use clap::{CommandFactory, Parser};
 
-    use super::super::testing::{ceiling, check, parse, plot, run, sweep};
-    use super::super::{Cli, Command};
+    use super::super::Cli;
+    use super::super::testing::{ceiling, check, plot, run, sweep};
     use super::*;
 
     /// Why clap refuses `recload <args>`.
@@ -439,7 +442,7 @@ mod tests {
             (w.repository.as_deref(), w.dataset.as_deref()),
             (None, None)
         );
-        assert_eq!((w.candidates, w.top_k), (100, None));
+        assert_eq!((w.candidates, w.top_k, w.body), (100, None, BodyForm::Rows));
         assert_eq!((w.ids, w.zipf_exponent), (IdDistribution::Zipf, 1.05));
         assert_eq!(w.user_id_field, None);
         assert_eq!(
@@ -472,7 +475,7 @@ mod tests {
         let a = sweep(&[]);
         assert_eq!(a.rates, "50:20000:x1.5");
         assert_eq!(a.sla, "5ms,20ms");
-        assert_eq!((a.refine, a.confirm, a.min_requests), (3, 1, 1000));
+        assert_eq!((a.refine, a.min_requests), (3, 1000));
         assert_eq!(a.max_error_ratio, 0.001);
         assert_eq!((a.json, a.svg), (None, None));
         // The shared groups are the same flags as run's.
@@ -481,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn check_plot_ceiling_and_peers_report_defaults_are_the_documented_ones() {
+    fn check_plot_and_ceiling_defaults_are_the_documented_ones() {
         let c = check(&["--save", "scores.json"]);
         assert_eq!((c.samples, c.tolerance), (32, 1e-5));
         assert_eq!(c.save, Some(PathBuf::from("scores.json")));
@@ -499,12 +502,6 @@ mod tests {
         assert_eq!((c.candidates, c.warmup, c.duration), (100, S(2), S(10)));
         assert_eq!((c.ids, c.zipf_exponent), (IdDistribution::Zipf, 1.05));
         assert_eq!((c.pool, c.seed, c.json), (1000, 1, None));
-
-        let Command::PeersReport(r) = parse(&["peers-report", "--results", "out"]) else {
-            panic!("parsed as peers-report")
-        };
-        assert_eq!(r.results, PathBuf::from("out"));
-        assert_eq!(r.doc, PathBuf::from("docs/benchmarks.md"));
     }
 
     /// The `RECLOAD_*` variable clap reads for each long flag of `subcommand`, by flag.
@@ -609,7 +606,6 @@ mod tests {
             ErrorKind::MissingRequiredArgument
         );
         assert_eq!(kind(&["ceiling"]), ErrorKind::MissingRequiredArgument);
-        assert_eq!(kind(&["peers-report"]), ErrorKind::MissingRequiredArgument);
         assert_eq!(
             kind(&["run", "--rate", "1", "--envelope", "grpc"]),
             ErrorKind::InvalidValue

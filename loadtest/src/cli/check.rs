@@ -1,12 +1,13 @@
 //! `recload check`: sends sample ranking requests one at a time and saves them with their scores (`--save`), or
-//! sends saved requests to another server and compares its scores with the saved ones (`--expect`).
+//! sends saved requests to another server, in the form `--body` names, and compares its scores with the saved ones
+//! (`--expect`).
 
 use super::output::{io_error, to_json, write_out};
 use super::workload::build_workload;
 use super::{CheckArgs, CliError};
 use crate::check::{self, ScoresFile};
 use crate::target::{HttpTarget, Target};
-use crate::workload::Workload;
+use crate::workload::{RankBody, Workload};
 
 pub(super) async fn check_command(args: &CheckArgs) -> Result<(), CliError> {
     let envelope = args.target.envelope(&args.workload)?;
@@ -18,7 +19,22 @@ pub(super) async fn check_command(args: &CheckArgs) -> Result<(), CliError> {
         None => None,
     };
     let requests = match &expected {
-        Some(file) => file.requests(),
+        // Sent in the form --body asks for, whichever form they were saved in; to --model's rank path when it is
+        // given (another model that should score alike, e.g. a split version of the saved one).
+        Some(file) => file
+            .requests()
+            .into_iter()
+            .enumerate()
+            .map(|(sample, mut r)| {
+                let body = RankBody::parse(&r.body)
+                    .map_err(|problem| crate::check::CheckError::Answer { sample, problem })?;
+                r.body = body.to_json(args.workload.body).into();
+                if let Some(model) = &args.workload.model {
+                    r.path = format!("/v1/models/{model}/rank");
+                }
+                Ok(r)
+            })
+            .collect::<Result<Vec<_>, crate::check::CheckError>>()?,
         None => {
             if args.workload.top_k.is_some() {
                 return Err(CliError::Usage(

@@ -1,15 +1,15 @@
 //! The `recload` command line: the top-level parser ([`Cli`], one [`Command`] per subcommand), why a command
 //! fails ([`CliError`]), and [`execute`], which runs a parsed command. The flags are in `args`, the body of each
-//! `recload <command>` in the module of its name (`run`, `sweep`, `plot`, `check`, `ceiling`, `peers_report`), what
+//! `recload <command>` in the module of its name (`run`, `sweep`, `plot`, `check`, `bodies`, `ceiling`), what
 //! run, sweep and check send in `workload` (the ranking model's fields from `schema`), and where results go in
 //! `output`. `main.rs` only parses and reports errors; tests call [`execute`] or a command's function with parsed
 //! flags.
 
 mod args;
+mod bodies;
 mod ceiling;
 mod check;
 mod output;
-mod peers_report;
 mod plot;
 mod run;
 mod schema;
@@ -23,8 +23,8 @@ use clap::{Parser, Subcommand};
 use crate::target::http::TargetError;
 
 pub use args::{
-    CeilingArgs, CheckArgs, EnvelopeKind, PeersReportArgs, PlotArgs, RunArgs, SweepArgs,
-    TargetArgs, TimingArgs, WorkloadArgs, WorkloadKind,
+    BodiesArgs, CeilingArgs, CheckArgs, EnvelopeKind, PlotArgs, RunArgs, SweepArgs, TargetArgs,
+    TimingArgs, WorkloadArgs, WorkloadKind,
 };
 pub use run::{run_command, run_report};
 pub use sweep::{sweep_command, sweep_report};
@@ -50,11 +50,12 @@ pub enum Command {
     Plot(PlotArgs),
     /// Send sample ranking requests one by one and save their scores, or compare them with saved ones.
     Check(CheckArgs),
+    /// Write the request bodies a run would send, in their wire form, for another load generator (oha), and print
+    /// how to send them (URL, headers) as JSON.
+    Bodies(BodiesArgs),
     /// The raw ceiling: gather + ONNX Runtime in-process through recserve's library, no server.
     // Boxed: it embeds the server's settings, which make it far larger than the other variants.
     Ceiling(Box<CeilingArgs>),
-    /// Write the peer-benchmark section of docs/benchmarks.md from a loadtest/peers/run.sh results directory.
-    PeersReport(PeersReportArgs),
 }
 
 /// Why a command failed.
@@ -74,8 +75,6 @@ pub enum CliError {
     Ceiling(#[from] crate::ceiling::CeilingError),
     #[error(transparent)]
     Plot(#[from] crate::plot::PlotError),
-    #[error(transparent)]
-    Doc(#[from] crate::peers_doc::DocError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -90,10 +89,10 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Ceiling(args) => ceiling::ceiling_command(&args),
         Command::Plot(args) => plot::plot_command(&args),
-        Command::PeersReport(args) => peers_report::peers_report_command(&args),
         Command::Run(args) => runtime(args.timing.threads)?.block_on(run_command(&args)),
         Command::Sweep(args) => runtime(args.timing.threads)?.block_on(sweep_command(&args)),
         Command::Check(args) => runtime(Some(1))?.block_on(check::check_command(&args)),
+        Command::Bodies(args) => runtime(Some(1))?.block_on(bodies::bodies_command(&args)),
     }
 }
 

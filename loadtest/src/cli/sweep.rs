@@ -44,8 +44,6 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
     let rules = sweep::SearchRules {
         refine: args.refine,
         max_error_ratio: args.max_error_ratio,
-        confirm: args.confirm,
-        repeat: args.repeat,
     };
     let (steps, sla) = sweep::search(&rates, &slas_ms, rules, |rate| {
         let mut options = run_options(
@@ -96,8 +94,6 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         duration_s: args.timing.duration.as_secs_f64(),
         timeout_s: args.timing.timeout.as_secs_f64(),
         max_error_ratio: args.max_error_ratio,
-        confirm: args.confirm,
-        repeat: args.repeat,
         min_requests: args.min_requests,
         steps,
         sla,

@@ -8,7 +8,7 @@ use super::schema::{schema_from_repository, schema_from_server};
 use super::{CliError, TargetArgs, WorkloadArgs, WorkloadKind};
 use crate::target::{HttpTarget, Target};
 use crate::workload::{
-    Dataset, Population, RankOptions, RankWorkload, RecallOptions, RecallWorkload,
+    BodyForm, Dataset, Population, RankOptions, RankWorkload, RecallOptions, RecallWorkload,
     RecommendOptions, RecommendWorkload, Request, Workload, WorkloadInfo,
 };
 
@@ -44,7 +44,7 @@ pub async fn build_workload(
                 Some(repo) => schema_from_repository(repo, &model)?,
                 None => schema_from_server(target, &model).await?,
             };
-            Workload::Rank(RankWorkload::new(
+            Workload::Rank(Box::new(RankWorkload::new(
                 schema,
                 RankOptions {
                     candidates: args.candidates,
@@ -52,9 +52,15 @@ pub async fn build_workload(
                     zipf_exponent: args.zipf_exponent,
                     top_k: args.top_k,
                     user_id_field: args.user_id_field.clone(),
+                    body: args.body,
                 },
                 dataset,
-            )?)
+            )?))
+        }
+        WorkloadKind::Recall | WorkloadKind::Recommend if args.body != BodyForm::Rows => {
+            return Err(CliError::Usage(
+                "--body columnar writes ranking requests: use --workload rank".to_owned(),
+            ));
         }
         WorkloadKind::Recall => Workload::Recall(RecallWorkload::new(
             model()?,
@@ -118,6 +124,7 @@ mod tests {
     use super::super::testing::{arg, fixture_repo, run};
     use super::*;
     use crate::target::Envelope;
+    use crate::workload::RankBody;
 
     /// Nothing listens at port 1: a workload built against it did not ask the server anything.
     const NOWHERE: &str = "http://127.0.0.1:1";
@@ -159,6 +166,56 @@ mod tests {
             let id = candidate["fields"]["C26"].as_u64().expect("a C26 id");
             assert!(id < 96, "{candidate}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_columnar_body_holds_the_rows_of_the_row_body_of_the_same_seed() {
+        let repo = fixture_repo();
+        let pool = async |form: &str| {
+            let (w, _) = built(&[
+                "--model",
+                "deepfm-int8",
+                "--repository",
+                arg(&repo),
+                "--candidates",
+                "7",
+                "--body",
+                form,
+            ])
+            .await
+            .expect("built from model.toml");
+            w.pool(5, 3)
+        };
+        let (rows, columnar) = (pool("rows").await, pool("columnar").await);
+        for (r, c) in rows.iter().zip(&columnar) {
+            assert_eq!(r.path, c.path);
+            assert!(body(r)["candidates"].is_array(), "{}", body(r));
+            let columns = &body(c)["candidates"];
+            assert_eq!(
+                columns["ids"].as_array().map(Vec::len),
+                Some(7),
+                "{columns}"
+            );
+            assert_eq!(
+                RankBody::parse(&r.body).expect("rows"),
+                RankBody::parse(&c.body).expect("columnar")
+            );
+            assert!(c.body.len() < r.body.len());
+        }
+        // The fixture's model has an item id field (C20): the columnar form carries its ids in `candidates.id`.
+        assert_eq!(
+            body(&columnar[0])["candidates"]["id"]
+                .as_array()
+                .map(Vec::len),
+            Some(7)
+        );
+        let err = built(&["--workload", "recall", "--model", "m", "--body", "columnar"])
+            .await
+            .expect_err("not a ranking workload");
+        assert_eq!(
+            err.to_string(),
+            "--body columnar writes ranking requests: use --workload rank"
+        );
     }
 
     #[tokio::test]

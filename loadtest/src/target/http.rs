@@ -1,10 +1,12 @@
 //! The HTTP/1.1 target: one hyper connection per worker (no hidden pool, so `--connections` is exactly the number
-//! of sockets), `TCP_NODELAY`, bodies prepared before the run. Two envelopes: the body as is (recserve's `/v1`
-//! JSON, and any server that accepts it), or the same JSON wrapped as one `BYTES` tensor of a KServe v2 inference
-//! request with Triton's binary tensor data extension (the JSON bytes follow the request header unchanged), which
-//! is how a Triton Python-backend model receives the very same body. Or the same ranking request rewritten into a
-//! DeepFM model's own KServe v2 tensors (`categorical` INT64, `dense` FP32) as binary tensor data: the request
-//! without any JSON to decode but a short header, what a client that speaks tensors sends.
+//! of sockets), `TCP_NODELAY`, bodies prepared before the run. The envelopes: the body as is (recserve's `/v1`
+//! JSON, and any server that accepts it); the same JSON wrapped as one `BYTES` tensor of a KServe v2 inference
+//! request with Triton's binary tensor data extension (the JSON bytes follow the request header unchanged), for a
+//! Triton Python-backend model that parses the body itself; or the same ranking request rewritten into KServe v2
+//! tensors as binary tensor data, the request without any JSON to decode but a short header: a DeepFM model's own
+//! row tensors (`categorical` INT64, `dense` FP32, the user's ids repeated on every row), or the compact grouped
+//! tensors of one user and its candidates (`user_categorical`, `user_dense`, `item_categorical`) that the Triton
+//! peer reads.
 
 use std::net::SocketAddr;
 
@@ -19,7 +21,7 @@ use serde_json::json;
 use tokio::net::TcpStream;
 
 use super::{Failure, Target, TargetInfo};
-use crate::workload::Request;
+use crate::workload::{RankBody, Request};
 
 /// How a workload's JSON body travels.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,15 +34,20 @@ pub enum Envelope {
     /// `POST <url>/v2/models/<model>/infer`: a `/v1` rank body rewritten into the model's tensors, sent as binary
     /// tensor data (docs/api.md, "Tensor contract per model kind").
     KserveV2Tensors { model: String, layout: TensorLayout },
+    /// `POST <url>/v2/models/<model>/infer`: a `/v1` rank body rewritten into the user's ids and dense values once
+    /// and the candidates' item ids as a matrix ([`kserve_v2_grouped_batched`]), sent as binary tensor data.
+    KserveV2GroupedBatched { model: String, layout: TensorLayout },
 }
 
 /// The columns of a DeepFM model's KServe v2 tensors, from its `model.toml`: `categorical` INT64 `[N, fields]` (a
 /// row per candidate: its item fields, the request's user fields), `dense` FP32 `[N, dense]` (the request's
-/// `user.dense` on every row).
+/// `user.dense` on every row); or, grouped, the user fields and the item fields apart, each in that order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLayout {
     /// Field names in `[[fields]]` order: the columns of `categorical`.
     pub fields: Vec<String>,
+    /// Those of `fields` on the user side, in the same order; the others are the item side's.
+    pub user_fields: Vec<String>,
     /// The item-side field that a candidate's `id` feeds.
     pub item_id_field: Option<String>,
     /// Dense features per row.
@@ -53,6 +60,12 @@ impl TensorLayout {
         let ranking = spec.ranking.as_ref();
         TensorLayout {
             fields: spec.fields.iter().map(|f| f.name.clone()).collect(),
+            user_fields: spec
+                .fields
+                .iter()
+                .filter(|f| f.side == recserve::repository::Side::User)
+                .map(|f| f.name.clone())
+                .collect(),
             item_id_field: ranking
                 .and_then(|r| r.item_id_field)
                 .map(|f| spec.fields[f].name.clone()),
@@ -93,6 +106,22 @@ pub struct HttpRequest {
     content_type: HeaderValue,
     /// `Inference-Header-Content-Length` of a KServe v2 binary request.
     header_length: Option<HeaderValue>,
+}
+
+impl HttpRequest {
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The headers it is sent with, besides `host`.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let text = |v: &HeaderValue| v.to_str().unwrap_or_default().to_owned();
+        let mut headers = vec![("content-type", text(&self.content_type))];
+        if let Some(length) = &self.header_length {
+            headers.push(("inference-header-content-length", text(length)));
+        }
+        headers
+    }
 }
 
 /// One HTTP/1.1 connection.
@@ -157,6 +186,15 @@ impl HttpTarget {
         self.addr
     }
 
+    /// The full URL `request` goes to.
+    pub fn url_of(&self, request: &HttpRequest) -> String {
+        format!(
+            "http://{}{}",
+            self.host.to_str().unwrap_or_default(),
+            request.path
+        )
+    }
+
     /// `GET <url><path>` on a connection of its own: the status and the body.
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), Failure> {
         let mut conn = self.connect().await?;
@@ -205,53 +243,86 @@ pub fn quote(body: &[u8]) -> String {
     }
 }
 
+/// One input of a KServe v2 request in binary tensor data: its header entry and its bytes.
+struct BinaryInput {
+    name: String,
+    datatype: &'static str,
+    shape: Vec<usize>,
+    data: BytesMut,
+}
+
+/// A KServe v2 inference request of `inputs` with the binary tensor data extension: a JSON header naming each input
+/// with its `binary_data_size`, then the inputs' bytes in order. Returns the body and the length of its header.
+fn binary_request(inputs: Vec<BinaryInput>) -> (Bytes, usize) {
+    let header = json!({
+        "inputs": inputs.iter().map(|i| json!({
+            "name": i.name,
+            "shape": i.shape,
+            "datatype": i.datatype,
+            "parameters": {"binary_data_size": i.data.len()},
+        })).collect::<Vec<_>>()
+    })
+    .to_string();
+    let mut body =
+        BytesMut::with_capacity(header.len() + inputs.iter().map(|i| i.data.len()).sum::<usize>());
+    body.put_slice(header.as_bytes());
+    for input in &inputs {
+        body.put_slice(&input.data);
+    }
+    (body.freeze(), header.len())
+}
+
+fn int64s(values: impl Iterator<Item = i64>) -> BytesMut {
+    let mut data = BytesMut::new();
+    for v in values {
+        data.put_i64_le(v);
+    }
+    data
+}
+
+fn fp32s<'a>(values: impl Iterator<Item = &'a f32>) -> BytesMut {
+    let mut data = BytesMut::new();
+    for &v in values {
+        data.put_f32_le(v);
+    }
+    data
+}
+
 /// A KServe v2 inference request carrying `payload` as the one element of a `BYTES` input: the JSON header, then
 /// the element as binary data (a 4-byte little-endian length, then the bytes). Returns the body and the length of
 /// its JSON header.
 pub fn kserve_v2_bytes(input: &str, payload: &[u8]) -> (Bytes, usize) {
     let element_len = u32::try_from(payload.len()).expect("request bodies are far below 4 GiB");
-    let header = json!({
-        "inputs": [{
-            "name": input,
-            "shape": [1, 1],
-            "datatype": "BYTES",
-            "parameters": {"binary_data_size": payload.len() + 4},
-        }]
-    })
-    .to_string();
-    let mut body = BytesMut::with_capacity(header.len() + 4 + payload.len());
-    body.put_slice(header.as_bytes());
-    body.put_u32_le(element_len);
-    body.put_slice(payload);
-    (body.freeze(), header.len())
+    let mut data = BytesMut::with_capacity(4 + payload.len());
+    data.put_u32_le(element_len);
+    data.put_slice(payload);
+    binary_request(vec![BinaryInput {
+        name: input.to_owned(),
+        datatype: "BYTES",
+        shape: vec![1, 1],
+        data,
+    }])
 }
 
-/// `body`, a `/v1` rank request, as a KServe v2 inference request of `layout`'s tensors in binary tensor data:
-/// the body and the length of its JSON header.
-pub fn kserve_v2_tensors(layout: &TensorLayout, body: &[u8]) -> Result<(Bytes, usize), String> {
-    use serde_json::Value;
-    let request: Value =
-        serde_json::from_slice(body).map_err(|e| format!("not a /v1 rank body: {e}"))?;
-    let empty = serde_json::Map::new();
-    let user = request.get("user");
-    let user_fields = user
-        .and_then(|u| u.get("fields"))
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let candidates = request
-        .get("candidates")
-        .and_then(Value::as_array)
-        .ok_or("the body has no candidates array")?;
-    let dense: Vec<f32> = match user.and_then(|u| u.get("dense")) {
-        None if layout.dense == 0 => Vec::new(),
+/// The id of `field` for candidate `row` of `body`: the candidate's `id` for the item id field, else its own
+/// column, else the user's.
+fn id_of(layout: &TensorLayout, body: &RankBody, field: &str, row: usize) -> Result<i64, String> {
+    let id = if layout.item_id_field.as_deref() == Some(field) {
+        body.candidate_ids.as_ref().map(|ids| ids[row])
+    } else if let Ok(column) = body.item_fields.binary_search_by(|f| f.as_str().cmp(field)) {
+        Some(body.row(row)[column])
+    } else {
+        body.user_fields.get(field).copied()
+    };
+    id.ok_or_else(|| format!("candidates[{row}] has no integer id for field {field:?}"))
+}
+
+/// The body's `user.dense`, as many values as the layout's dense features.
+fn dense_of<'a>(layout: &TensorLayout, body: &'a RankBody) -> Result<&'a [f32], String> {
+    let dense = match &body.dense {
+        None if layout.dense == 0 => &[][..],
         None => return Err("the body has no user.dense".to_owned()),
-        Some(values) => values
-            .as_array()
-            .ok_or("user.dense is not an array")?
-            .iter()
-            .map(|v| v.as_f64().map(|x| x as f32))
-            .collect::<Option<_>>()
-            .ok_or("user.dense holds a value that is not a number")?,
+        Some(values) => values,
     };
     if dense.len() != layout.dense {
         return Err(format!(
@@ -260,50 +331,93 @@ pub fn kserve_v2_tensors(layout: &TensorLayout, body: &[u8]) -> Result<(Bytes, u
             layout.dense
         ));
     }
-    let rows = candidates.len();
-    let (ids_bytes, dense_bytes) = (rows * layout.fields.len() * 8, rows * layout.dense * 4);
-    let mut data = BytesMut::with_capacity(ids_bytes + dense_bytes);
-    for (i, candidate) in candidates.iter().enumerate() {
-        let own = candidate
-            .get("fields")
-            .and_then(Value::as_object)
-            .unwrap_or(&empty);
+    Ok(dense)
+}
+
+/// `body`, a `/v1` rank request in either form, as a KServe v2 inference request of `layout`'s tensors in binary
+/// tensor data: the body and the length of its JSON header.
+pub fn kserve_v2_tensors(layout: &TensorLayout, body: &[u8]) -> Result<(Bytes, usize), String> {
+    let request = RankBody::parse(body)?;
+    let dense = dense_of(layout, &request)?;
+    let rows = request.candidates;
+    let mut ids = Vec::with_capacity(rows * layout.fields.len());
+    for row in 0..rows {
         for field in &layout.fields {
-            let id = if layout.item_id_field.as_ref() == Some(field) {
-                candidate.get("id")
-            } else {
-                own.get(field).or_else(|| user_fields.get(field))
-            };
-            let id = id
-                .and_then(Value::as_i64)
-                .ok_or_else(|| format!("candidates[{i}] has no integer id for field {field:?}"))?;
-            data.put_i64_le(id);
+            ids.push(id_of(layout, &request, field, row)?);
         }
     }
-    for _ in 0..rows {
-        for &x in &dense {
-            data.put_f32_le(x);
-        }
-    }
-    let mut inputs = vec![json!({
-        "name": "categorical",
-        "shape": [rows, layout.fields.len()],
-        "datatype": "INT64",
-        "parameters": {"binary_data_size": ids_bytes},
-    })];
+    let mut inputs = vec![BinaryInput {
+        name: "categorical".to_owned(),
+        datatype: "INT64",
+        shape: vec![rows, layout.fields.len()],
+        data: int64s(ids.into_iter()),
+    }];
     if layout.dense > 0 {
-        inputs.push(json!({
-            "name": "dense",
-            "shape": [rows, layout.dense],
-            "datatype": "FP32",
-            "parameters": {"binary_data_size": dense_bytes},
-        }));
+        inputs.push(BinaryInput {
+            name: "dense".to_owned(),
+            datatype: "FP32",
+            shape: vec![rows, layout.dense],
+            data: fp32s((0..rows).flat_map(|_| dense.iter())),
+        });
     }
-    let header = json!({ "inputs": inputs }).to_string();
-    let mut out = BytesMut::with_capacity(header.len() + data.len());
-    out.put_slice(header.as_bytes());
-    out.put_slice(&data);
-    Ok((out.freeze(), header.len()))
+    Ok(binary_request(inputs))
+}
+
+/// `body`, a `/v1` rank request in either form, as the compact KServe v2 request of one user and its candidates
+/// for a model that batches requests (Triton's dynamic batcher): `user_categorical` INT64 `[1, user fields]`,
+/// `user_dense` FP32 `[1, dense]` (when the model has dense features) and `item_categorical` INT64
+/// `[1, candidates, item fields]`, columns in the model's field order (the item id field among the item fields),
+/// each with a leading dimension of 1, the request being one element of the server's batch.
+pub fn kserve_v2_grouped_batched(
+    layout: &TensorLayout,
+    body: &[u8],
+) -> Result<(Bytes, usize), String> {
+    let request = RankBody::parse(body)?;
+    let dense = dense_of(layout, &request)?;
+    let rows = request.candidates;
+    let user: Vec<i64> = layout
+        .user_fields
+        .iter()
+        .map(|f| {
+            request
+                .user_fields
+                .get(f)
+                .copied()
+                .ok_or_else(|| format!("user.fields has no integer id for field {f:?}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let item_fields: Vec<&String> = layout
+        .fields
+        .iter()
+        .filter(|f| !layout.user_fields.contains(f))
+        .collect();
+    let mut items = Vec::with_capacity(rows * item_fields.len());
+    for row in 0..rows {
+        for field in &item_fields {
+            items.push(id_of(layout, &request, field, row)?);
+        }
+    }
+    let mut inputs = vec![BinaryInput {
+        name: "user_categorical".to_owned(),
+        datatype: "INT64",
+        shape: vec![1, user.len()],
+        data: int64s(user.into_iter()),
+    }];
+    if layout.dense > 0 {
+        inputs.push(BinaryInput {
+            name: "user_dense".to_owned(),
+            datatype: "FP32",
+            shape: vec![1, layout.dense],
+            data: fp32s(dense.iter()),
+        });
+    }
+    inputs.push(BinaryInput {
+        name: "item_categorical".to_owned(),
+        datatype: "INT64",
+        shape: vec![1, rows, item_fields.len()],
+        data: int64s(items.into_iter()),
+    });
+    Ok(binary_request(inputs))
 }
 
 impl Target for HttpTarget {
@@ -327,6 +441,11 @@ impl Target for HttpTarget {
                 protocol: "kserve-v2-tensors".to_owned(),
                 v2_model: Some(model.clone()),
             },
+            Envelope::KserveV2GroupedBatched { model, .. } => TargetInfo {
+                url: self.url.clone(),
+                protocol: "kserve-v2-grouped-batched".to_owned(),
+                v2_model: Some(model.clone()),
+            },
         }
     }
 
@@ -348,10 +467,15 @@ impl Target for HttpTarget {
                     Some(HeaderValue::from(header)),
                 )
             }
-            Envelope::KserveV2Tensors { model, layout } => {
+            Envelope::KserveV2Tensors { model, layout }
+            | Envelope::KserveV2GroupedBatched { model, layout } => {
+                let rewrite = match &self.envelope {
+                    Envelope::KserveV2Tensors { .. } => kserve_v2_tensors,
+                    _ => kserve_v2_grouped_batched,
+                };
                 // The bodies come from recload's own rank workload, which writes every field the model.toml
                 // this layout was read from declares: a body that does not convert is a bug, found before the run.
-                let (body, header) = kserve_v2_tensors(layout, &request.body)
+                let (body, header) = rewrite(layout, &request.body)
                     .unwrap_or_else(|e| panic!("a rank body recload generated: {e}"));
                 (
                     format!("{}/v2/models/{model}/infer", self.prefix),
@@ -422,7 +546,9 @@ impl Target for HttpTarget {
     fn rank_scores(&self, answer: &[u8]) -> Result<Vec<f32>, String> {
         match &self.envelope {
             Envelope::None => v1_scores(answer),
-            Envelope::KserveV2Bytes { .. } | Envelope::KserveV2Tensors { .. } => v2_scores(answer),
+            Envelope::KserveV2Bytes { .. }
+            | Envelope::KserveV2Tensors { .. }
+            | Envelope::KserveV2GroupedBatched { .. } => v2_scores(answer),
         }
     }
 }
@@ -493,17 +619,98 @@ mod tests {
         assert_eq!(&body[header_len + 4..], payload);
     }
 
-    #[test]
-    fn a_rank_body_becomes_the_model_s_tensors_row_by_row_in_field_order() {
-        // Field order interleaves the sides, as model.toml may; the id field is in the middle.
-        let layout = TensorLayout {
+    /// Field order interleaves the sides, as model.toml may; the id field is in the middle.
+    fn layout() -> TensorLayout {
+        TensorLayout {
             fields: ["u1", "item", "i1", "u2"].map(String::from).to_vec(),
+            user_fields: ["u1", "u2"].map(String::from).to_vec(),
             item_id_field: Some("item".to_owned()),
             dense: 2,
-        };
-        let body = br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1.5,-2]},
+        }
+    }
+
+    /// The ids of an INT64 tensor, the values of an FP32 one.
+    fn int64s_of(data: &[u8]) -> Vec<i64> {
+        data.chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
+    }
+
+    fn fp32s_of(data: &[u8]) -> Vec<f32> {
+        data.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect()
+    }
+
+    const ROWS_BODY: &[u8] = br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1.5,-2]},
             "candidates":[{"id":10,"fields":{"i1":100}},{"id":11,"fields":{"i1":101}}]}"#;
-        let (bytes, header_len) = kserve_v2_tensors(&layout, body).expect("converted");
+    const COLUMNAR_BODY: &[u8] = br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1.5,-2]},
+            "candidates":{"fields":["i1"],"ids":[[100],[101]],"id":[10,11]}}"#;
+
+    #[test]
+    fn a_rank_body_becomes_the_compact_grouped_tensors_with_a_leading_request_dimension() {
+        for body in [ROWS_BODY, COLUMNAR_BODY] {
+            let (bytes, header_len) =
+                kserve_v2_grouped_batched(&layout(), body).expect("converted");
+            let header: serde_json::Value =
+                serde_json::from_slice(&bytes[..header_len]).expect("the header is JSON");
+            let inputs = header["inputs"].as_array().expect("inputs");
+            let names: Vec<&str> = inputs
+                .iter()
+                .map(|i| i["name"].as_str().expect("name"))
+                .collect();
+            assert_eq!(
+                names,
+                ["user_categorical", "user_dense", "item_categorical"]
+            );
+            assert_eq!(inputs[0]["shape"], json!([1, 2]));
+            assert_eq!(inputs[0]["datatype"], "INT64");
+            assert_eq!(inputs[1]["shape"], json!([1, 2]));
+            assert_eq!(inputs[1]["datatype"], "FP32");
+            // Item fields in the model's order: the id field, then i1.
+            assert_eq!(inputs[2]["shape"], json!([1, 2, 2]));
+            let sizes: Vec<u64> = inputs
+                .iter()
+                .map(|i| i["parameters"]["binary_data_size"].as_u64().expect("size"))
+                .collect();
+            assert_eq!(sizes, [16, 8, 32]);
+            let data = &bytes[header_len..];
+            assert_eq!(data.len(), 16 + 8 + 32);
+            assert_eq!(int64s_of(&data[..16]), [5, 6]);
+            assert_eq!(fp32s_of(&data[16..24]), [1.5, -2.0]);
+            assert_eq!(int64s_of(&data[24..]), [10, 100, 11, 101]);
+        }
+        // No dense features: no user_dense input.
+        let no_dense = TensorLayout {
+            dense: 0,
+            ..layout()
+        };
+        let (bytes, header_len) = kserve_v2_grouped_batched(
+            &no_dense,
+            br#"{"user":{"fields":{"u1":5,"u2":6}},"candidates":[{"id":1,"fields":{"i1":2}}]}"#,
+        )
+        .expect("converted");
+        let header: serde_json::Value = serde_json::from_slice(&bytes[..header_len]).expect("JSON");
+        assert_eq!(header["inputs"].as_array().map(Vec::len), Some(2));
+        for (bad, problem) in [
+            (&br#"{"user":{"fields":{"u1":5},"dense":[1,2]},"candidates":[{"id":1,"fields":{"i1":2}}]}"#[..], "user.fields has no integer id for field \"u2\""),
+            (br#"{"user":{"fields":{"u1":5,"u2":6},"dense":[1,2]},"candidates":[{"fields":{"i1":2}}]}"#, "candidates[0] has no integer id for field \"item\""),
+            (br#"{"user":{"fields":{"u1":5,"u2":6}},"candidates":[{"id":1,"fields":{"i1":2}}]}"#, "no user.dense"),
+        ] {
+            let err = kserve_v2_grouped_batched(&layout(), bad).expect_err("refused");
+            assert!(err.contains(problem), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_rank_body_becomes_the_model_s_tensors_row_by_row_in_field_order() {
+        let layout = layout();
+        let (bytes, header_len) = kserve_v2_tensors(&layout, ROWS_BODY).expect("converted");
+        // The columnar form of the same request gives the same bytes.
+        assert_eq!(
+            kserve_v2_tensors(&layout, COLUMNAR_BODY).expect("converted"),
+            (bytes.clone(), header_len)
+        );
         let header: serde_json::Value =
             serde_json::from_slice(&bytes[..header_len]).expect("the header is JSON");
         assert_eq!(header["inputs"][0]["name"], "categorical");
@@ -515,16 +722,8 @@ mod tests {
         assert_eq!(header["inputs"][1]["parameters"]["binary_data_size"], 16);
         let data = &bytes[header_len..];
         assert_eq!(data.len(), 64 + 16);
-        let ids: Vec<i64> = data[..64]
-            .chunks(8)
-            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        assert_eq!(ids, [5, 10, 100, 6, 5, 11, 101, 6]);
-        let dense: Vec<f32> = data[64..]
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        assert_eq!(dense, [1.5, -2.0, 1.5, -2.0]);
+        assert_eq!(int64s_of(&data[..64]), [5, 10, 100, 6, 5, 11, 101, 6]);
+        assert_eq!(fp32s_of(&data[64..]), [1.5, -2.0, 1.5, -2.0]);
 
         let no_dense = TensorLayout {
             dense: 0,

@@ -4,6 +4,7 @@
 
 pub mod ids;
 pub mod rank;
+pub mod rank_body;
 pub mod recall;
 
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use ids::{Dataset, IdDistribution, IdSampler};
 pub use rank::{RankOptions, RankSchema, RankWorkload};
+pub use rank_body::{BodyForm, RankBody};
 pub use recall::{
     Population, RecallInput, RecallOptions, RecallWorkload, RecommendOptions, RecommendWorkload,
 };
@@ -44,7 +46,8 @@ pub struct Request {
 /// The request generator of one API.
 #[derive(Clone, Debug)]
 pub enum Workload {
-    Rank(RankWorkload),
+    // Boxed: it carries the model's schema and its samplers, far larger than the other variants.
+    Rank(Box<RankWorkload>),
     Recall(RecallWorkload),
     Recommend(RecommendWorkload),
 }
@@ -70,6 +73,9 @@ pub struct WorkloadInfo {
     pub seed: u64,
     /// Mean body size in bytes, as the workload generates it (before any protocol envelope).
     pub mean_body_bytes: f64,
+    /// How a ranking request's candidates are written: `rows` or `columnar`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<BodyForm>,
 }
 
 impl Workload {
@@ -111,10 +117,15 @@ impl Workload {
 
     pub fn info(&self, pool: &[Request], seed: u64, ids: String) -> WorkloadInfo {
         let bytes: usize = pool.iter().map(|r| r.body.len()).sum();
-        let (kind, candidates, k) = match self {
-            Workload::Rank(w) => ("rank", Some(w.options.candidates), None),
-            Workload::Recall(w) => ("recall", None, Some(w.options.k)),
-            Workload::Recommend(w) => ("recommend", None, Some(w.options.k)),
+        let (kind, candidates, k, body) = match self {
+            Workload::Rank(w) => (
+                "rank",
+                Some(w.options.candidates),
+                None,
+                Some(w.options.body),
+            ),
+            Workload::Recall(w) => ("recall", None, Some(w.options.k), None),
+            Workload::Recommend(w) => ("recommend", None, Some(w.options.k), None),
         };
         WorkloadInfo {
             kind: kind.to_owned(),
@@ -125,6 +136,7 @@ impl Workload {
             pool: pool.len(),
             seed,
             mean_body_bytes: bytes as f64 / pool.len().max(1) as f64,
+            body,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The ranking workload: `POST /v1/models/{model}/rank` bodies (docs/api.md) of one user and N candidates, with
 //! one valid id for every field the model declares, drawn from the rows of the field's table (Zipf or uniform),
-//! or users and items from a dataset file; and `dense_features` plausible count-like values.
+//! or users and items from a dataset file; and `dense_features` plausible count-like values. Each request is
+//! drawn once as a [`RankBody`] and written in the row or the columnar form (`--body`): the same seed draws the
+//! same rows in both.
 //!
 //! What the model needs comes from a [`RankSchema`]: from a server's `GET /v1/models` or, without a server (the
 //! in-process ceiling, peers that do not describe models), from the repository's `model.toml`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -13,10 +14,10 @@ use rand_distr::{Distribution, Exp};
 use recserve::api::v1::ModelInfo;
 use recserve::repository::OovPolicy;
 use recserve::repository::{ModelKind, ModelSpec, Side};
-use serde::Serialize;
 
 use super::WorkloadError;
 use super::ids::{Dataset, IdDistribution, IdSampler};
+use super::rank_body::{BodyForm, RankBody};
 
 /// One categorical field and the ids that are valid for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +140,8 @@ pub struct RankOptions {
     pub top_k: Option<usize>,
     /// With a dataset: users are its users, and this user-side field carries the user's id.
     pub user_id_field: Option<String>,
+    /// How the candidates are written.
+    pub body: BodyForm,
 }
 
 /// Generates ranking request bodies.
@@ -151,6 +154,9 @@ pub struct RankWorkload {
     item_id: Option<IdSampler>,
     dataset: Option<DatasetUse>,
     dense: Exp<f64>,
+    /// The item fields' names, ascending (the body's columns), and the column of each of `schema.item_fields`.
+    item_columns: Vec<String>,
+    column_of: Vec<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -158,28 +164,6 @@ struct DatasetUse {
     data: Arc<Dataset>,
     /// Index into `schema.user_fields` of the field that carries the dataset's user id.
     user_field: usize,
-}
-
-/// The JSON body, with keys in a fixed order so that the same seed gives the same bytes.
-#[derive(Serialize)]
-struct Body<'a> {
-    user: UserBody,
-    candidates: Vec<CandidateBody<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_k: Option<usize>,
-}
-
-#[derive(Serialize)]
-struct UserBody {
-    fields: BTreeMap<String, i64>,
-    dense: Vec<f32>,
-}
-
-#[derive(Serialize)]
-struct CandidateBody<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<i64>,
-    fields: BTreeMap<&'a str, i64>,
 }
 
 /// Mean of the dense feature values (count-like, as Criteo's integer features are).
@@ -225,6 +209,18 @@ impl RankWorkload {
             }
             Some(data) => Some(Self::use_dataset(&mut schema, &options, data)?),
         };
+        let mut item_columns: Vec<String> =
+            schema.item_fields.iter().map(|f| f.name.clone()).collect();
+        item_columns.sort();
+        let column_of = schema
+            .item_fields
+            .iter()
+            .map(|f| {
+                item_columns
+                    .binary_search(&f.name)
+                    .expect("a column of its own")
+            })
+            .collect();
         Ok(RankWorkload {
             schema,
             options,
@@ -233,6 +229,8 @@ impl RankWorkload {
             item_id,
             dataset,
             dense: Exp::new(1.0 / DENSE_MEAN).expect("a positive constant rate"),
+            item_columns,
+            column_of,
         })
     }
 
@@ -304,9 +302,15 @@ impl RankWorkload {
         format!("/v1/models/{}/rank", self.schema.model)
     }
 
-    /// One request body.
+    /// One request body, in the workload's form.
     pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
-        let mut user_fields: BTreeMap<String, i64> = self
+        self.draw(rng).to_json(self.options.body)
+    }
+
+    /// One request. The draws come in a fixed order (user fields, the dataset user, dense values, then each
+    /// candidate's id and item fields in the model's order), whatever form the request is written in.
+    pub fn draw(&self, rng: &mut StdRng) -> RankBody {
+        let mut user_fields: std::collections::BTreeMap<String, i64> = self
             .schema
             .user_fields
             .iter()
@@ -320,32 +324,35 @@ impl RankWorkload {
         let dense = (0..self.schema.dense_features)
             .map(|_| self.dense.sample(rng).floor() as f32)
             .collect();
-        let candidates = (0..self.options.candidates)
-            .map(|_| CandidateBody {
-                id: self.item_id.as_ref().map(|s| {
+        let candidates = self.options.candidates;
+        let width = self.item_columns.len();
+        let mut ids = vec![0; candidates * width];
+        let mut candidate_ids = self
+            .item_id
+            .as_ref()
+            .map(|_| Vec::with_capacity(candidates));
+        for i in 0..candidates {
+            if let (Some(s), Some(list)) = (&self.item_id, &mut candidate_ids) {
+                list.push(
                     self.dataset
                         .as_ref()
                         .and_then(|d| d.data.item(rng))
-                        .unwrap_or_else(|| s.sample(rng))
-                }),
-                fields: self
-                    .schema
-                    .item_fields
-                    .iter()
-                    .zip(&self.item)
-                    .map(|(f, s)| (f.name.as_str(), s.sample(rng)))
-                    .collect(),
-            })
-            .collect();
-        let body = Body {
-            user: UserBody {
-                fields: user_fields,
-                dense,
-            },
+                        .unwrap_or_else(|| s.sample(rng)),
+                );
+            }
+            for (sampler, &column) in self.item.iter().zip(&self.column_of) {
+                ids[i * width + column] = sampler.sample(rng);
+            }
+        }
+        RankBody {
+            user_fields,
+            dense: Some(dense),
+            item_fields: self.item_columns.clone(),
+            ids,
+            candidate_ids,
             candidates,
             top_k: self.options.top_k,
-        };
-        serde_json::to_vec(&body).expect("plain data serializes")
+        }
     }
 }
 
@@ -435,6 +442,7 @@ table = "cat"
             zipf_exponent: 1.05,
             top_k: None,
             user_id_field: None,
+            body: BodyForm::Rows,
         }
     }
 
