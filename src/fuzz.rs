@@ -500,8 +500,9 @@ fn tensor(
         .boxed()
 }
 
-/// A near-valid request for the DeepFM test contract (`categorical` `[B, 3]`, `dense` `[B, 2]`) or the LightGCN
-/// one (`user_id` `[B]` and `k`): its JSON and the binary data after it.
+/// A near-valid request for the DeepFM test contract (`categorical` `[B, 3]`, `dense` `[B, 2]`, or the grouped
+/// form's `user_categorical` `[U, 1]`, `user_dense` `[U, 2]`, `item_categorical` `[B, 2]`, `candidates_per_user`
+/// `[U]`) or the LightGCN one (`user_id` `[B]` and `k`): its JSON and the binary data after it.
 fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
     let int64 = |v: i64| v.to_le_bytes().to_vec();
     let fp32 = |v: i64| (v as f32).to_le_bytes().to_vec();
@@ -522,6 +523,49 @@ fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
                 (tensors, parameters)
             })
     });
+    // The grouped form: `users` users of `per` candidates each, now and then without candidates_per_user (valid
+    // for one user) or user_dense, or with the row form's categorical beside it.
+    let deepfm_grouped = (prop_oneof![8 => 1usize..3, 1 => 0usize..4], 1usize..3).prop_flat_map(
+        move |(users, per)| {
+            let id = || prop_oneof![10 => 0i64..5, 1 => any::<i64>(), 1 => -5i64..105].boxed();
+            let count = prop_oneof![10 => Just(per as i64), 1 => -1i64..4].boxed();
+            (
+                tensor("user_categorical", "INT64", users, Some(1), id(), int64),
+                tensor(
+                    "user_dense",
+                    "FP32",
+                    users,
+                    Some(2),
+                    (-50i64..50).boxed(),
+                    fp32,
+                ),
+                tensor(
+                    "item_categorical",
+                    "INT64",
+                    users * per,
+                    Some(2),
+                    id(),
+                    int64,
+                ),
+                tensor("candidates_per_user", "INT64", users, None, count, int64),
+                tensor("categorical", "INT64", 1, Some(3), id(), int64),
+                prop_oneof![12 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
+            )
+                .prop_map(|(user, dense, item, counts, categorical, variant)| {
+                    let mut tensors = vec![user, item];
+                    if variant != 1 {
+                        tensors.push(counts);
+                    }
+                    if variant != 2 {
+                        tensors.push(dense);
+                    }
+                    if variant == 3 {
+                        tensors.push(categorical);
+                    }
+                    (tensors, "{}".to_owned())
+                })
+        },
+    );
     let lightgcn = rows().prop_flat_map(move |rows| {
         let id = prop_oneof![10 => 0i64..10, 1 => any::<i64>()].boxed();
         (
@@ -532,7 +576,7 @@ fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
     });
     let output = prop::sample::select(vec!["ctr", "item_ids", "scores", "x"]);
     (
-        prop_oneof![deepfm, lightgcn],
+        prop_oneof![deepfm, deepfm_grouped, lightgcn],
         vec(output, 0..2),
         prop_oneof![10 => Just("false"), 2 => Just("true"), 1 => Just("1")],
     )
