@@ -308,9 +308,21 @@ impl<'de> Visitor<'de> for ItemIds<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Option<i64>>, A::Error> {
         let d = self.0;
+        let max = d.contract.max_rows();
         let mut ids = Vec::new();
         loop {
             let i = ids.len();
+            if i == max {
+                // Past the limit of rows: count the rest (the body size bounds them) to say how many there were.
+                let mut total = i;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    total += 1;
+                }
+                if let Err(problem) = d.contract.check_rows(total) {
+                    return Err(d.fail(ServiceError::invalid("candidates.id", problem)));
+                }
+                return Ok(ids);
+            }
             let read = seq.next_element::<Option<i64>>();
             match d.locate(read, || format!("candidates.id[{i}]"))? {
                 Some(id) => ids.push(id),
@@ -454,6 +466,23 @@ mod tests {
             (
                 with(r#"{"fields": ["cat"], "ids": [[0]], "id": 1}"#),
                 "candidates.id: invalid type: integer `1`, expected an array of item ids",
+            ),
+            (
+                with(r#"{"id": [1, 2, 3, 4, 5], "fields": ["cat"], "ids": [[0]]}"#),
+                "candidates.id: holds 5 candidates, more than the limit of 3 (--max-candidates)",
+            ),
+            (
+                with(r#"{"fields": ["cat"], "ids": [[0]], "id": [Infinity]}"#),
+                "candidates.id[0]: Infinity is not a number JSON can carry (JSON has no NaN or Infinity): send a \
+                 finite number",
+            ),
+            (
+                with(r#"{"fields": ["cat"], "ids": [[NaN]], "id": [1]}"#),
+                "candidates.ids[0][0] (cat): NaN is not a number JSON can carry",
+            ),
+            (
+                with(r#"{"fields": ["cat"], "ids": [[1e400]], "id": [1]}"#),
+                "candidates.ids[0][0] (cat): 1e400 is beyond the range of 64-bit floating point",
             ),
             (
                 with(r#"{"fields": ["zz"], "ids": [[0]], "id": [1]}"#),
