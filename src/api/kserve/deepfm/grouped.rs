@@ -4,7 +4,7 @@
 //! `item_id_field` among them, in `model.toml` order) and, when `U > 1`, `candidates_per_user` INT64 `[U]`
 //! (positive, summing to `B`): the first `n0` rows of `item_categorical` are user 0's candidates, the next `n1`
 //! user 1's, and so on. The rows to score are those of the row form (`categorical` `[B, F]`, `dense` `[B, N]`) for
-//! the same candidates, and so are the output and every check ([`RankContract`]'s, naming the tensor). Generic
+//! the same candidates, and so are the output and every check ([`crate::ranking::RankContract`]'s, naming the tensor). Generic
 //! clients build the row form from the metadata's `inputs`; the grouped form is described in its `properties`
 //! ([`Tensors::grouped_inputs`]).
 
