@@ -30,8 +30,10 @@ pub(super) struct Columns {
     pub rows: Option<usize>,
     /// Whether `ids` was read before `fields`: its columns then wait at the places of the item fields, in order.
     pub waiting: bool,
-    /// `id`, once read.
+    /// `id`, once read: at most [`RankContract::max_rows`] of its elements.
     pub id: Option<Vec<Option<i64>>>,
+    /// The number of elements of `id`, kept or not.
+    pub id_len: usize,
 }
 
 impl Columns {
@@ -75,7 +77,7 @@ impl Columns {
         }
         let candidate_ids = match (self.id, contract.item_id_field) {
             (Some(ids), item_id_field) => {
-                contract.check_item_ids_len(ids.len(), rows)?;
+                contract.check_item_ids_len(self.id_len, rows)?;
                 if let Some(f) = item_id_field {
                     for (i, (row, id)) in d.ids.chunks_exact_mut(nf).zip(&ids).enumerate() {
                         let path = || format!("candidates.id[{i}]");
@@ -127,7 +129,8 @@ pub(super) fn visit_columns<'de, A: MapAccess<'de>>(
                     return Err(d.twice("candidates.id".to_owned()));
                 }
                 let read = map.next_value_seed(ItemIds(&mut *d));
-                columns.id = Some(d.locate(read, || "candidates.id".to_owned())?);
+                let (ids, len) = d.locate(read, || "candidates.id".to_owned())?;
+                (columns.id, columns.id_len) = (Some(ids), len);
             }
             other => {
                 return Err(d.fail(ServiceError::invalid(
@@ -288,25 +291,29 @@ impl<'de> Visitor<'de> for Row<'_, '_> {
     }
 }
 
-/// `candidates.id`: each row's item id, or null for none.
+/// `candidates.id`: each row's item id, or null for none; its value is the ids, at most
+/// [`RankContract::max_rows`] of them (a request holds no more rows), and their number.
 struct ItemIds<'a, 'c>(&'a mut Decoder<'c>);
 
 impl<'de> DeserializeSeed<'de> for ItemIds<'_, '_> {
-    type Value = Vec<Option<i64>>;
+    type Value = (Vec<Option<i64>>, usize);
     fn deserialize<D: de::Deserializer<'de>>(
         self,
         deserializer: D,
-    ) -> Result<Vec<Option<i64>>, D::Error> {
+    ) -> Result<(Vec<Option<i64>>, usize), D::Error> {
         deserializer.deserialize_seq(self)
     }
 }
 
 impl<'de> Visitor<'de> for ItemIds<'_, '_> {
-    type Value = Vec<Option<i64>>;
+    type Value = (Vec<Option<i64>>, usize);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of item ids")
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Option<i64>>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<(Vec<Option<i64>>, usize), A::Error> {
         let d = self.0;
         let max = d.contract.max_rows();
         let mut ids = Vec::new();
@@ -314,19 +321,16 @@ impl<'de> Visitor<'de> for ItemIds<'_, '_> {
             let i = ids.len();
             if i == max {
                 // Past the limit of rows: count the rest (the body size bounds them) to say how many there were.
-                let mut total = i;
+                let mut len = i;
                 while seq.next_element::<IgnoredAny>()?.is_some() {
-                    total += 1;
+                    len += 1;
                 }
-                if let Err(problem) = d.contract.check_rows(total) {
-                    return Err(d.fail(ServiceError::invalid("candidates.id", problem)));
-                }
-                return Ok(ids);
+                return Ok((ids, len));
             }
             let read = seq.next_element::<Option<i64>>();
             match d.locate(read, || format!("candidates.id[{i}]"))? {
                 Some(id) => ids.push(id),
-                None => return Ok(ids),
+                None => return Ok((ids, i)),
             }
         }
     }
@@ -469,7 +473,11 @@ mod tests {
             ),
             (
                 with(r#"{"id": [1, 2, 3, 4, 5], "fields": ["cat"], "ids": [[0]]}"#),
-                "candidates.id: holds 5 candidates, more than the limit of 3 (--max-candidates)",
+                "candidates.id: holds 5 ids, but candidates.ids holds 1 rows: give one per row",
+            ),
+            (
+                with(r#"{"id": [1, 2, 3, 4], "fields": ["cat"], "ids": [[0], [0], [0], [0]]}"#),
+                "candidates.ids: holds 4 candidates, more than the limit of 3 (--max-candidates)",
             ),
             (
                 with(r#"{"fields": ["cat"], "ids": [[0]], "id": [Infinity]}"#),

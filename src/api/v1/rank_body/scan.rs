@@ -337,7 +337,8 @@ impl<'b> Scanner<'b> {
                 Some(())
             }
             b"id" if columns.id.is_none() => {
-                columns.id = Some(s.item_ids(d.contract.max_rows())?);
+                let ids = s.item_ids(d.contract.max_rows())?;
+                (columns.id_len, columns.id) = (ids.len(), Some(ids));
                 Some(())
             }
             _ => None,
