@@ -1,5 +1,5 @@
 //! Property-based fuzzing (proptest) of what clients and operators hand the server: the `/v1` rank decoder (and its
-//! agreement with the plain reference decoder), the `/v1` recall decoder, the KServe HTTP decoder (JSON, and JSON
+//! agreement with the plain reference decoder, in [`rank`]), the `/v1` recall decoder, the KServe HTTP decoder (JSON, and JSON
 //! followed by binary tensors) with the tensor conversion and the two kinds' tensor contracts behind it, and
 //! `model.toml` parsing. Any input must give a value or a clear error (a message of bounded length), never a panic.
 //! The recall contract's checks are fuzzed beside it, in `recall/tests.rs`, with [`run`].
@@ -19,6 +19,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use crate::error::{ECHO_CHARS, MESSAGE_CHARS, ServiceError};
+
+// Test code, as this whole module is; said again so that tests/module_layers.rs counts the file as test code too.
+#[cfg(test)]
+mod rank;
 
 /// Inputs per target unless `RECSERVE_FUZZ_CASES` says otherwise.
 pub const DEFAULT_CASES: u32 = 5_000;
@@ -202,71 +206,6 @@ fn float() -> BoxedStrategy<String> {
     mostly((-100.0f32..100.0).prop_map(|x| format!("{x:?}")).boxed())
 }
 
-/// Bodies for `/v1` rank on [`crate::testing::test_contract`] (user field `u`, item fields `item` by `id` and
-/// `cat`, two dense features, at most 3 candidates): arbitrary, any JSON, and near-valid.
-fn rank_bodies() -> BoxedStrategy<Vec<u8>> {
-    let user = object(vec![
-        ("fields", object(vec![("u", int(0..10))])),
-        ("dense", array(float(), 2..3)),
-    ]);
-    let candidate = object(vec![
-        ("id", int(-5..105)),
-        ("fields", object(vec![("cat", int(0..5))])),
-    ]);
-    let near_valid = object(vec![
-        ("user", mostly(user)),
-        ("candidates", mostly(array(candidate, 1..4))),
-        ("top_k", int(1..5)),
-    ]);
-    let keys = &[
-        "user",
-        "fields",
-        "dense",
-        "candidates",
-        "id",
-        "top_k",
-        "u",
-        "item",
-        "cat",
-    ];
-    prop_oneof![
-        1 => vec(any::<u8>(), 0..200),
-        2 => json_text(keys).prop_map(String::into_bytes),
-        6 => damaged(near_valid),
-    ]
-    .boxed()
-}
-
-#[test]
-fn fuzz_rank_decoder_answers_every_body_and_agrees_with_the_reference() {
-    use crate::api::v1::rank_body::{decode_rank, decode_rank_serde};
-    use crate::testing::rank_reference;
-    let contract = crate::testing::test_contract::contract();
-    run("/v1 rank decoder", rank_bodies(), |body| {
-        let decoded = decode_rank(&contract, &body);
-        // The fast path gives what the serde decoder alone gives, value or error, whichever of them answered.
-        let serde = decode_rank_serde(&contract, &body);
-        prop_assert_eq!(format!("{decoded:?}"), format!("{serde:?}"));
-        match decoded {
-            Ok(fast) => {
-                // What the one-pass decoder takes, the plain one takes the same way (the plain one also takes
-                // keys given twice, which the one-pass decoder refuses).
-                match rank_reference::decode_rank(&contract, &body) {
-                    Ok(reference) => prop_assert_eq!(&fast, &reference),
-                    Err(e) => {
-                        return Err(TestCaseError::fail(format!(
-                            "the reference refused what the decoder took: {e}"
-                        )));
-                    }
-                }
-                prop_assert_eq!(fast.input.ids.len(), fast.input.rows * contract.fields());
-                Ok(Outcome::Accepted)
-            }
-            Err(e) => clear(&e),
-        }
-    });
-}
-
 #[test]
 fn fuzz_recall_decoder_answers_every_body() {
     use crate::api::envelope::parse_json;
@@ -399,8 +338,9 @@ fn tensor(
         .boxed()
 }
 
-/// A near-valid request for the DeepFM test contract (`categorical` `[B, 3]`, `dense` `[B, 2]`) or the LightGCN
-/// one (`user_id` `[B]` and `k`): its JSON and the binary data after it.
+/// A near-valid request for the DeepFM test contract (`categorical` `[B, 3]`, `dense` `[B, 2]`, or the grouped
+/// form's `user_categorical` `[U, 1]`, `user_dense` `[U, 2]`, `item_categorical` `[B, 2]`, `candidates_per_user`
+/// `[U]`) or the LightGCN one (`user_id` `[B]` and `k`): its JSON and the binary data after it.
 fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
     let int64 = |v: i64| v.to_le_bytes().to_vec();
     let fp32 = |v: i64| (v as f32).to_le_bytes().to_vec();
@@ -421,6 +361,49 @@ fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
                 (tensors, parameters)
             })
     });
+    // The grouped form: `users` users of `per` candidates each, now and then without candidates_per_user (valid
+    // for one user) or user_dense, or with the row form's categorical beside it.
+    let deepfm_grouped = (prop_oneof![8 => 1usize..3, 1 => 0usize..4], 1usize..3).prop_flat_map(
+        move |(users, per)| {
+            let id = || prop_oneof![10 => 0i64..5, 1 => any::<i64>(), 1 => -5i64..105].boxed();
+            let count = prop_oneof![10 => Just(per as i64), 1 => -1i64..4].boxed();
+            (
+                tensor("user_categorical", "INT64", users, Some(1), id(), int64),
+                tensor(
+                    "user_dense",
+                    "FP32",
+                    users,
+                    Some(2),
+                    (-50i64..50).boxed(),
+                    fp32,
+                ),
+                tensor(
+                    "item_categorical",
+                    "INT64",
+                    users * per,
+                    Some(2),
+                    id(),
+                    int64,
+                ),
+                tensor("candidates_per_user", "INT64", users, None, count, int64),
+                tensor("categorical", "INT64", 1, Some(3), id(), int64),
+                prop_oneof![12 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
+            )
+                .prop_map(|(user, dense, item, counts, categorical, variant)| {
+                    let mut tensors = vec![user, item];
+                    if variant != 1 {
+                        tensors.push(counts);
+                    }
+                    if variant != 2 {
+                        tensors.push(dense);
+                    }
+                    if variant == 3 {
+                        tensors.push(categorical);
+                    }
+                    (tensors, "{}".to_owned())
+                })
+        },
+    );
     let lightgcn = rows().prop_flat_map(move |rows| {
         let id = prop_oneof![10 => 0i64..10, 1 => any::<i64>()].boxed();
         (
@@ -431,7 +414,7 @@ fn near_valid_infer() -> BoxedStrategy<(String, Vec<u8>)> {
     });
     let output = prop::sample::select(vec!["ctr", "item_ids", "scores", "x"]);
     (
-        prop_oneof![deepfm, lightgcn],
+        prop_oneof![deepfm, deepfm_grouped, lightgcn],
         vec(output, 0..2),
         prop_oneof![10 => Just("false"), 2 => Just("true"), 1 => Just("1")],
     )

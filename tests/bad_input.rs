@@ -1,5 +1,5 @@
-//! End to end: a matrix of bad requests, each answered with a 4xx whose message names the field, sent while
-//! concurrent good requests keep getting exactly their own correct scores.
+//! End to end: a matrix of bad requests (the columnar form's among them), each answered with a 4xx whose message
+//! names the field, sent while concurrent good requests keep getting exactly their own correct scores.
 
 mod common;
 
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::{TestServer, cases, config, fixture_repo};
+use recserve::testing::rank_reference::to_columnar;
 use serde_json::{Value, json};
 
 /// A valid request for `deepfm-fp32` and its expected scores, from the fixture.
@@ -47,6 +48,9 @@ fn remove(value: &mut Value, pointer: &str) {
         .remove(key)
         .unwrap_or_else(|| panic!("{pointer} exists"));
 }
+
+/// A change that makes a good request bad.
+type Fault = fn(&mut Value);
 
 /// The bad requests: (what, path, body, expected status, text the error message must contain).
 fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
@@ -245,6 +249,112 @@ fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
         400,
         "top_k: must be at least 1",
     );
+
+    // The columnar form of the same request (columns in name order: C21 to C26), with one fault each.
+    let columnar = to_columnar(good, None);
+    let names: Vec<String> =
+        serde_json::from_value(columnar["candidates"]["fields"].clone()).expect("names");
+    let c23 = names
+        .iter()
+        .position(|n| n == "C23")
+        .expect("C23 is a column");
+    let columnar_faults: [(&str, Fault, String); 13] = [
+        (
+            "columnar: a user-side column",
+            |v| set(v, "/candidates/fields/0", json!("C2")),
+            "candidates.fields[0]: \"C2\" is a user-side field: send it in user.fields".to_owned(),
+        ),
+        (
+            "columnar: an unknown column",
+            |v| set(v, "/candidates/fields/1", json!("C99")),
+            "candidates.fields[1]: \"C99\" is not a field of this model".to_owned(),
+        ),
+        (
+            "columnar: the item id as a column",
+            |v| set(v, "/candidates/fields/0", json!("C20")),
+            "candidates.fields[0]: \"C20\" is the model's item_id_field: send it in candidates.id".to_owned(),
+        ),
+        (
+            "columnar: a column named twice",
+            |v| {
+                let first = v["candidates"]["fields"][0].clone();
+                set(v, "/candidates/fields/1", first);
+            },
+            format!("candidates.fields[1]: {:?} is given more than once", names[0]),
+        ),
+        (
+            "columnar: a column left out",
+            |v| {
+                v["candidates"]["fields"].as_array_mut().expect("fields").pop();
+                for row in v["candidates"]["ids"].as_array_mut().expect("ids") {
+                    row.as_array_mut().expect("row").pop();
+                }
+            },
+            format!("candidates.fields: {:?} is missing", names[names.len() - 1]),
+        ),
+        (
+            "columnar: a short row",
+            |v| {
+                v["candidates"]["ids"][3].as_array_mut().expect("row").pop();
+            },
+            format!("candidates.ids[3]: holds {} ids, but a row holds {}", names.len() - 1, names.len()),
+        ),
+        (
+            "columnar: an id its table rejects",
+            |v| {
+                let j = v["candidates"]["fields"]
+                    .as_array()
+                    .expect("fields")
+                    .iter()
+                    .position(|n| n == "C23")
+                    .expect("C23");
+                v["candidates"]["ids"][5][j] = json!(-1);
+            },
+            format!("candidates.ids[5][{c23}] (C23): id -1 is outside the vocabulary"),
+        ),
+        (
+            "columnar: a string id",
+            |v| v["candidates"]["ids"][3][2] = json!("seven"),
+            format!("candidates.ids[3][2] ({}): invalid type: string \"seven\", expected i64", names[2]),
+        ),
+        (
+            "columnar: no item ids",
+            |v| remove(v, "/candidates/id"),
+            "candidates.id: is required: it is the value of the model's item_id_field \"C20\"".to_owned(),
+        ),
+        (
+            "columnar: an item id short",
+            |v| {
+                v["candidates"]["id"].as_array_mut().expect("id").pop();
+            },
+            "candidates.id: holds 99 ids, but candidates.ids holds 100 rows".to_owned(),
+        ),
+        (
+            "columnar: too many rows",
+            |v| {
+                let (row, id) = (v["candidates"]["ids"][0].clone(), v["candidates"]["id"][0].clone());
+                set(v, "/candidates/ids", Value::Array(vec![row; 1001]));
+                set(v, "/candidates/id", Value::Array(vec![id; 1001]));
+            },
+            "candidates.ids: holds 1001 candidates, more than the limit of 1000".to_owned(),
+        ),
+        (
+            "columnar: an unknown key",
+            |v| v["candidates"]["score"] = json!(1),
+            "candidates.score: unknown field `score`, expected `fields`, `ids` or `id`".to_owned(),
+        ),
+        (
+            "columnar: candidates neither rows nor columns",
+            |v| set(v, "/candidates", json!("all")),
+            "candidates: invalid type: string \"all\", expected an array of candidates, or an object of columns"
+                .to_owned(),
+        ),
+    ];
+    for (what, fault, needle) in columnar_faults {
+        let mut v = columnar.clone();
+        fault(&mut v);
+        push(what, &rank, v.to_string(), 400, &needle);
+    }
 
     push(
         "unknown model",

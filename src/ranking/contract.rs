@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::batching::QueueFit;
-use crate::error::ServiceError;
+use crate::error::{Echo, ServiceError};
 use crate::repository::{ModelSpec, OovPolicy, Side};
 
 /// Validated rows to score: `ids` is `[rows, fields]` in graph order, `dense` is `[rows, dense_features]`.
@@ -205,6 +205,116 @@ impl RankContract {
             Some(_) => "is a user-side field: send it in user.fields",
             None => "is not a field of this model",
         }
+    }
+
+    /// The error for a request without the item's id (at `path`: `candidates[i].id`, or the columnar form's
+    /// `candidates.id`) when the model has an `item_id_field`, whose value it is.
+    pub fn item_id_required(&self, path: String, item_id_field: usize) -> ServiceError {
+        ServiceError::invalid(
+            path,
+            format!(
+                "is required: it is the value of the model's item_id_field {:?}",
+                self.field_name(item_id_field)
+            ),
+        )
+    }
+
+    /// Checks the `j`th name of the columnar form's `candidates.fields`: one of the item fields a candidate
+    /// carries (every `side = "item"` field but the `item_id_field`), not named before in `seen` (by field, which
+    /// this marks). Returns the field: the column's place in each row.
+    pub fn column_field(
+        &self,
+        j: usize,
+        name: &str,
+        seen: &mut [bool],
+    ) -> Result<usize, ServiceError> {
+        let path = || format!("candidates.fields[{j}]");
+        let field = self
+            .field_index(name)
+            .filter(|f| self.item_fields.contains(f));
+        let Some(f) = field else {
+            let problem = match self.field_index(name) {
+                Some(f) if Some(f) == self.item_id_field => {
+                    "is the model's item_id_field: send it in candidates.id, not as a column"
+                }
+                _ => self.misplaced_field(name, Side::Item),
+            };
+            return Err(ServiceError::invalid(
+                path(),
+                format!("{:?} {problem}", Echo(name)),
+            ));
+        };
+        if std::mem::replace(&mut seen[f], true) {
+            return Err(ServiceError::invalid(
+                path(),
+                format!("{:?} is given more than once", Echo(name)),
+            ));
+        }
+        Ok(f)
+    }
+
+    /// Checks that the columnar form's `candidates.fields` named every item field a candidate carries (`seen`, by
+    /// field, as [`RankContract::column_field`] marked them).
+    pub fn check_columns(&self, seen: &[bool]) -> Result<(), ServiceError> {
+        match self.item_fields.iter().find(|&&f| !seen[f]) {
+            None => Ok(()),
+            Some(&f) => Err(ServiceError::invalid(
+                "candidates.fields",
+                format!(
+                    "{:?} is missing: name every item-side field but the item_id_field once, in the order of \
+                     the ids of each row",
+                    self.field_name(f)
+                ),
+            )),
+        }
+    }
+
+    /// Checks the length of row `row` of the columnar form's `candidates.ids`: one id per item field a candidate
+    /// carries, the columns `candidates.fields` names.
+    pub fn check_row_len(&self, row: usize, len: usize) -> Result<(), ServiceError> {
+        let columns = self.item_fields.len();
+        if len == columns {
+            return Ok(());
+        }
+        Err(ServiceError::invalid(
+            format!("candidates.ids[{row}]"),
+            format!(
+                "holds {len} ids, but a row holds {columns}: one per name in candidates.fields, every item-side \
+                 field but the item_id_field"
+            ),
+        ))
+    }
+
+    /// Checks the length of the columnar form's `candidates.id`: one id per row of `candidates.ids`.
+    pub fn check_item_ids_len(&self, len: usize, rows: usize) -> Result<(), ServiceError> {
+        if len == rows {
+            Ok(())
+        } else {
+            Err(ServiceError::invalid(
+                "candidates.id",
+                format!("holds {len} ids, but candidates.ids holds {rows} rows: give one per row"),
+            ))
+        }
+    }
+
+    /// Checks id `id` at `candidates.ids[row][column]` of the columnar form, whose column is `field`'s: as
+    /// [`RankContract::check_id`], naming the field beside the place.
+    pub fn check_column_id(
+        &self,
+        row: usize,
+        column: usize,
+        field: usize,
+        id: i64,
+    ) -> Result<(), ServiceError> {
+        self.check_id(field, id).map_err(|problem| {
+            ServiceError::invalid(
+                format!(
+                    "candidates.ids[{row}][{column}] ({})",
+                    self.field_name(field)
+                ),
+                problem,
+            )
+        })
     }
 
     /// Checks a `fields` object (at `path`) that must hold exactly the fields `expected`, each id against its

@@ -57,4 +57,68 @@ side = "item"
     pub fn contract() -> RankContract {
         RankContract::new(Arc::new(ModelSpec::parse(SPEC).expect("spec")), 3)
     }
+
+    /// A wider contract, for comparisons with the reference decoder and for the columnar form's column order:
+    /// three user fields (one table rejects unknown ids), four item fields besides the item id (one rejects), three
+    /// dense features, user and item fields interleaved in model.toml order.
+    pub const WIDE_SPEC: &str = r#"
+format_version = 1
+kind = "deepfm"
+[ranking]
+dense_features = ["d0", "d1", "d2"]
+item_id_field = "item"
+[dense_graph]
+file = "g.onnx"
+precision = "fp32"
+[[tables]]
+name = "strict"
+file = "t.safetensors"
+rows = 50
+dim = 2
+storage = "fp32"
+oov = "reject"
+[[tables]]
+name = "open"
+file = "t.safetensors"
+rows = 1000
+dim = 2
+storage = "fp32"
+[[fields]]
+name = "u0"
+side = "user"
+table = "strict"
+[[fields]]
+name = "i0"
+side = "item"
+table = "open"
+[[fields]]
+name = "u1"
+side = "user"
+table = "open"
+[[fields]]
+name = "item"
+side = "item"
+table = "open"
+[[fields]]
+name = "i1"
+side = "item"
+table = "strict"
+[[fields]]
+name = "u2"
+side = "user"
+table = "open"
+[[fields]]
+name = "i2"
+side = "item"
+table = "open"
+[[fields]]
+name = "i3"
+side = "item"
+table = "open"
+"#;
+
+    /// [`WIDE_SPEC`]'s contract, with at most 40 candidates.
+    pub fn wide_contract() -> RankContract {
+        RankContract::new(Arc::new(ModelSpec::parse(WIDE_SPEC).expect("spec")), 40)
+    }
 }

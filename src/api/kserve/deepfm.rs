@@ -1,8 +1,12 @@
-//! The tensor contract of DeepFM ranking models over the Open Inference Protocol. Every row is one complete
-//! candidate: `categorical` INT64 `[B, fields]` (one id per `[[fields]]` entry of `model.toml`, in that order,
-//! user and item fields alike) and `dense` FP32 `[B, dense_features]` (absent when the model has none); the
-//! output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. Decoding applies the same
-//! [`RankContract`] checks as `/v1` and builds the same [`RankInput`].
+//! The tensor contract of DeepFM ranking models over the Open Inference Protocol. In the row form, every row is
+//! one complete candidate: `categorical` INT64 `[B, fields]` (one id per `[[fields]]` entry of `model.toml`, in
+//! that order, user and item fields alike) and `dense` FP32 `[B, dense_features]` (absent when the model has
+//! none); the output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. The grouped form
+//! ([`grouped`]) sends each user's fields once and the candidates' item fields beside them; a request sends one
+//! form or the other. Decoding applies the same [`RankContract`] checks as `/v1` and builds the same
+//! [`RankInput`].
+
+mod grouped;
 
 use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameters, TensorContract, TensorSpec,
@@ -61,11 +65,20 @@ impl Tensors<'_> {
     }
 
     fn input_list(&self) -> String {
-        self.inputs()
-            .iter()
-            .map(|t| format!("{} {} {:?}", t.name, t.datatype.as_str(), t.shape))
-            .collect::<Vec<_>>()
-            .join(", ")
+        list(&self.inputs())
+    }
+
+    /// The error for an input that neither form has.
+    fn not_an_input(&self, name: &str) -> ServiceError {
+        ServiceError::invalid(
+            name,
+            format!(
+                "is not an input of model {:?} (inputs: {}; or, grouped by user: {})",
+                self.model,
+                self.input_list(),
+                self.grouped_list()
+            ),
+        )
     }
 
     pub fn inputs(&self) -> Vec<TensorSpec> {
@@ -101,8 +114,27 @@ impl Tensors<'_> {
         }]
     }
 
-    /// Checks the inputs against the contract and builds the rows to score.
+    /// Checks the inputs (of either form) against the contract and builds the rows to score.
     pub fn rank_input(&self, inputs: Vec<InputTensor>) -> Result<RankInput, ServiceError> {
+        let row_form = |t: &&InputTensor| t.name == CATEGORICAL || t.name == DENSE;
+        if let Some(g) = inputs
+            .iter()
+            .find(|t| grouped::INPUTS.contains(&t.name.as_str()))
+        {
+            if let Some(r) = inputs.iter().find(row_form) {
+                return Err(ServiceError::invalid(
+                    &g.name,
+                    format!(
+                        "is an input of the grouped form, but the request also sends {}, an input of the row form: \
+                         send either the row form ({}) or the grouped form ({})",
+                        r.name,
+                        self.input_list(),
+                        self.grouped_list()
+                    ),
+                ));
+            }
+            return self.grouped_rank_input(inputs);
+        }
         let fields = self.contract.fields();
         let dense_features = self.contract.dense_features;
         let mut categorical = None;
@@ -111,16 +143,7 @@ impl Tensors<'_> {
             let slot = match input.name.as_str() {
                 CATEGORICAL => &mut categorical,
                 DENSE if dense_features > 0 => &mut dense,
-                _ => {
-                    return Err(ServiceError::invalid(
-                        &input.name,
-                        format!(
-                            "is not an input of model {:?} (inputs: {})",
-                            self.model,
-                            self.input_list()
-                        ),
-                    ));
-                }
+                _ => return Err(self.not_an_input(&input.name)),
             };
             if slot.is_some() {
                 return Err(ServiceError::invalid(&input.name, "is given twice"));
@@ -147,6 +170,7 @@ impl Tensors<'_> {
         categorical.expect_datatype(Datatype::Int64)?;
         let rows = rows_of(
             &categorical,
+            "B",
             fields,
             "fields of the model, in model.toml order",
         )?;
@@ -155,7 +179,7 @@ impl Tensors<'_> {
             .map_err(|problem| ServiceError::invalid(CATEGORICAL, problem))?;
         if let Some(dense) = &dense {
             dense.expect_datatype(Datatype::Fp32)?;
-            let dense_rows = rows_of(dense, dense_features, "dense features of the model")?;
+            let dense_rows = rows_of(dense, "B", dense_features, "dense features of the model")?;
             if dense_rows != rows {
                 return Err(ServiceError::invalid(
                     DENSE,
@@ -165,39 +189,76 @@ impl Tensors<'_> {
         }
 
         let ids = categorical.into_i64()?;
-        for (i, &id) in ids.iter().enumerate() {
-            let field = i % fields;
-            self.contract.check_id(field, id).map_err(|problem| {
-                ServiceError::invalid(
-                    format!("{CATEGORICAL}[{}, {field}]", i / fields),
-                    format!("field {:?}: {problem}", self.contract.field_name(field)),
-                )
-            })?;
-        }
+        check_ids(
+            self.contract,
+            CATEGORICAL,
+            &ids,
+            &(0..fields).collect::<Vec<_>>(),
+        )?;
         let dense = match dense {
-            Some(dense) => {
-                let values = dense.into_f32()?;
-                let names = self.dense_names();
-                for (i, &v) in values.iter().enumerate() {
-                    RankContract::check_dense(v).map_err(|problem| {
-                        let column = i % dense_features;
-                        let name = names.get(column).map_or("", String::as_str);
-                        ServiceError::invalid(
-                            format!("{DENSE}[{}, {column}]", i / dense_features),
-                            format!("feature {name:?}: {problem}"),
-                        )
-                    })?;
-                }
-                values
-            }
+            Some(dense) => self.dense_values(dense, DENSE)?,
             None => Vec::new(),
         };
         Ok(RankInput { rows, ids, dense })
     }
+
+    /// The values of a dense tensor (`[rows, dense_features]`, its shape checked) named `name`, each finite.
+    fn dense_values(&self, dense: InputTensor, name: &str) -> Result<Vec<f32>, ServiceError> {
+        let dense_features = self.contract.dense_features;
+        let values = dense.into_f32()?;
+        let names = self.dense_names();
+        for (i, &v) in values.iter().enumerate() {
+            RankContract::check_dense(v).map_err(|problem| {
+                let column = i % dense_features;
+                let feature = names.get(column).map_or("", String::as_str);
+                ServiceError::invalid(
+                    format!("{name}[{}, {column}]", i / dense_features),
+                    format!("feature {feature:?}: {problem}"),
+                )
+            })?;
+        }
+        Ok(values)
+    }
 }
 
-/// The `B` of a `[B, columns]` tensor; `what` says what the columns are.
-fn rows_of(input: &InputTensor, columns: usize, what: &str) -> Result<usize, ServiceError> {
+/// Checks each id of `tensor` (`[rows, columns.len()]`, the field of each column in `columns`) against its table.
+fn check_ids(
+    contract: &RankContract,
+    tensor: &str,
+    ids: &[i64],
+    columns: &[usize],
+) -> Result<(), ServiceError> {
+    let width = columns.len().max(1);
+    for (i, &id) in ids.iter().enumerate() {
+        let (row, column) = (i / width, i % width);
+        let field = columns[column];
+        contract.check_id(field, id).map_err(|problem| {
+            ServiceError::invalid(
+                format!("{tensor}[{row}, {column}]"),
+                format!("field {:?}: {problem}", contract.field_name(field)),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Tensors for messages: `name DATATYPE [shape]`, comma-separated.
+fn list(tensors: &[TensorSpec]) -> String {
+    tensors
+        .iter()
+        .map(|t| format!("{} {} {:?}", t.name, t.datatype.as_str(), t.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The rows of a `[rows, columns]` tensor; `axis` names the rows (`B` for candidates, `U` for users) and `what`
+/// says what the columns are.
+fn rows_of(
+    input: &InputTensor,
+    axis: &str,
+    columns: usize,
+    what: &str,
+) -> Result<usize, ServiceError> {
     match input.shape.as_slice() {
         &[rows, c] if usize::try_from(c) == Ok(columns) => usize::try_from(rows).map_err(|_| {
             ServiceError::invalid(
@@ -208,7 +269,7 @@ fn rows_of(input: &InputTensor, columns: usize, what: &str) -> Result<usize, Ser
         _ => Err(ServiceError::invalid(
             &input.name,
             format!(
-                "shape {:?} is not [B, {columns}] (B rows of the {columns} {what})",
+                "shape {:?} is not [{axis}, {columns}] ({axis} rows of the {columns} {what})",
                 input.shape
             ),
         )),
@@ -222,6 +283,10 @@ impl TensorContract for DeepFm<'_> {
 
     fn outputs(&self) -> Vec<TensorSpec> {
         self.tensors.outputs()
+    }
+
+    fn properties(&self) -> Vec<(String, String)> {
+        vec![self.tensors.grouped_property()]
     }
 
     fn run<'a>(
@@ -373,7 +438,9 @@ mod tests {
                     ok_dense(),
                     dense(&[1, 2], json!([0, 0])).renamed("extra"),
                 ],
-                "extra: is not an input of model \"m\" (inputs: categorical INT64 [-1, 3], dense FP32 [-1, 2])",
+                "extra: is not an input of model \"m\" (inputs: categorical INT64 [-1, 3], dense FP32 [-1, 2]; or, \
+                 grouped by user: user_categorical INT64 [-1, 1], user_dense FP32 [-1, 2], item_categorical INT64 \
+                 [-1, 2], candidates_per_user INT64 [-1])",
             ),
             (
                 vec![
