@@ -353,7 +353,6 @@ async fn kserve_v2_tensors_score_as_the_v1_body_they_were_made_from() {
 /// The same requests in the row and the columnar form (`--body columnar`) get the same answers, byte for byte; and
 /// a run in the columnar form is answered throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs recserve's columnar /v1 rank form (branch compact-body): un-ignore when it is merged"]
 async fn the_columnar_body_is_answered_as_the_row_body_of_the_same_seed() {
     let server = start_recserve().await;
     let url = format!("http://{}", server.addr);
