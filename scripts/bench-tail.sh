@@ -1,101 +1,128 @@
 #!/usr/bin/env bash
-# The tail at fixed shares of saturation, and what server settings do to it (docs/benchmarks.md, "p99 at 70% of
-# saturation"). recserve on CPU 1 (--executors 1 --intra-op-threads 1), recload on CPU 0. For each variant (a name
-# and the extra `recserve serve` flags it runs with): the closed-loop saturation (64 in flight, 10 s), then ROUNDS
-# rounds of an open loop at each of SHARES × that saturation (Poisson arrivals, 256 connections, 2 s timeout, 15 s).
-# Prints per run the client's p50 / p99 and recload's own CPU and send delay (from recload's report), and from the
-# server's /metrics over the run (its 2 s warm-up included): mean queue wait, mean batch (rows and requests), inference per 100 rows, and why
-# batches closed. The first variant's saturation sets the rates of every variant, so they are compared at equal load.
+# The tail at fixed shares of saturation, where its time goes inside the server, and what each change or setting
+# does to it (docs/benchmarks.md, "The tail at 50% and 70% of saturation"). recserve on CPU 1 (`--executors 1
+# --intra-op-threads 1`), recload on CPU 0.
 #
-# Usage: scripts/bench-tail.sh [NAME[:FLAGS]]...   (default: "defaults"; e.g. "no-delay:--max-queue-delay-us 0")
-# Environment: REPOSITORY [target/bench-repo] MODEL [realistic-int8-split] SHARES ["0.5 0.7"] ROUNDS [2]
-#   OUT [target/bench-tail] (recload's reports and the metrics)
-# Writes target/bench-repo first if missing (`synth --preset realistic --split`).
+# First the first variant's closed-loop saturation (64 in flight, 10 s, the median of 3 runs), which sets the
+# rates of every variant, so they are compared at equal load; from the same runs, the server's own costs per
+# request (its executor's and its I/O threads' CPU, recserve_thread_cpu_seconds_total) feed
+# `scripts/tail-model.py`, whose p99 at each rate is the one-core bound. Then ROUNDS rounds; in each, every variant
+# in turn is started fresh (A B C, A B C, ...) and run open loop at each of SHARES × saturation (Poisson arrivals,
+# 256 connections, 2 s timeout, 2 s warm-up, DURATION). Per run: the client's p50 / p99 (recload), recload's CPU,
+# the machine's steal over the run, and from the server (its /metrics before and after, and
+# /debug/slow-requests after): the mean of each stage over all requests and over the slowest 1%, each thread
+# role's CPU per request and run-queue wait, the mean batch and why batches closed. The report gives every figure
+# per variant as the median / worst of the rounds, and is written to OUT/report.md and, with --doc, between its
+# markers in docs/benchmarks.md.
+#
+# Usage: scripts/bench-tail.sh [--doc] VARIANT...    VARIANT: NAME[@BINARY][:SERVER FLAGS[:RECLOAD FLAGS]]
+#   e.g. scripts/bench-tail.sh "before@/tmp/before/recserve" "now" "rows::--body rows" "nice-0:--executor-niceness 0"
+#   BINARY: a recserve binary (default: this tree's release build, built first) - an earlier commit's build
+#   measures what a change bought. RECLOAD FLAGS go to every `recload run` of the variant (default: the columnar
+#   body, `--body columnar`; a binary without that form needs `--body rows`).
+# Environment: REPOSITORY [target/bench-repo] MODEL [realistic-int8] SHARES ["0.5 0.7"] ROUNDS [3] DURATION [15s]
+#   OUT [target/bench-tail] SECTION [MODEL] (the doc section's name)
+# Writes REPOSITORY first if missing (`synth --preset realistic --split`). Takes about
+# (1 + ROUNDS × variants × shares) × 20 s, plus 40 s of saturation runs: 12 minutes for 4 variants, 3 rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+doc=0
+if [ "${1:-}" = "--doc" ]; then doc=1; shift; fi
+[ "$#" -gt 0 ] || set -- now
 # shellcheck source=env.sh
 source scripts/env.sh
 REPOSITORY=${REPOSITORY:-target/bench-repo}
-MODEL=${MODEL:-realistic-int8-split}
+MODEL=${MODEL:-realistic-int8}
 SHARES=${SHARES:-0.5 0.7}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-15s}
 OUT=${OUT:-target/bench-tail}
-[ "$#" -gt 0 ] || set -- defaults
+SECTION=${SECTION:-$MODEL}
 [ "$(nproc)" -ge 2 ] || { echo "bench-tail: needs 2 CPUs: recload on CPU 0, recserve on CPU 1" >&2; exit 1; }
+command_line="ROUNDS=$ROUNDS DURATION=$DURATION MODEL=$MODEL SHARES=\"$SHARES\" scripts/bench-tail.sh$([ $doc = 1 ] && echo " --doc")"
+for v in "$@"; do command_line+=" \"$v\""; done
 
 if [ ! -d "$REPOSITORY/$MODEL" ]; then
   python -m recserve_models synth --preset realistic --split --out "$REPOSITORY" >&2
 fi
 cargo build --release --quiet -p recserve -p recload --bins
+rm -rf "$OUT"
 mkdir -p "$OUT"
 # shellcheck source=lib/server-process.sh
 source scripts/lib/server-process.sh
 
-recload() { taskset -c 0 "$root/target/release/recload" run --url "$url" --model "$MODEL" --repository "$REPOSITORY" "$@"; }
-# One line from a recload report and the server's metrics before and after its run.
-summary() { # LABEL REPORT METRICS-BEFORE METRICS-AFTER
-  python - "$@" <<'EOF'
-import json, re, sys
-label, report, before, after = sys.argv[1:]
-model = json.load(open(report))["workload"]["path"].split("/")[3]
-def read(path):
-    values = {}
-    for line in open(path):
-        if line.startswith("#") or f'model="{model}"' not in line:
-            continue
-        key, value = line.rsplit(" ", 1)
-        name = key.split("{")[0]
-        if name.startswith("recserve_batches_total"):
-            name = "closed on " + re.search(r'reason="(\w+)"', key).group(1)
-        elif not name.endswith(("_sum", "_count")):
-            continue
-        values[name] = values.get(name, 0.0) + float(value)
-    return values
-a, b = read(before), read(after)
-d = {k: v - a.get(k, 0.0) for k, v in b.items()}
-def mean(name):
-    count = d.get(f"{name}_count", 0.0)
-    return d.get(f"{name}_sum", 0.0) / count if count else float("nan")
-r = json.load(open(report))
-lat = r["latency_ms"]
-rows = mean("recserve_batch_rows")
-per_request = mean("recserve_request_rows")
-closed = ", ".join(f"{k} {v:.0f}" for k, v in sorted(d.items()) if k.startswith("closed on") and v)
-print(f"{label}: offered {r['offered_rps']:.0f}/s, achieved {r['achieved_rps']:.0f}/s, "
-      f"{r['requests']['errors']} failed · p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms · "
-      f"recload CPU {100 * r['cpu_s'] / r['wall_s']:.0f}%, send delay p99 {r['send_delay_ms']['p99_ms']:.3f} ms · "
-      f"server: queue wait {1e3 * mean('recserve_queue_duration_seconds'):.2f} ms, batch {rows:.0f} rows "
-      f"({rows / per_request:.1f} requests), inference {1e5 * mean('recserve_inference_duration_seconds') / rows:.3f} ms "
-      f"per 100 rows, {closed}")
-EOF
+# Parses VARIANT into name, binary, server_flags, recload_flags.
+parse() {
+  local spec=$1 head rest
+  head=${spec%%:*}
+  rest=""; [ "$head" = "$spec" ] || rest=${spec#*:}
+  name=${head%%@*}
+  binary="$root/target/release/recserve"; [ "$name" = "$head" ] || binary=${head#*@}
+  server_flags=${rest%%:*}
+  recload_flags="--body columnar"; [ "$server_flags" = "$rest" ] || recload_flags=${rest#*:}
+  [[ $name =~ ^[a-z0-9-]+$ ]] || { echo "bench-tail: variant name $name: use lowercase letters, digits and '-'" >&2; exit 2; }
+  [ -x "$binary" ] || { echo "bench-tail: $binary is not an executable" >&2; exit 2; }
 }
 
-saturation=""
-for variant in "$@"; do
-  name=${variant%%:*}
-  flags=""
-  [ "$name" = "$variant" ] || flags=${variant#*:}
+start() { # VARIANT LOG
+  parse "$1"
+  local port
   port=$(free_port)
   url=http://127.0.0.1:$port
   # shellcheck disable=SC2086
-  taskset -c 1 "$root/target/release/recserve" serve --repository "$REPOSITORY" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 $flags > "$OUT/$name.log" 2>&1 &
+  taskset -c 1 "$binary" serve --repository "$REPOSITORY" --http-addr "127.0.0.1:$port" \
+    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 --slow-requests 5000 \
+    $server_flags > "$2" 2>&1 &
   server_pid=$!
-  wait_ready "$url/health/ready" "$OUT/$name.log"
-  recload --closed --concurrency 64 --warmup 2s --duration 10s --quiet --json "$OUT/$name-closed.json" > /dev/null
-  achieved=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$OUT/$name-closed.json")
-  : "${saturation:=$achieved}"
-  echo "$name (${flags:-no extra flags}): closed-loop saturation $(printf '%.0f' "$achieved")/s; rates from $(printf '%.0f' "$saturation")/s"
-  for round in $(seq "$ROUNDS"); do
+  wait_ready "$url/health/ready" "$2"
+}
+
+run() { # PREFIX RECLOAD-ARGS...: one step, with the server's /metrics around it
+  local prefix=$1; shift
+  # shellcheck disable=SC2086
+  python scripts/lib/step.py --out "$prefix.step.json" --metrics "$url/metrics" --prom "$prefix" -- \
+    taskset -c 0 "$root/target/release/recload" run --url "$url" --model "$MODEL" --repository "$REPOSITORY" \
+    --quiet --json "$prefix.json" $recload_flags "$@" > /dev/null
+}
+
+# Saturation: the first variant's, which sets every variant's rates, and the costs per request of the bound.
+start "$1" "$OUT/saturation.log"
+for i in 1 2 3; do
+  run "$OUT/closed-$i" --closed --concurrency 64 --warmup 2s --duration 10s
+done
+stop_server
+saturation=$(python - "$OUT" <<'EOF'
+import json, statistics, sys
+print(statistics.median(json.load(open(f"{sys.argv[1]}/closed-{i}.json"))["achieved_rps"] for i in (1, 2, 3)))
+EOF
+)
+echo "bench-tail: closed-loop saturation (median of 3): $(printf '%.0f' "$saturation")/s" >&2
+
+for round in $(seq "$ROUNDS"); do
+  for variant in "$@"; do
+    parse "$variant"
+    start "$variant" "$OUT/$name-$round.log"
     for share in $SHARES; do
       rate=$(python -c "print(round($saturation * $share))")
-      run=$OUT/$name-$share-$round
-      curl -s "$url/metrics" > "$run-before.prom"
-      recload --rate "$rate" --connections 256 --timeout 2s --warmup 2s --duration 15s --quiet --json "$run.json" > /dev/null
-      curl -s "$url/metrics" > "$run-after.prom"
-      summary "  round $round, $share × saturation" "$run.json" "$run-before.prom" "$run-after.prom"
+      prefix=$OUT/$name-$share-$round
+      run "$prefix" --rate "$rate" --connections 256 --timeout 2s --warmup 2s --duration "$DURATION"
+      curl -sf "$url/debug/slow-requests" > "$prefix.slow.json"
+      python - "$prefix.json" "$prefix.step.json" <<'EOF' >&2
+import json, sys
+r, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+l = r["latency_ms"]
+print(f"bench-tail: {r['label'] or ''}{sys.argv[1].rsplit('/', 1)[1][:-5]}: offered {r['offered_rps']:.0f}/s, "
+      f"p50 {l['p50_ms']:.2f} ms, p99 {l['p99_ms']:.2f} ms, {r['requests']['errors']} failed, "
+      f"recload CPU {100 * r['cpu_s'] / r['wall_s']:.0f}%, steal {s['steal_s']:.2f} s")
+EOF
     done
+    stop_server
   done
-  stop_server
 done
+
+variants=""
+for v in "$@"; do parse "$v"; variants+="$name|$binary|$server_flags|$recload_flags"$'\n'; done
+VARIANTS=$variants COMMAND_LINE=$command_line SATURATION=$saturation SHARES=$SHARES ROUNDS=$ROUNDS MODEL=$MODEL \
+  SECTION=$SECTION DURATION=$DURATION \
+  python scripts/bench_tail_report.py --results "$OUT" $([ $doc = 1 ] && echo "--doc docs/benchmarks.md")
