@@ -27,8 +27,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-doc=0
-if [ "${1:-}" = "--doc" ]; then doc=1; shift; fi
+doc_args=()
+if [ "${1:-}" = "--doc" ]; then doc_args=(--doc docs/benchmarks.md); shift; fi
 [ "$#" -gt 0 ] || set -- now
 # shellcheck source=env.sh
 source scripts/env.sh
@@ -40,7 +40,8 @@ DURATION=${DURATION:-15s}
 OUT=${OUT:-target/bench-tail}
 SECTION=${SECTION:-$MODEL}
 [ "$(nproc)" -ge 2 ] || { echo "bench-tail: needs 2 CPUs: recload on CPU 0, recserve on CPU 1" >&2; exit 1; }
-command_line="ROUNDS=$ROUNDS DURATION=$DURATION MODEL=$MODEL SHARES=\"$SHARES\" scripts/bench-tail.sh$([ $doc = 1 ] && echo " --doc")"
+command_line="ROUNDS=$ROUNDS DURATION=$DURATION MODEL=$MODEL SHARES=\"$SHARES\" scripts/bench-tail.sh"
+[ ${#doc_args[@]} = 0 ] || command_line+=" --doc"
 for v in "$@"; do command_line+=" \"$v\""; done
 
 if [ ! -d "$REPOSITORY/$MODEL" ]; then
@@ -112,7 +113,7 @@ for round in $(seq "$ROUNDS"); do
 import json, sys
 r, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 l = r["latency_ms"]
-print(f"bench-tail: {r['label'] or ''}{sys.argv[1].rsplit('/', 1)[1][:-5]}: offered {r['offered_rps']:.0f}/s, "
+print(f"bench-tail: {sys.argv[1].rsplit('/', 1)[1][:-5]}: offered {r['offered_rps']:.0f}/s, "
       f"p50 {l['p50_ms']:.2f} ms, p99 {l['p99_ms']:.2f} ms, {r['requests']['errors']} failed, "
       f"recload CPU {100 * r['cpu_s'] / r['wall_s']:.0f}%, steal {s['steal_s']:.2f} s")
 EOF
@@ -125,4 +126,4 @@ variants=""
 for v in "$@"; do parse "$v"; variants+="$name|$binary|$server_flags|$recload_flags"$'\n'; done
 VARIANTS=$variants COMMAND_LINE=$command_line SATURATION=$saturation SHARES=$SHARES ROUNDS=$ROUNDS MODEL=$MODEL \
   SECTION=$SECTION DURATION=$DURATION \
-  python scripts/bench_tail_report.py --results "$OUT" $([ $doc = 1 ] && echo "--doc docs/benchmarks.md")
+  python scripts/bench_tail_report.py --results "$OUT" "${doc_args[@]}"

@@ -57,7 +57,7 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         prefix = tmp_path / f"now-0.5-{r}"
         write_step(prefix, empty, prom(700, 0.14, 0.35, stages, {"executor_free": 650, "full": 50}), steal)
         (tmp_path / f"now-0.5-{r}.json").write_text(json.dumps({
-            "label": "", "offered_rps": 700.0, "latency_ms": {"p50_ms": 1.0 * r, "p99_ms": p99},
+            "offered_rps": 700.0, "latency_ms": {"p50_ms": 1.0 * r, "p99_ms": p99},
             "requests": {"errors": 0}, "cpu_s": 3.0, "wall_s": 17.0,
         }))
         # The record: the slowest 1% of 700 is 7 requests; it holds 8, slowest first.

@@ -96,7 +96,7 @@ impl SharedGather {
                     .extend(self.user_columns.iter().map(|&c| row[c]));
             }
         }
-        self.user_rows.clear();
+        // Not cleared first (nor `item_rows` below): the gathers write every value.
         self.user_rows.resize(self.runs.len() * nu * dim, 0.0);
         let runs = &self.runs;
         lane.gather_host_until(
@@ -120,7 +120,6 @@ impl SharedGather {
                 self.item_ids
                     .extend(self.item_columns.iter().map(|&c| row[c]));
             }
-            self.item_rows.clear();
             self.item_rows.resize(rows * ni * dim, 0.0);
             lane.gather_host_until(
                 &self.item_tables,

@@ -179,7 +179,7 @@ impl Worker {
             ));
         }
         let shape = self.graph.shape();
-        self.embeddings.clear();
+        // Not cleared first: the gather writes every value, and zeroing the buffer cost a pass over it per batch.
         self.embeddings.resize(rows * shape.fields * shape.dim, 0.0);
         let start = Instant::now();
         match &mut self.shared {
