@@ -55,6 +55,12 @@ impl Estimator {
     /// negative). Running two batches as one saves about this much: next to nothing on a CPU, where a batch costs
     /// the same per row at any size; about a whole batch's time on a GPU.
     pub fn fixed_cost(&self) -> Duration {
+        self.line().0
+    }
+
+    /// The line through the measured buckets' times against their rows: its intercept (at least zero, see
+    /// [`Self::fixed_cost`]) and its slope, the time one more row adds (at least zero).
+    pub fn line(&self) -> (Duration, Duration) {
         let points: Vec<(f64, f64)> = self
             .buckets
             .iter()
@@ -65,7 +71,7 @@ impl Estimator {
             })
             .collect();
         if points.len() < 2 {
-            return Duration::ZERO;
+            return (Duration::ZERO, Duration::ZERO);
         }
         let n = points.len() as f64;
         let (mean_x, mean_y) = (
@@ -76,7 +82,10 @@ impl Estimator {
         let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
         let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
         let intercept = mean_y - slope * mean_x;
-        Duration::from_nanos(intercept.max(0.0) as u64)
+        (
+            Duration::from_nanos(intercept.max(0.0) as u64),
+            Duration::from_secs_f64(slope.max(0.0) / 1e9),
+        )
     }
 
     /// The expected execution time of a batch padded to `bucket` rows. An unmeasured bucket is estimated from the
@@ -122,6 +131,8 @@ mod tests {
         e.observe(1000, Duration::from_micros(10_050));
         let fixed = e.fixed_cost().as_secs_f64() * 1e6;
         assert!((fixed - 50.0).abs() < 0.01, "{fixed} us");
+        let per_row = e.line().1.as_secs_f64() * 1e6;
+        assert!((per_row - 10.0).abs() < 0.001, "{per_row} us a row");
         // The same time whatever the rows: all of it is fixed.
         let flat = Estimator::new(&[10, 100, 1000]);
         for b in [10, 100, 1000] {

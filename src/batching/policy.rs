@@ -3,6 +3,11 @@
 //! every call takes `now`, so the unit tests drive it with a fake clock. [`super::Batcher`]'s executor threads are
 //! the thin loop around it.
 //!
+//! How many requests a batch takes is a cost question too ([`Policy::first_batch`]): the next request joins when
+//! that saves a batch's fixed cost for it and for those queued behind it than it costs the requests already in
+//! the batch, so on a CPU requests run one by one until a queue builds up, and on a GPU every request that fits
+//! joins.
+//!
 //! Work-conserving: a free executor takes the queue's oldest requests at once, unless waiting is predicted to pay
 //! ([`Policy::decide`]): only when the model's measured batch times say that running a request that may arrive
 //! within the wait together with those queued saves more executor time (a batch's fixed cost) than the wait
@@ -283,6 +288,17 @@ pub struct Batch<J> {
     pub closed_at: Instant,
 }
 
+/// The batch a free executor would take now ([`Policy::first_batch`]).
+#[derive(Debug)]
+struct FirstBatch {
+    count: usize,
+    rows: usize,
+    /// The earliest deadline in it.
+    tightest: Option<Instant>,
+    /// It stopped because the next request would not fit in `max_batch_rows`.
+    next_does_not_fit: bool,
+}
+
 /// What a free executor should do now.
 #[derive(Debug)]
 pub enum Decision<J> {
@@ -530,22 +546,49 @@ impl<J> Policy<J> {
         self.lateness.margin()
     }
 
-    /// Rows of the batch that would close now: the oldest requests, first in first out, as many as fit (one
-    /// request when batching is off).
-    fn first_batch_rows(&self) -> usize {
+    /// The batch a free executor would take now: the oldest requests, first in first out, as many as fit in
+    /// `max_batch_rows` and as taking them together pays (one request when batching is off). The next request
+    /// joins the batch when that saves more time than it costs, by the line through the measured batch times
+    /// ([`Estimator::line`]): it saves a batch's fixed cost for itself and for every request queued behind it,
+    /// which would otherwise wait for one more batch, and it costs each request already in the batch the time its
+    /// rows add. On a CPU, where the fixed cost is small, requests join only behind a long queue (under
+    /// overload, where throughput is what matters); on a GPU, where it is nearly all of a batch's time, every
+    /// request that fits joins. `fixed_delay` (Triton's way) takes every request that fits.
+    fn first_batch(&self, estimator: &Estimator) -> FirstBatch {
         let limit = if self.config.enabled {
             self.queue.len()
         } else {
             1
         };
-        let mut rows = 0;
-        for entry in self.queue.iter().take(limit) {
-            if rows > 0 && rows + entry.rows > self.config.max_batch_rows {
-                break;
+        let (fixed, per_row) = estimator.line();
+        let mut batch = FirstBatch {
+            count: 0,
+            rows: 0,
+            tightest: None,
+            next_does_not_fit: false,
+        };
+        for (i, entry) in self.queue.iter().enumerate().take(limit) {
+            if batch.count > 0 {
+                if batch.rows + entry.rows > self.config.max_batch_rows {
+                    batch.next_does_not_fit = true;
+                    break;
+                }
+                let behind = self.queue.len() - i - 1;
+                let saves = fixed.mul_f64((1 + behind) as f64);
+                let costs = per_row.mul_f64((batch.count * entry.rows) as f64);
+                if !self.config.fixed_delay && saves <= costs {
+                    break;
+                }
             }
-            rows += entry.rows;
+            batch.count += 1;
+            batch.rows += entry.rows;
+            batch.tightest = Some(
+                batch
+                    .tightest
+                    .map_or(entry.deadline, |t: Instant| t.min(entry.deadline)),
+            );
         }
-        rows
+        batch
     }
 
     /// Removes requests that can no longer be served usefully: past (or certain to miss) their deadline, or
@@ -563,7 +606,7 @@ impl<J> Policy<J> {
         // Every request runs in the batch that would close now or in a later one, so none can end before that
         // batch would (a request larger than it, in its own bucket): judged by its own bucket alone, a request
         // about to ride in a full batch would be executed into a certain timeout.
-        let first_batch_rows = self.first_batch_rows();
+        let first_batch_rows = self.first_batch(estimator).rows;
         let first_batch_end = now + estimator.estimate(self.config.bucket(first_batch_rows));
         let earliest_end = |rows: usize| {
             if rows <= first_batch_rows {
@@ -615,26 +658,13 @@ impl<J> Policy<J> {
             self.waiting = false;
             return Decision::Idle;
         };
-        let max = self.config.max_batch_rows;
-
-        // The batch that would close now: FIFO, as many requests as fit.
-        let mut count = 0;
-        let mut rows = 0;
-        let mut tightest = oldest.deadline;
-        let limit = if self.config.enabled {
-            self.queue.len()
-        } else {
-            1
-        };
-        for entry in self.queue.iter().take(limit) {
-            if rows + entry.rows > max {
-                break;
-            }
-            rows += entry.rows;
-            tightest = tightest.min(entry.deadline);
-            count += 1;
-        }
-        let next_does_not_fit = count < self.queue.len() && self.config.enabled;
+        let FirstBatch {
+            count,
+            rows,
+            tightest,
+            next_does_not_fit,
+        } = self.first_batch(estimator);
+        let tightest = tightest.unwrap_or(oldest.deadline);
         let estimate = estimator.estimate(self.config.bucket(rows));
         let latest_start = tightest
             .checked_sub(estimate + DISPATCH_MARGIN)
@@ -646,9 +676,12 @@ impl<J> Policy<J> {
             CloseReason::Drain
         } else if !self.config.enabled {
             CloseReason::Unbatched
-        } else if rows >= max || next_does_not_fit {
+        } else if rows >= self.config.max_batch_rows || next_does_not_fit {
             CloseReason::Full
-        } else if now < wait_until && self.worth_waiting(rows, now, wait_until, estimator) {
+        } else if count == self.queue.len()
+            && now < wait_until
+            && self.worth_waiting(rows, now, wait_until, estimator)
+        {
             self.waiting = true;
             return Decision::WaitUntil(wait_until);
         } else if self.waiting && now >= latest_start {
@@ -783,9 +816,12 @@ mod tests {
     #[test]
     fn unpadded_batches_execute_their_own_rows_and_are_estimated_by_their_bucket() {
         let (t0, e) = (Instant::now(), proportional());
+        // Every request that fits rides along (`fixed_delay`): batches that cost in proportion to their rows would
+        // otherwise run the two apart.
         let mut p = Policy::new(
             BatchConfig {
                 pad: false,
+                fixed_delay: true,
                 ..config()
             },
             1,
@@ -893,6 +929,59 @@ mod tests {
         assert_eq!((jobs, reason), (vec![1], CloseReason::ExecutorFree));
     }
 
+    /// An estimator of `fixed` ms a batch plus `per_row` ms a row.
+    fn linear(fixed: f64, per_row: f64) -> Estimator {
+        let e = Estimator::new(&[10, 50, 100]);
+        for b in [10, 50, 100] {
+            e.observe(
+                b,
+                Duration::from_secs_f64((fixed + per_row * b as f64) / 1e3),
+            );
+        }
+        e
+    }
+
+    #[test]
+    fn a_request_joins_the_batch_only_when_that_saves_more_than_it_costs() {
+        let t0 = Instant::now();
+        // 0.1 ms a batch, 0.01 ms a row: a 10-row request joining a batch of one saves 0.1 ms for itself and for
+        // each request queued behind it, and costs the request already in the batch 0.1 ms.
+        let e = linear(0.1, 0.01);
+        let mut p = Policy::new(config(), 1);
+        for job in 0..3 {
+            admit(&mut p, job, 10, t0 + 50 * MS, t0, &e);
+        }
+        // Job 1 saves 0.1 ms for itself and 0.1 for job 2 behind it, against 0.1 ms of cost: it joins. Job 2 saves
+        // 0.1 ms (nothing behind it) against 0.2 ms for jobs 0 and 1: it runs next.
+        let (jobs, rows, _, reason) = dispatched(p.decide(t0, false, &e));
+        assert_eq!(
+            (jobs, rows, reason),
+            (vec![0, 1], 20, CloseReason::ExecutorFree)
+        );
+        let (jobs, ..) = dispatched(p.decide(t0, false, &e));
+        assert_eq!(jobs, vec![2]);
+
+        // In proportion to rows (a CPU): each runs alone, however long the queue.
+        let e = proportional();
+        let mut p = Policy::new(config(), 1);
+        for job in 0..5 {
+            admit(&mut p, job, 10, t0 + 50 * MS, t0, &e);
+        }
+        for want in 0..5 {
+            let (jobs, ..) = dispatched(p.decide(t0, false, &e));
+            assert_eq!(jobs, vec![want]);
+        }
+
+        // The same time whatever the rows (a GPU): every request that fits joins.
+        let e = flat(5);
+        let mut p = Policy::new(config(), 1);
+        for job in 0..5 {
+            admit(&mut p, job, 10, t0 + 50 * MS, t0, &e);
+        }
+        let (jobs, rows, ..) = dispatched(p.decide(t0, false, &e));
+        assert_eq!((jobs, rows), (vec![0, 1, 2, 3, 4], 50));
+    }
+
     #[test]
     fn with_a_fixed_delay_a_free_executor_always_waits_for_company() {
         let (t0, e) = (Instant::now(), proportional());
@@ -960,7 +1049,14 @@ mod tests {
     #[test]
     fn expires_a_request_that_would_miss_its_deadline_in_the_batch_it_rides_in() {
         let (t0, e) = (Instant::now(), proportional());
-        let mut p = Policy::new(config(), 1);
+        // Every request that fits rides along (`fixed_delay`), so job 2 rides with job 1.
+        let mut p = Policy::new(
+            BatchConfig {
+                fixed_delay: true,
+                ..config()
+            },
+            1,
+        );
         admit(&mut p, 2, 8, t0 + 20 * MS, t0, &e);
         admit(&mut p, 1, 90, t0 + 50 * MS, t0, &e);
         // At t0 + 12 ms, 8 ms are left to job 2: enough for its own bucket of 10 (1 ms), not for the 98-row
