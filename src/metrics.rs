@@ -3,6 +3,7 @@
 //!
 //! The full list, with what each is for, is in `docs/metrics.md`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use prometheus::{
@@ -10,8 +11,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::trace::Finished;
 use crate::trace::slow::SlowRequests;
+use crate::trace::{Finished, Stage};
 
 /// Latency buckets from 10 µs to 10 s, three per decade.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -91,19 +92,36 @@ pub struct Metrics {
 #[derive(Debug)]
 pub struct TraceSink {
     stages: HistogramVec,
+    /// Each model's stage histograms, resolved once (a label lookup per stage of every request cost more).
+    by_model: std::sync::Mutex<HashMap<String, Arc<[Histogram; Stage::ALL.len()]>>>,
     slow: SlowRequests,
 }
 
 impl TraceSink {
     pub fn finish(&self, finished: Finished) {
         if finished.outcome.status == 200 {
+            let histograms = self.histograms(&finished.outcome.model);
             for (stage, took) in &finished.stages {
-                self.stages
-                    .with_label_values(&[finished.outcome.model.as_str(), stage.as_str()])
-                    .observe(took.as_secs_f64());
+                let i = Stage::ALL.iter().position(|s| s == stage).unwrap_or(0);
+                histograms[i].observe(took.as_secs_f64());
             }
         }
         self.slow.offer(finished);
+    }
+
+    fn histograms(&self, model: &str) -> Arc<[Histogram; Stage::ALL.len()]> {
+        let mut by_model = self
+            .by_model
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = by_model.get(model) {
+            return Arc::clone(found);
+        }
+        let made: Arc<[Histogram; Stage::ALL.len()]> = Arc::new(
+            Stage::ALL.map(|stage| self.stages.with_label_values(&[model, stage.as_str()])),
+        );
+        by_model.insert(model.to_owned(), Arc::clone(&made));
+        made
     }
 
     pub fn slow(&self) -> &SlowRequests {
@@ -163,6 +181,7 @@ impl Metrics {
                     LATENCY_BUCKETS,
                     &["model", "stage"],
                 ),
+                by_model: std::sync::Mutex::new(HashMap::new()),
                 slow: SlowRequests::default(),
             }),
             request_rows: histogram(

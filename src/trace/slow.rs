@@ -5,8 +5,10 @@
 //! minute, with its stages, for as long as requests come.
 //!
 //! Cheap on the hot path: a request no slower than the slowest kept of the current window is turned away by a few
-//! atomic loads, without the lock.
+//! atomic loads, without the lock; one that is kept replaces the fastest kept in logarithmic time.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,8 +25,8 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 struct Windows {
     /// When the current window began.
     began: Instant,
-    /// The current window's slowest, unordered, at most `keep`.
-    current: Vec<Finished>,
+    /// The current window's slowest, at most `keep`, the fastest of them on top.
+    current: BinaryHeap<Reverse<ByTotal>>,
     /// The window before it.
     previous: Vec<Finished>,
 }
@@ -58,7 +60,7 @@ impl SlowRequests {
         SlowRequests {
             windows: Mutex::new(Windows {
                 began: now,
-                current: Vec::new(),
+                current: BinaryHeap::new(),
                 previous: Vec::new(),
             }),
             origin: now,
@@ -98,7 +100,10 @@ impl SlowRequests {
                 let passed =
                     request.at.saturating_duration_since(w.began).as_nanos() / WINDOW.as_nanos();
                 let passed = u32::try_from(passed).unwrap_or(u32::MAX);
-                let finished = std::mem::take(&mut w.current);
+                let finished: Vec<Finished> = std::mem::take(&mut w.current)
+                    .into_iter()
+                    .map(|Reverse(ByTotal(f))| f)
+                    .collect();
                 ended = finished
                     .iter()
                     .max_by_key(|f| f.total)
@@ -110,16 +115,14 @@ impl SlowRequests {
                 self.window_end_ns.store(end, Ordering::Relaxed);
                 self.floor_ns.store(0, Ordering::Relaxed);
             }
-            w.current.push(request);
+            w.current.push(Reverse(ByTotal(request)));
             while w.current.len() > keep {
-                let fastest = (0..w.current.len())
-                    .min_by_key(|&i| w.current[i].total)
-                    .unwrap_or(0);
-                w.current.swap_remove(fastest);
+                w.current.pop();
             }
-            if w.current.len() == keep {
-                let floor = w.current.iter().map(|f| f.total).min().unwrap_or_default();
-                self.floor_ns.store(nanos(floor), Ordering::Relaxed);
+            if w.current.len() == keep
+                && let Some(Reverse(ByTotal(fastest))) = w.current.peek()
+            {
+                self.floor_ns.store(nanos(fastest.total), Ordering::Relaxed);
             }
             ended
         };
@@ -134,6 +137,7 @@ impl SlowRequests {
         let mut all: Vec<Finished> = w
             .current
             .iter()
+            .map(|Reverse(ByTotal(f))| f)
             .chain(&w.previous)
             .filter(|f| now.saturating_duration_since(f.at) <= WINDOW)
             .cloned()
@@ -141,6 +145,30 @@ impl SlowRequests {
         all.sort_by_key(|f| std::cmp::Reverse(f.total));
         all.truncate(self.keep());
         all
+    }
+}
+
+/// A finished request, ordered by its time alone.
+#[derive(Debug)]
+struct ByTotal(Finished);
+
+impl PartialEq for ByTotal {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.total == other.0.total
+    }
+}
+
+impl Eq for ByTotal {}
+
+impl PartialOrd for ByTotal {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByTotal {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total.cmp(&other.0.total)
     }
 }
 
