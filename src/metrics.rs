@@ -53,6 +53,7 @@ pub struct Metrics {
     batches: IntCounterVec,
     queue_depth: IntGaugeVec,
     admission_margin: GaugeVec,
+    batch_cost: GaugeVec,
     execution: HistogramVec,
     estimate_ratio: HistogramVec,
     gpu_memory: IntGaugeVec,
@@ -268,6 +269,16 @@ impl Metrics {
                 &["model"],
             )
             .expect("metric definitions are static and valid"),
+            batch_cost: GaugeVec::new(
+                Opts::new(
+                    "recserve_batch_cost_seconds",
+                    "The line through the measured batch times against their rows that batching decides by: \
+                     part=\"fixed\" its intercept (what running two batches as one saves), part=\"row\" its slope \
+                     (what one more row adds).",
+                ),
+                &["model", "part"],
+            )
+            .expect("metric definitions are static and valid"),
             execution: histogram(
                 "recserve_batch_execution_seconds",
                 "Time to execute one batch (gather and inference of the padded batch).",
@@ -448,7 +459,7 @@ impl Metrics {
                 &["model"],
             ),
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 51] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 52] = [
             Box::new(m.requests.clone()),
             Box::new(m.request_duration.clone()),
             Box::new(m.traces.stages.clone()),
@@ -469,6 +480,7 @@ impl Metrics {
             Box::new(m.batches.clone()),
             Box::new(m.queue_depth.clone()),
             Box::new(m.admission_margin.clone()),
+            Box::new(m.batch_cost.clone()),
             Box::new(m.execution.clone()),
             Box::new(m.estimate_ratio.clone()),
             Box::new(m.topk_duration.clone()),
@@ -576,6 +588,8 @@ impl Metrics {
             expired: self.expired.with_label_values(&[model]),
             abandoned: self.abandoned.with_label_values(&[model]),
             admission_margin: self.admission_margin.with_label_values(&[model]),
+            fixed_cost: self.batch_cost.with_label_values(&[model, "fixed"]),
+            row_cost: self.batch_cost.with_label_values(&[model, "row"]),
             rejected: self.rejected.clone(),
         }
     }

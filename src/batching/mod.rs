@@ -131,6 +131,9 @@ pub struct BatchMetrics {
     pub expired: IntCounter,
     pub abandoned: IntCounter,
     pub admission_margin: Gauge,
+    /// `recserve_batch_cost_seconds`: the estimator's line, which taking and waiting decide by.
+    pub fixed_cost: Gauge,
+    pub row_cost: Gauge,
     /// `recserve_rejected_total` by model and reason.
     pub rejected: IntCounterVec,
 }
@@ -193,6 +196,9 @@ impl<W: Work> Batcher<W> {
         metrics: BatchMetrics,
     ) -> std::io::Result<Batcher<W>> {
         let niceness = config.executor_niceness;
+        let (fixed, per_row) = estimator.line();
+        metrics.fixed_cost.set(fixed.as_secs_f64());
+        metrics.row_cost.set(per_row.as_secs_f64());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 policy: Policy::new(config, executors.len()),
@@ -519,6 +525,9 @@ fn execute<E: BatchExecutor>(
     // executor thread waited for a core, which a CPU-bound server under overload makes large.
     let took = done.saturating_duration_since(closed_at);
     shared.estimator.observe(bucket, took);
+    let (fixed, per_row) = shared.estimator.line();
+    metrics.fixed_cost.set(fixed.as_secs_f64());
+    metrics.row_cost.set(per_row.as_secs_f64());
     if !estimate.is_zero() {
         metrics
             .estimate_ratio
