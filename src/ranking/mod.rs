@@ -285,7 +285,7 @@ impl RankingModel {
             executors,
             ctx.metrics.batching(&mv.name),
         )
-        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the batcher threads: {e}")))?;
+        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the executor threads: {e}")))?;
         Ok(RankingModel {
             contract,
             store,

@@ -692,7 +692,7 @@ impl RecallModel {
             executors,
             ctx.metrics.batching(&mv.name),
         )
-        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the batcher threads: {e}")))?;
+        .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the executor threads: {e}")))?;
         Ok(RecallModel {
             contract,
             tables,
