@@ -155,6 +155,58 @@ async fn a_body_announced_over_the_limit_is_refused_before_100_continue() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// A request the service refuses before it needs the body (an unknown model, an operation the model does not do,
+/// an unreadable deadline) is answered before its body is read, on every HTTP route: a client waiting for
+/// `100 Continue` is answered instead, and one that sends its body unasked is answered before the body is complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_its_body_is_answered_without_reading_it() {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    let refusals: [(&str, &[&str], u16, &str); 5] = [
+        ("/v1/models/nope/rank", &[], 404, "model \"nope\""),
+        ("/v1/models/lightgcn/rank", &[], 400, "lightgcn"),
+        ("/v1/models/deepfm-int8/recall", &[], 400, "deepfm-int8"),
+        ("/v2/models/nope/infer", &[], 404, "model \"nope\""),
+        (
+            RANK,
+            &["x-recserve-deadline-ms: soon"],
+            400,
+            "x-recserve-deadline-ms",
+        ),
+    ];
+    for (path, extra, status, names) in refusals {
+        let mut headers = vec!["Content-Length: 100000", "Content-Type: application/json"];
+        headers.extend_from_slice(extra);
+
+        // Waiting for `100 Continue`: the refusal is the first and only answer.
+        let mut waiting = headers.clone();
+        waiting.push("Expect: 100-continue");
+        let r = exchange(server.addr, &request("POST", path, &waiting, b""))
+            .await
+            .expect("an answer");
+        assert_eq!(r.status, status, "{path} {extra:?}: {}", r.error());
+        assert!(r.error().contains(names), "{path}: {}", r.error());
+        assert_eq!(r.header("connection"), Some("close"), "{path}");
+
+        // Sending the body unasked: the answer comes with 99,990 bytes of it still to send.
+        let mut stream = tokio::net::TcpStream::connect(server.addr)
+            .await
+            .expect("connect");
+        let mut bytes = request("POST", path, &headers, b"");
+        bytes.extend_from_slice(b"{\"rows\": [");
+        stream.write_all(&bytes).await.expect("head");
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            common::raw::read_response(&mut stream),
+        )
+        .await
+        .expect("answered before the body is complete")
+        .expect("an answer");
+        assert_eq!(r.status, status, "{path} {extra:?}: {}", r.error());
+    }
+    server.stop().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_bodies_are_refused_alike_on_every_route() {
     let server = TestServer::start(config(&fixture_repo(), |_| {})).await;

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use recserve::api::v1::rank_body::decode_rank;
 use recserve::config::Config;
-use recserve::embedding;
 use recserve::error::LoadError;
-use recserve::executor::{DenseGraph, GraphShape, Runtime, RuntimeError, Worker};
+use recserve::executor::{Runtime, RuntimeError, Worker};
 use recserve::gpu::{self, GpuError};
 use recserve::metrics::Metrics;
 use recserve::ranking::{RankContract, RankInput};
@@ -207,17 +206,14 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             ))
         })?;
     let spec = Arc::new(repository::read_spec(&mv.dir)?);
-    let graph_spec = match (&spec.kind, &spec.dense_graph) {
-        (ModelKind::Deepfm, Some(g)) => g,
-        _ => {
-            return Err(CeilingError::Invalid(format!(
-                "model {:?} is not a deepfm model with a dense graph",
-                options.model
-            )));
-        }
-    };
+    if spec.kind != ModelKind::Deepfm || spec.dense_graph.is_none() {
+        return Err(CeilingError::Invalid(format!(
+            "model {:?} is not a deepfm model with a dense graph",
+            options.model
+        )));
+    }
 
-    // The server's wiring of a ranking model (recserve::ranking::RankingModel::load), without its batcher.
+    // The server's own wiring of a ranking model's executors, without its batcher.
     let runtime = Runtime::load(&config.ort_library)?;
     let placement = gpu::select(config.device)?;
     let ctx = LoadContext::new(config, runtime, Metrics::new(), placement);
@@ -234,31 +230,8 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
     }
     let store = recserve::ranking::open_store(&ctx, mv, &spec)?;
     let contract = RankContract::new(Arc::clone(&spec), options.candidates);
-    let shape = GraphShape {
-        fields: contract.fields(),
-        dim: spec.field_dim(),
-        dense: contract.dense_features,
-    };
-    let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
-    let metrics = ctx.metrics.model(&mv.name, store.device());
-    let mut workers = Vec::with_capacity(ctx.executors);
-    for executor in 0..ctx.executors {
-        let lane = embedding::lane(&store, executor)
-            .map_err(|e| CeilingError::Execute(format!("executor {executor}: {e}")))?;
-        let session = ctx.session.on_device(lane.cuda_device());
-        batching.pad |= lane.cuda_device().is_some();
-        let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &session)?;
-        let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
-        // As recserve::ranking::RankingModel::load wires it.
-        if ctx.gather_user_once {
-            worker = worker.with_user_columns(&contract.user_fields);
-        }
-        if let Some(split) = recserve::ranking::split_graph(&ctx, mv, graph_spec, shape, &session)?
-        {
-            worker = worker.with_split(split, &contract.user_fields);
-        }
-        workers.push(worker);
-    }
+    let shape = contract.shape();
+    let mut workers = recserve::ranking::open_workers(&ctx, mv, &store, &contract, &mut batching)?;
 
     let workload = RankWorkload::new(
         RankSchema::from_spec(&mv.name, &spec)?,

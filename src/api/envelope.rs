@@ -4,17 +4,18 @@
 
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::{Echo, ServiceError};
-use crate::service::{ModelRequest, Operation, Protocol};
-use crate::trace::{self, Stage};
+use crate::service::{ModelRequest, Operation, Protocol, RequestBody};
+use crate::trace;
 
 /// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
 #[derive(Debug, Deserialize)]
@@ -24,9 +25,8 @@ pub struct ModelPath {
 }
 
 impl ModelPath {
-    /// What the service's envelope needs of an HTTP request for this model, read now that its body is in: its
-    /// arrival (its first byte) and the deadline header. `deadline_in_body`: the body may set a deadline of its
-    /// own (KServe's `timeout`).
+    /// What the service needs of an HTTP request for this model before its body: its arrival (its first byte) and
+    /// the deadline header. `deadline_in_body`: the body may set a deadline of its own (KServe's `timeout`).
     pub fn request(
         &self,
         protocol: Protocol,
@@ -34,7 +34,7 @@ impl ModelPath {
         headers: &HeaderMap,
         deadline_in_body: bool,
     ) -> ModelRequest<'_> {
-        let arrival = read_at_arrival();
+        let arrival = trace::arrival();
         ModelRequest {
             protocol,
             operation,
@@ -45,13 +45,6 @@ impl ModelPath {
             deadline_in_body,
         }
     }
-}
-
-/// Ends the current request's [`Stage::Read`] (its body is in) and returns when its first byte arrived: the
-/// instant its deadline and duration count from.
-pub fn read_at_arrival() -> Instant {
-    trace::mark(Stage::Read);
-    trace::arrival()
 }
 
 /// The HTTP status of a service error ([`ServiceError::http_status`], the one mapping).
@@ -95,7 +88,99 @@ pub fn error_response(error: &ServiceError) -> Response {
     response
 }
 
-/// The body, or why it could not be read (larger than `limit`, too slow to arrive, cut short).
+/// An HTTP request's body, unread until the service admits the request.
+#[derive(Debug)]
+pub struct HttpBody {
+    body: Option<Body>,
+    limit: usize,
+    /// The client waits for `100 Continue` before it sends the body (hyper sends it at the first read).
+    expects_continue: bool,
+}
+
+impl HttpBody {
+    pub fn new(headers: &HeaderMap, body: Body, limit: usize) -> HttpBody {
+        HttpBody {
+            body: Some(body),
+            limit,
+            expects_continue: expects_continue(headers),
+        }
+    }
+
+    /// The response to the request: `result`'s, or its error's ([`error_response`]), saying `Connection: close`
+    /// when the request was refused before a client that waits for `100 Continue` sent its body.
+    pub fn respond(&self, result: Result<Response, ServiceError>) -> Response {
+        result.unwrap_or_else(|e| {
+            let mut response = error_response(&e);
+            if self.body.is_none() || !self.expects_continue {
+                return response;
+            }
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        })
+    }
+}
+
+impl RequestBody for HttpBody {
+    type Read = Bytes;
+
+    async fn read(&mut self) -> Result<Bytes, ServiceError> {
+        let body = self
+            .body
+            .take()
+            .ok_or_else(|| ServiceError::Internal("a request body read twice".into()))?;
+        read_body(body, self.limit).await
+    }
+
+    fn refused(&mut self) {
+        if !self.expects_continue
+            && let Some(body) = self.body.take()
+        {
+            refuse_unread(body, self.limit);
+        }
+    }
+}
+
+/// Whether a request's client waits for `100 Continue` before it sends its body.
+pub fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// What is done with the body of a request refused before it was read, from a client that did not wait for
+/// `100 Continue` and may be sending it now: it is read (up to `limit` bytes) and dropped while the answer goes
+/// out, so that the client reads the answer rather than a connection reset.
+pub fn refuse_unread(body: Body, limit: usize) {
+    tokio::spawn(async move {
+        let mut body = body;
+        let mut read = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, |d| d.len());
+            if read > limit {
+                break;
+            }
+        }
+    });
+}
+
+/// The body whole, or why it could not be read (larger than `limit`, too slow to arrive, cut short).
+pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ServiceError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) => Err(if error.downcast_ref::<LengthLimitError>().is_some() {
+            ServiceError::PayloadTooLarge { limit }
+        } else if let Some(found) = service_error_in(&*error) {
+            // The body's own error ([`super::timed_body`]: it did not arrive in time).
+            found
+        } else {
+            ServiceError::Malformed(format!("Failed to buffer the request body: {error}"))
+        }),
+    }
+}
+
+/// The body of a route that reads it before anything else (the repository API), or why it could not be read.
 pub fn body_bytes(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
@@ -112,9 +197,9 @@ pub fn body_bytes(
     })
 }
 
-/// The first [`ServiceError`] among `error`'s sources.
+/// The first [`ServiceError`] among `error` and its sources.
 fn service_error_in(error: &(dyn std::error::Error + 'static)) -> Option<ServiceError> {
-    let mut source = error.source();
+    let mut source = Some(error);
     while let Some(e) = source {
         if let Some(found) = e.downcast_ref::<ServiceError>() {
             return Some(found.clone());

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::envelope::error_body;
+use super::envelope::{error_body, expects_continue, refuse_unread};
 use crate::error::ServiceError;
 
 /// Longest request target (path and query) accepted, in bytes.
@@ -30,10 +30,7 @@ pub const HYPER_MAX_HEADERS: usize = 4096;
 
 /// The middleware: refuses a request that breaks one of the bounds above, else runs the route.
 pub async fn check(State(max_body_bytes): State<usize>, request: Request, next: Next) -> Response {
-    let expects_continue = request
-        .headers()
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects_continue = expects_continue(request.headers());
     let refused = refusal(
         request.uri(),
         request.headers(),
@@ -50,9 +47,7 @@ pub async fn check(State(max_body_bytes): State<usize>, request: Request, next: 
                 axum::http::HeaderValue::from_static("close"),
             );
         } else {
-            // The client may be sending its body now: read it (up to the limit) while the answer goes out, so
-            // that the client reads the answer rather than a connection reset.
-            tokio::spawn(discard(request.into_body(), max_body_bytes));
+            refuse_unread(request.into_body(), max_body_bytes);
         }
         return response;
     }
@@ -63,19 +58,6 @@ pub async fn check(State(max_body_bytes): State<usize>, request: Request, next: 
         return method_not_allowed(&method, &path, response);
     }
     response
-}
-
-/// Reads and drops up to `limit` bytes of `body`.
-async fn discard(body: axum::body::Body, limit: usize) {
-    use http_body_util::BodyExt;
-    let mut body = body;
-    let mut read = 0;
-    while let Some(Ok(frame)) = body.frame().await {
-        read += frame.data_ref().map_or(0, |d| d.len());
-        if read > limit {
-            break;
-        }
-    }
 }
 
 /// Why `uri` and `headers` are refused, if they are.

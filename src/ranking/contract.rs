@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::batching::QueueFit;
 use crate::error::{Echo, ServiceError};
+use crate::executor::GraphShape;
 use crate::repository::{ModelSpec, OovPolicy, Side};
 
 /// Validated rows to score: `ids` is `[rows, fields]` in graph order, `dense` is `[rows, dense_features]`.
@@ -86,6 +87,15 @@ impl RankContract {
 
     pub fn fields(&self) -> usize {
         self.spec.fields.len()
+    }
+
+    /// The shape of the dense graph's inputs this contract feeds.
+    pub fn shape(&self) -> GraphShape {
+        GraphShape {
+            fields: self.fields(),
+            dim: self.spec.field_dim(),
+            dense: self.dense_features,
+        }
     }
 
     pub fn field_index(&self, name: &str) -> Option<usize> {

@@ -185,6 +185,47 @@ pub fn split_graph(
     }
 }
 
+/// The executor workers of a ranking model, one per `--executors`, each with its lane of `store` and its own session
+/// of the dense graph, wired as the model's settings say (the user side gathered once, the split graph): what
+/// [`RankingModel::load`] warms up and hands its batcher, and what the in-process ceiling (`recload ceiling`)
+/// measures. Marks `batching` padded when an executor runs on a GPU.
+pub fn open_workers(
+    ctx: &LoadContext,
+    mv: &ModelVersion,
+    store: &Arc<dyn EmbeddingStore>,
+    contract: &RankContract,
+    batching: &mut BatchConfig,
+) -> Result<Vec<Worker>, LoadError> {
+    let spec = &contract.spec;
+    let graph_spec = spec.dense_graph.as_ref().ok_or_else(|| {
+        LoadError::new(
+            &mv.dir.join("model.toml"),
+            "a deepfm model needs [dense_graph]",
+        )
+    })?;
+    let shape = contract.shape();
+    let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
+    let metrics = ctx.metrics.model(&mv.name, store.device());
+    let mut workers = Vec::with_capacity(ctx.executors);
+    for executor in 0..ctx.executors {
+        let lane = embedding::lane(store, executor).map_err(|e| {
+            LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
+        })?;
+        let options = ctx.session.on_device(lane.cuda_device());
+        batching.pad |= lane.cuda_device().is_some();
+        let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
+        let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
+        if ctx.gather_user_once {
+            worker = worker.with_user_columns(&contract.user_fields);
+        }
+        if let Some(split) = split_graph(ctx, mv, graph_spec, shape, &options)? {
+            worker = worker.with_split(split, &contract.user_fields);
+        }
+        workers.push(worker);
+    }
+    Ok(workers)
+}
+
 /// A loaded DeepFM model: its embedding store, its item feature table, and the batcher in front of its executor
 /// threads.
 #[derive(Debug)]
@@ -238,32 +279,18 @@ impl RankingModel {
         let (mut batching, default_deadline) = ctx.batching.resolve(&spec.batching);
         let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates)
             .with_queue(batching.fit());
-        let shape = GraphShape {
-            fields: contract.fields(),
-            dim: spec.field_dim(),
-            dense: contract.dense_features,
-        };
+        let shape = contract.shape();
         let estimator = Estimator::new(&batching.buckets);
-        let fields: Arc<[usize]> = spec.fields.iter().map(|f| f.table).collect();
-        let metrics = ctx.metrics.model(&mv.name, store.device());
-        let request_rows = metrics.request_rows.clone();
+        let request_rows = ctx
+            .metrics
+            .model(&mv.name, store.device())
+            .request_rows
+            .clone();
         let graph_path = mv.dir.join(&graph_spec.file);
-        let mut executors = Vec::with_capacity(ctx.executors);
+        let workers = open_workers(ctx, mv, &store, &contract, &mut batching)?;
+        let mut executors = Vec::with_capacity(workers.len());
         let mut warm_up = Duration::ZERO;
-        for executor in 0..ctx.executors {
-            let lane = embedding::lane(&store, executor).map_err(|e| {
-                LoadError::new(&mv.dir, format!("cannot set up executor {executor}: {e}"))
-            })?;
-            let options = ctx.session.on_device(lane.cuda_device());
-            batching.pad |= lane.cuda_device().is_some();
-            let graph = DenseGraph::open(&ctx.runtime, &mv.dir, graph_spec, shape, &options)?;
-            let mut worker = Worker::new(graph, lane, Arc::clone(&fields), metrics.clone());
-            if ctx.gather_user_once {
-                worker = worker.with_user_columns(&contract.user_fields);
-            }
-            if let Some(split) = split_graph(ctx, mv, graph_spec, shape, &options)? {
-                worker = worker.with_split(split, &contract.user_fields);
-            }
+        for mut worker in workers {
             let started = Instant::now();
             worker
                 .warm_up(&batching.buckets, Some(&estimator))

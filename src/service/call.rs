@@ -1,17 +1,22 @@
-//! The one envelope every request goes through, whatever its protocol. A transport reads what comes before the
-//! body (the model or pipeline named, its version, the deadline the transport carries) into a [`ModelRequest`] or
-//! [`PipelineRequest`] and hands the service a closure that decodes the body and runs it. The service:
+//! The life of a request, whatever its protocol, in one function per kind ([`Service::model_call`],
+//! [`Service::pipeline_call`]). A transport reads what comes before the body (the model or pipeline named, its
+//! version, the deadline the transport carries) into a [`ModelRequest`] or [`PipelineRequest`], stamped with the
+//! request's arrival (its first byte, [`crate::trace::arrival`]), and hands the service its unread body
+//! ([`RequestBody`]) and a handler that decodes it, runs it and builds the answer. The service:
 //!
-//! 1. resolves the model (and version) or pipeline from one registry snapshot, which the call keeps to its end;
-//! 2. refuses an operation the model does not do (`/v1` rank on a recall model) before decoding the body;
-//! 3. resolves the deadline once: the transport's, else the model's default, both counted from the request's
-//!    arrival, its first byte ([`crate::trace::arrival`]; the body has been read by then, but not decoded);
-//! 4. refuses at once what the model's queue would refuse whatever the request holds (when the deadline is known
-//!    before the body: always, except for a KServe request without a transport deadline, whose body may set one),
-//!    which saves the decode, not the read;
-//! 5. runs the closure with a [`ModelCall`] or [`PipelineCall`], which scores, recalls or recommends and builds the
-//!    response;
-//! 6. records the request (`recserve_requests_total`, `recserve_request_duration_seconds` from its first byte) by
+//! 1. **resolves** the model (and version) or pipeline from one registry snapshot, which the call keeps to its end;
+//! 2. **admits** it: every refusal that does not need the body, decided once: an operation the model does not do
+//!    (`/v1` rank on a recall model), an unreadable deadline, and what the model's queue would refuse whatever the
+//!    request holds (when the deadline is known before the body: always, except for a KServe request without a
+//!    transport deadline, whose body may set one). The deadline is resolved here: the transport's, else the
+//!    model's default, both counted from the arrival;
+//! 3. **reads** the body, only once the request is admitted: a request refused before is answered without its body
+//!    being read (HTTP: a client that sent `Expect: 100-continue` never sends it; one that did not has what it sent
+//!    drained, bounded, while the answer goes out). gRPC messages are read by tonic before the service sees them,
+//!    and the model's name is inside, so for gRPC this step has nothing left to read;
+//! 4. runs the handler with a [`ModelCall`] or [`PipelineCall`]: the contract types decode and validate the body
+//!    into a typed input, the call scores, recalls or recommends it, and the transport builds its answer;
+//! 5. records the request (`recserve_requests_total`, `recserve_request_duration_seconds` from its first byte) by
 //!    model, endpoint, protocol and the HTTP status of its outcome, and notes the outcome on its trace.
 //!
 //! The transport then encodes the answer or maps the error to its status codes.
@@ -78,6 +83,39 @@ pub fn parse_version(version: Option<&str>) -> Result<Option<u64>, ServiceError>
             ServiceError::invalid("version", format!("{v:?} is not a version number"))
         }),
     }
+}
+
+/// A request's body as its transport holds it when the service admits the request: read only if the request is
+/// admitted ([`Service::model_call`]'s step 3).
+pub trait RequestBody: Send {
+    /// What reading it gives: the bytes of an HTTP body, or the message tonic has already decoded.
+    type Read: Send;
+    /// Reads it whole, within the transport's limit.
+    fn read(&mut self) -> impl Future<Output = Result<Self::Read, ServiceError>> + Send;
+    /// The request was refused before its body was read: what the transport does with the rest of it.
+    fn refused(&mut self);
+}
+
+/// A body its transport has already read (a gRPC message: its model's name is inside it).
+#[derive(Debug)]
+pub struct Received<T>(Option<T>);
+
+impl<T> Received<T> {
+    pub fn new(message: T) -> Received<T> {
+        Received(Some(message))
+    }
+}
+
+impl<T: Send> RequestBody for Received<T> {
+    type Read = T;
+
+    async fn read(&mut self) -> Result<T, ServiceError> {
+        self.0
+            .take()
+            .ok_or_else(|| ServiceError::Internal("a request body read twice".into()))
+    }
+
+    fn refused(&mut self) {}
 }
 
 /// A request for one model, as its transport read it before the body.
@@ -202,41 +240,24 @@ impl PipelineCall {
 }
 
 impl Service {
-    /// Runs a request for one model through the envelope (the module's steps 1 to 6); `run` decodes its body and
-    /// calls the model.
-    pub async fn model_call<T, F, Fut>(
+    /// The life of a request for one model (the module's steps 1 to 5): resolve, admit, read the body, run
+    /// `handle` (decode and validate, run, answer), record.
+    pub async fn model_call<B, T, F, Fut>(
         &self,
         request: ModelRequest<'_>,
-        run: F,
+        body: &mut B,
+        handle: F,
     ) -> Result<T, ServiceError>
     where
-        F: FnOnce(ModelCall) -> Fut,
+        B: RequestBody,
+        F: FnOnce(ModelCall, B::Read) -> Fut,
         Fut: Future<Output = Result<T, ServiceError>>,
     {
-        let found = self.snapshot().and_then(|models| {
-            let version = parse_version(request.version)?;
-            models.get(request.model, version).cloned()
-        });
-        let result = match &found {
-            Ok(model) => {
-                async {
-                    let transport = request.deadline?;
-                    model.check_operation(request.operation)?;
-                    let deadline =
-                        Deadline::new(transport, request.arrival, model.model.default_deadline());
-                    if transport.is_some() || !request.deadline_in_body {
-                        model.model.precheck(deadline.at)?;
-                    }
-                    run(ModelCall {
-                        model: Arc::clone(model),
-                        deadline,
-                    })
-                    .await
-                }
-                .await
-            }
-            Err(e) => Err(e.clone()),
-        };
+        let found = self.resolve_model(request.model, request.version);
+        let admitted = found
+            .clone()
+            .and_then(|model| admit_model(&model, &request));
+        let result = read_and_run(admitted, body, handle).await;
         let (label, endpoint) = match (&found, request.operation) {
             (Ok(m), Operation::Infer) => (m.name.as_str(), m.model.operation().endpoint()),
             (Ok(m), operation) => (m.name.as_str(), operation.endpoint()),
@@ -246,43 +267,27 @@ impl Service {
         result
     }
 
-    /// Runs a recommend request through the envelope: both models from one snapshot, the queue of the ranking
-    /// model (then of the recall model) checked before the body is read, one deadline for both stages (without
-    /// one from the transport, the ranking model's default).
-    pub async fn pipeline_call<T, F, Fut>(
+    /// The life of a recommend request, as [`Service::model_call`]'s: both models resolved from one snapshot, one
+    /// deadline for both stages (without one from the transport, the ranking model's default).
+    pub async fn pipeline_call<B, T, F, Fut>(
         &self,
         request: PipelineRequest<'_>,
-        run: F,
+        body: &mut B,
+        handle: F,
     ) -> Result<T, ServiceError>
     where
-        F: FnOnce(PipelineCall) -> Fut,
+        B: RequestBody,
+        F: FnOnce(PipelineCall, B::Read) -> Fut,
         Fut: Future<Output = Result<T, ServiceError>>,
     {
         let found = self.snapshot().and_then(|models| {
             let pipeline = self.pipeline(request.pipeline)?;
             ResolvedPipeline::new(&pipeline, &models)
         });
-        let result = match &found {
-            Ok(resolved) => {
-                async {
-                    let transport = request.deadline?;
-                    let ranking = &resolved.ranking.model;
-                    let deadline =
-                        Deadline::new(transport, request.arrival, ranking.default_deadline());
-                    // Under overload the ranking model refuses most requests: refuse before spending a recall on
-                    // one that its queue would turn away whatever the number of candidates.
-                    ranking.precheck(deadline.at)?;
-                    resolved.recall.model.precheck(deadline.at)?;
-                    run(PipelineCall {
-                        pipeline: resolved.clone(),
-                        deadline,
-                    })
-                    .await
-                }
-                .await
-            }
-            Err(e) => Err(e.clone()),
-        };
+        let admitted = found
+            .clone()
+            .and_then(|resolved| admit_pipeline(&resolved, &request));
+        let result = read_and_run(admitted, body, handle).await;
         // The `model` label of recommend requests is the pipeline's name (bounded: pipelines come from the config).
         let label = match &found {
             Ok(p) => p.pipeline.name.as_str(),
@@ -296,6 +301,17 @@ impl Service {
             request.arrival,
         );
         result
+    }
+
+    /// The model and version a request names, from the serving snapshot.
+    fn resolve_model(
+        &self,
+        model: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<ServedModel>, ServiceError> {
+        let models = self.snapshot()?;
+        let version = parse_version(version)?;
+        models.get(model, version).cloned()
     }
 
     fn record<T>(
@@ -327,6 +343,66 @@ impl Service {
             });
         });
     }
+}
+
+/// Admits a request for `model`: every refusal that does not need its body.
+fn admit_model(
+    model: &Arc<ServedModel>,
+    request: &ModelRequest<'_>,
+) -> Result<ModelCall, ServiceError> {
+    let transport = request.deadline.clone()?;
+    model.check_operation(request.operation)?;
+    let deadline = Deadline::new(transport, request.arrival, model.model.default_deadline());
+    if transport.is_some() || !request.deadline_in_body {
+        model.model.precheck(deadline.at)?;
+    }
+    Ok(ModelCall {
+        model: Arc::clone(model),
+        deadline,
+    })
+}
+
+/// Admits a recommend request: under overload the ranking model refuses most requests, so it is asked first,
+/// before a recall is spent on one that its queue would turn away whatever the number of candidates.
+fn admit_pipeline(
+    resolved: &ResolvedPipeline,
+    request: &PipelineRequest<'_>,
+) -> Result<PipelineCall, ServiceError> {
+    let transport = request.deadline.clone()?;
+    let ranking = &resolved.ranking.model;
+    let deadline = Deadline::new(transport, request.arrival, ranking.default_deadline());
+    ranking.precheck(deadline.at)?;
+    resolved.recall.model.precheck(deadline.at)?;
+    Ok(PipelineCall {
+        pipeline: resolved.clone(),
+        deadline,
+    })
+}
+
+/// The rest of an admitted request's life: its body read, then `handle` run on it (decode and validate, run,
+/// answer). A request refused before is answered without its body being read: the transport deals with the rest.
+/// The read stage of its trace ends here either way.
+async fn read_and_run<B, C, T, F, Fut>(
+    admitted: Result<C, ServiceError>,
+    body: &mut B,
+    handle: F,
+) -> Result<T, ServiceError>
+where
+    B: RequestBody,
+    F: FnOnce(C, B::Read) -> Fut,
+    Fut: Future<Output = Result<T, ServiceError>>,
+{
+    let call = match admitted {
+        Ok(call) => call,
+        Err(e) => {
+            body.refused();
+            trace::mark(Stage::Read);
+            return Err(e);
+        }
+    };
+    let read = body.read().await;
+    trace::mark(Stage::Read);
+    handle(call, read?).await
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 
 pub use call::{
-    ModelCall, ModelRequest, Operation, PipelineCall, PipelineRequest, Protocol, parse_version,
+    ModelCall, ModelRequest, Operation, PipelineCall, PipelineRequest, Protocol, Received,
+    RequestBody, parse_version,
 };
 pub use lifecycle::IndexEntry;
 pub use model::{Model, Models, ResolvedPipeline, ServedModel};

@@ -14,9 +14,9 @@ use super::{
     Datatype, EXTENSIONS, InferRequest, InferResponse, InputTensor, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, Typed,
 };
-use crate::api::envelope::read_at_arrival;
 use crate::error::ServiceError;
-use crate::service::{ModelRequest, Operation, Protocol, Readiness, Service};
+use crate::service::{ModelRequest, Operation, Protocol, Readiness, Received, Service};
+use crate::trace;
 
 /// The code generated from `proto/grpc_predict_v2.proto`.
 pub mod proto {
@@ -446,7 +446,7 @@ impl GrpcInferenceService for Inference {
         &self,
         request: Request<proto::ModelInferRequest>,
     ) -> Result<Response<proto::ModelInferResponse>, Status> {
-        let arrival = read_at_arrival();
+        let arrival = trace::arrival();
         let (metadata, _, mut request) = request.into_parts();
         let model = std::mem::take(&mut request.model_name);
         let version = std::mem::take(&mut request.model_version);
@@ -460,12 +460,16 @@ impl GrpcInferenceService for Inference {
             deadline_in_body: true,
         };
         self.service
-            .model_call(envelope, |mut call| async move {
-                let (request, raw) = decode(request)?;
-                call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
-                let response = super::infer(&call, request).await?;
-                Ok(encode(response, raw))
-            })
+            .model_call(
+                envelope,
+                &mut Received::new(request),
+                |mut call, request| async move {
+                    let (request, raw) = decode(request)?;
+                    call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
+                    let response = super::infer(&call, request).await?;
+                    Ok(encode(response, raw))
+                },
+            )
             .await
             .map(Response::new)
             .map_err(|e| status(&e))

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -19,7 +18,7 @@ use super::{
     EXTENSIONS, InferRequest, InferResponse, InputTensor, ModelMetadata, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, TensorSpec,
 };
-use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
+use crate::api::envelope::{HttpBody, ModelPath, error_response, parse_json};
 use crate::error::ServiceError;
 use crate::service::{Operation, Protocol, Readiness, Service};
 
@@ -448,21 +447,20 @@ async fn infer(
     State(service): State<Arc<Service>>,
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let max_body_bytes = service.limits.max_body_bytes;
     let request = path.request(Protocol::V2Http, Operation::Infer, &headers, true);
     let arrival = request.arrival;
-    service
-        .model_call(request, |mut call| async move {
-            let body = body_bytes(body, max_body_bytes)?;
+    let mut body = HttpBody::new(&headers, body, service.limits.max_body_bytes);
+    let result = service
+        .model_call(request, &mut body, |mut call, body| async move {
             let (request, binary_outputs) = decode(&headers, body)?;
             call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
             let response = super::infer(&call, request).await?;
             encode(&response, &binary_outputs)
         })
-        .await
-        .unwrap_or_else(|e| error_response(&e))
+        .await;
+    body.respond(result)
 }
 
 #[cfg(test)]

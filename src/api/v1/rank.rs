@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -14,7 +13,7 @@ use axum::routing::post;
 use serde::{Deserialize, Serialize};
 
 use super::rank_body::{RankBody, decode_rank};
-use crate::api::envelope::{ModelPath, body_bytes, error_response};
+use crate::api::envelope::{HttpBody, ModelPath};
 use crate::ranking::best_first;
 use crate::service::{Operation, Protocol, Service};
 
@@ -29,14 +28,13 @@ async fn rank(
     State(service): State<Arc<Service>>,
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let max_body_bytes = service.limits.max_body_bytes;
     let request = path.request(Protocol::V1, Operation::Rank, &headers, false);
-    service
-        .model_call(request, |call| async move {
+    let mut body = HttpBody::new(&headers, body, service.limits.max_body_bytes);
+    let result = service
+        .model_call(request, &mut body, |call, body| async move {
             let contract = &call.ranking()?.contract;
-            let body = body_bytes(body, max_body_bytes)?;
             let RankBody {
                 input,
                 candidate_ids,
@@ -52,8 +50,8 @@ async fn rank(
             ))
             .into_response())
         })
-        .await
-        .unwrap_or_else(|e| error_response(&e))
+        .await;
+    body.respond(result)
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::{Deserialize, Serialize};
 
-use crate::api::envelope::{ModelPath, body_bytes, error_response, parse_json};
+use crate::api::envelope::{HttpBody, ModelPath, parse_json};
 use crate::error::ServiceError;
 use crate::recall::{RecallInput, RecallQuery, Recalled, SearchRequest};
 use crate::service::{Operation, Protocol, Service};
@@ -28,13 +27,12 @@ async fn recall(
     State(service): State<Arc<Service>>,
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let max_body_bytes = service.limits.max_body_bytes;
     let request = path.request(Protocol::V1, Operation::Recall, &headers, false);
-    service
-        .model_call(request, |call| async move {
-            let body = body_bytes(body, max_body_bytes)?;
+    let mut body = HttpBody::new(&headers, body, service.limits.max_body_bytes);
+    let result = service
+        .model_call(request, &mut body, |call, body| async move {
             let default_k = call.recall_model()?.contract.default_k;
             let input = recall_input(parse_json(&body)?, default_k)?;
             call.recall_model()?.contract.check_reply(1, input.k, "k")?;
@@ -49,8 +47,8 @@ async fn recall(
             ))
             .into_response())
         })
-        .await
-        .unwrap_or_else(|e| error_response(&e))
+        .await;
+    body.respond(result)
 }
 
 /// `POST /v1/models/{model}/recall`.

@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -15,13 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use super::UserSide;
 use super::recall::{recall_query, search_request};
-use crate::api::envelope::{
-    body_bytes, deadline_header, error_response, parse_json, read_at_arrival,
-};
+use crate::api::envelope::{HttpBody, deadline_header, parse_json};
 use crate::error::ServiceError;
 use crate::pipeline::{RecommendInput, Recommendation};
 use crate::ranking::RankContract;
 use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, Service};
+use crate::trace;
 
 /// The routes, for [`super::routes`].
 pub fn routes() -> Router<Arc<Service>> {
@@ -34,25 +32,24 @@ async fn recommend(
     State(service): State<Arc<Service>>,
     Path(pipeline): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let arrival = read_at_arrival();
-    let max_body_bytes = service.limits.max_body_bytes;
+    let arrival = trace::arrival();
     let request = PipelineRequest {
         protocol: Protocol::V1,
         pipeline: &pipeline,
         arrival,
         deadline: deadline_header(&headers, arrival),
     };
-    service
-        .pipeline_call(request, |call| async move {
-            let body = body_bytes(body, max_body_bytes)?;
+    let mut body = HttpBody::new(&headers, body, service.limits.max_body_bytes);
+    let result = service
+        .pipeline_call(request, &mut body, |call, body| async move {
             let (input, timings) = recommend_input(&call.pipeline, parse_json(&body)?)?;
             let answer = call.recommend(input).await?;
             Ok(axum::Json(recommend_response(&call.pipeline, &answer, timings)).into_response())
         })
-        .await
-        .unwrap_or_else(|e| error_response(&e))
+        .await;
+    body.respond(result)
 }
 
 async fn list_pipelines(State(service): State<Arc<Service>>) -> Response {
