@@ -11,9 +11,9 @@ use prometheus::IntCounter;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Zipf};
-use recserve::embedding::{CpuStore, EmbeddingStore};
-use recserve::repository::{OovPolicy, Storage};
-use recserve::testing::tables::{TestTable, write_tables};
+use recserve_core::embedding::{CpuStore, EmbeddingStore};
+use recserve_core::repository::{OovPolicy, Storage};
+use recserve_core::testing::tables::{TestTable, write_tables};
 
 const DIM: usize = 16;
 const FIELDS: usize = 26;

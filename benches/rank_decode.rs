@@ -17,10 +17,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use recserve::api::v1::rank_body::{self, RankBody};
-use recserve::error::ServiceError;
-use recserve::ranking::RankContract;
-use recserve::repository::ModelSpec;
 use recserve::testing::rank_reference::{self, to_columnar};
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::RankContract;
+use recserve_core::repository::ModelSpec;
 use serde_json::Value;
 
 /// A rank body decoder.

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use recserve::recall::{Catalogue, Isa, SearchQuery, SearchScratch};
-use recserve::repository::{OovPolicy, Storage, TableSpec};
+use recserve_core::recall::{Catalogue, Isa, SearchQuery, SearchScratch};
+use recserve_core::repository::{OovPolicy, Storage, TableSpec};
 
 const K: usize = 100;
 const DIM: usize = 64;

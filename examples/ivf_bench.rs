@@ -15,12 +15,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use recserve::embedding::cpu::decode_row;
-use recserve::embedding::{Preload, open_tables};
-use recserve::recall::{
+use recserve_core::embedding::cpu::decode_row;
+use recserve_core::embedding::{Preload, open_tables};
+use recserve_core::recall::{
     Catalogue, IvfScratch, Probe, Scored, SearchQuery, SearchScratch, open_index,
 };
-use recserve::repository::read_spec;
+use recserve_core::repository::read_spec;
 use serde_json::json;
 
 struct Options {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use prometheus::IntCounter;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use recserve::embedding::remote::redis::{RedisCluster, row_key};
+use recserve_core::embedding::remote::redis::{RedisCluster, row_key};
 use serde_json::json;
 
 #[path = "support/cluster.rs"]

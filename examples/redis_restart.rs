@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
-use recserve::embedding::remote::redis::{RedisCluster, row_key};
+use recserve_core::embedding::remote::redis::{RedisCluster, row_key};
 use serde_json::json;
 
 #[path = "support/cluster.rs"]

@@ -35,11 +35,11 @@ build() {
   python -m recserve_models fixture --out "$pack/test-fixture" >/dev/null
   local json
   json=$(mktemp)
-  cargo test --release --features cuda --no-run --lib --test gpu --test rank \
+  cargo test --release --features recserve/cuda --no-run -p recserve-core -p recserve --lib --test gpu --test rank \
     --message-format=json-render-diagnostics >"$json"
   python - "$json" "$pack/bin" <<'PY'
 import json, shutil, sys
-names = {"recserve": "recserve-lib-tests", "gpu": "gpu-e2e", "rank": "rank-e2e"}
+names = {"recserve_core": "core-lib-tests", "gpu": "gpu-e2e", "rank": "rank-e2e"}
 found = {}
 for line in open(sys.argv[1]):
     msg = json.loads(line)
@@ -97,7 +97,7 @@ run() {
   local out_dir="${OUT:-$pack}"
   mkdir -p "$out_dir"
   local report="$out_dir/gpu-check.txt"
-  if [ ! -x "$pack/bin/recserve-lib-tests" ]; then
+  if [ ! -x "$pack/bin/core-lib-tests" ]; then
     echo "gpu-check: $pack/bin is missing; run scripts/gpu-check.sh build on a machine with Rust first" >&2
     exit 2
   fi
@@ -129,12 +129,12 @@ run() {
     echo "ONNX Runtime library: ${ort:-not found}"
     echo "NVRTC directory: ${nvrtc_dir:-system library path}"
     local bin="$pack/bin"
-    step "kernels and GPU unit tests" "$bin/recserve-lib-tests" gpu:: --test-threads 1
-    step "device tests (parity)" "$bin/recserve-lib-tests" --ignored --exact \
+    step "kernels and GPU unit tests" "$bin/core-lib-tests" gpu:: --test-threads 1
+    step "device tests (parity)" "$bin/core-lib-tests" --ignored --exact \
       gpu::cuda::device_tests::gpu_gather_equals_the_reference_for_every_storage_dim_shard_layout_and_oov_case \
       gpu::cuda::device_tests::mixed_storage_tables_and_rejected_ids \
       gpu::cuda::device_tests::gathers_into_device_memory_on_every_lane --test-threads 1 --nocapture
-    step "gather throughput" "$bin/recserve-lib-tests" --ignored --exact \
+    step "gather throughput" "$bin/core-lib-tests" --ignored --exact \
       gpu::cuda::device_tests::device_gather_throughput --nocapture
     step "ranking end to end, --device cuda" "$bin/gpu-e2e" --ignored --nocapture --test-threads 1
     step "e2e suite, --device auto" "$bin/rank-e2e" --test-threads 1

@@ -50,10 +50,10 @@ cargo test --workspace --all-targets
 # The CUDA build's own tests: the NVRTC compilation of the kernels (fails, never skips, without libnvrtc), the
 # CUDA store's device tests (ignored without a device) and the GPU end-to-end test.
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  cargo test --features cuda --lib --test gpu -- --include-ignored
+  cargo test --features recserve/cuda -p recserve-core -p recserve --lib --test gpu -- --include-ignored
 else
-  cargo test --features cuda --lib --test gpu
-  ignored=$(cargo test --features cuda --lib --test gpu -- --list --ignored 2>/dev/null | grep -c ': test$' || true)
+  cargo test --features recserve/cuda -p recserve-core -p recserve --lib --test gpu
+  ignored=$(cargo test --features recserve/cuda -p recserve-core -p recserve --lib --test gpu -- --list --ignored 2>/dev/null | grep -c ': test$' || true)
   echo "SKIPPED: no CUDA device: ${ignored} GPU device tests not run here (scripts/gpu-check.sh runs them on a GPU machine)"
 fi
 # The model toolchain's tests, the peer benchmark's scoring (loadtest/peers/rankcore.py) against the fixture, and

@@ -2,7 +2,7 @@
 //! agreement with the plain reference decoder, in [`rank`]), the `/v1` recall decoder, the KServe HTTP decoder (JSON, and JSON
 //! followed by binary tensors) with the tensor conversion and the two kinds' tensor contracts behind it, and
 //! `model.toml` parsing. Any input must give a value or a clear error (a message of bounded length), never a panic.
-//! The recall contract's checks are fuzzed beside it, in `recall/tests.rs`, with [`run`].
+//! The recall contract's checks are fuzzed in the core crate (`recall/tests.rs`), with the same harness ([`run`]).
 //!
 //! Inputs are of two kinds: arbitrary bytes or text, and near-valid ones (a valid request or file in which some
 //! values, members or bytes are replaced, dropped or cut), which reach the checks behind the parser. Each target
@@ -16,82 +16,11 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use proptest::collection::vec;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-use crate::error::{ECHO_CHARS, MESSAGE_CHARS, ServiceError};
+pub use recserve_core::testing::fuzz::{Outcome, clear, run};
 
 // Test code, as this whole module is; said again so that tests/module_layers.rs counts the file as test code too.
 #[cfg(test)]
 mod rank;
-
-/// Inputs per target unless `RECSERVE_FUZZ_CASES` says otherwise.
-pub const DEFAULT_CASES: u32 = 5_000;
-
-/// Inputs per target.
-pub fn cases() -> u32 {
-    std::env::var("RECSERVE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_CASES)
-}
-
-/// What a decoder made of one input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// A value, checked against what it must hold.
-    Accepted,
-    /// A clear error ([`clear`]).
-    Refused,
-}
-
-/// Runs `check` on [`cases`] inputs drawn from `strategy`; a panic or an error fails the test with the shrunk input.
-/// Prints the target's name, inputs, how many were accepted, and the time (`cargo test fuzz -- --nocapture`).
-pub fn run<S: Strategy>(
-    name: &str,
-    strategy: S,
-    check: impl Fn(S::Value) -> Result<Outcome, TestCaseError>,
-) {
-    let cases = cases();
-    let mut runner = TestRunner::new(Config {
-        cases,
-        // Nothing is written into the source tree; a failure prints its input, shrunk for at most 30 s.
-        failure_persistence: None,
-        max_shrink_time: 30_000,
-        ..Config::default()
-    });
-    let accepted = std::cell::Cell::new(0usize);
-    let started = Instant::now();
-    let result = runner.run(&strategy, |input| {
-        let outcome = check(input)?;
-        if outcome == Outcome::Accepted {
-            accepted.set(accepted.get() + 1);
-        }
-        Ok(())
-    });
-    eprintln!(
-        "fuzz {name}: {cases} inputs ({} accepted) in {:.2} s",
-        accepted.get(),
-        started.elapsed().as_secs_f64()
-    );
-    if let Err(e) = result {
-        panic!("fuzz {name}: {e}");
-    }
-}
-
-/// A clear error: a message, bounded however large the input (client text in it is cut, [`crate::error::elide`]).
-pub fn clear(error: &ServiceError) -> Result<Outcome, TestCaseError> {
-    let message = error.to_string();
-    // The field (cut to ECHO_CHARS and a note) and the problem (cut to MESSAGE_CHARS and a note) of an invalid
-    // input; every other message is shorter.
-    let bound = 2 * ECHO_CHARS + MESSAGE_CHARS + 200;
-    prop_assert!(!message.is_empty(), "an empty message for {error:?}");
-    prop_assert!(
-        message.chars().count() <= bound,
-        "a message of {} characters: {message}",
-        message.chars().count()
-    );
-    Ok(Outcome::Refused)
-}
 
 /// A JSON value that a client could send, as text: every kind of value, numbers JSON has no room for (NaN,
 /// 1e400, integers beyond 64 bits), long strings, escapes.
@@ -242,9 +171,9 @@ fn fuzz_recall_decoder_answers_every_body() {
 }
 
 /// The recall contract the KServe tensors are checked against: 10 users, 50 items, at most 3 users per request.
-fn recall_contract() -> crate::recall::RecallContract {
-    use crate::registry::RequestLimits;
-    use crate::repository::{OovPolicy, Storage, TableSpec};
+fn recall_contract() -> recserve_core::recall::RecallContract {
+    use recserve_core::registry::RequestLimits;
+    use recserve_core::repository::{OovPolicy, Storage, TableSpec};
     let table = |name: &str, rows: u64| TableSpec {
         name: name.to_owned(),
         rows,
@@ -252,7 +181,7 @@ fn recall_contract() -> crate::recall::RecallContract {
         storage: Storage::Fp32,
         oov: OovPolicy::Reject,
     };
-    crate::recall::RecallContract {
+    recserve_core::recall::RecallContract {
         user_table: table("user", 10),
         item_table: table("item", 50),
         history_table: None,
@@ -264,7 +193,7 @@ fn recall_contract() -> crate::recall::RecallContract {
             max_reply_items: 100,
         },
         index: None,
-        queue: crate::batching::QueueFit {
+        queue: recserve_core::batching::QueueFit {
             max_batch_rows: 2,
             queue_capacity: 2,
         },
@@ -504,7 +433,7 @@ fn infer_requests() -> BoxedStrategy<(Vec<u8>, Headers)> {
 #[test]
 fn fuzz_kserve_decoder_and_tensor_contracts_answer_every_request() {
     use crate::api::kserve::{deepfm, http, lightgcn, timeout_parameter};
-    let rank = crate::testing::test_contract::contract();
+    let rank = recserve_core::testing::test_contract::contract();
     let recall = recall_contract();
     let tensors = deepfm::Tensors {
         model: "m",
@@ -663,7 +592,7 @@ fn fuzz_tensor_conversion_gives_the_shapes_elements_or_an_error() {
 
 /// `model.toml` texts: arbitrary, and valid ones with lines dropped, repeated, changed or added.
 fn model_tomls() -> BoxedStrategy<String> {
-    const DEEPFM: &str = crate::testing::test_contract::SPEC;
+    const DEEPFM: &str = recserve_core::testing::test_contract::SPEC;
     const LIGHTGCN: &str = "format_version = 1\nkind = \"lightgcn\"\n[recall]\nuser_table = \"user\"\n\
         item_table = \"item\"\nhistory_table = \"history\"\npopularity = \"item_popularity\"\n[[tables]]\n\
         name = \"user\"\nfile = \"t.safetensors\"\nrows = 48\ndim = 24\nstorage = \"fp32\"\noov = \"reject\"\n\
@@ -733,8 +662,8 @@ fn model_tomls() -> BoxedStrategy<String> {
 
 #[test]
 fn fuzz_model_toml_parses_or_names_the_problem() {
-    use crate::ranking::RankContract;
-    use crate::repository::{ModelKind, ModelSpec};
+    use recserve_core::ranking::RankContract;
+    use recserve_core::repository::{ModelKind, ModelSpec};
     run("model.toml", model_tomls(), |text| {
         match ModelSpec::parse(&text) {
             Ok(spec) => {

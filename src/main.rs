@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use recserve::config::{Cli, Command};
-use recserve::threads::{ThreadRole, register_current_thread};
+use recserve_core::threads::{ThreadRole, register_current_thread};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

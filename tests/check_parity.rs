@@ -8,8 +8,8 @@ mod common;
 use std::path::Path;
 
 use common::{config, fixture_dir};
-use recserve::metrics::Metrics;
 use recserve::service::{Limits, Service};
+use recserve_core::metrics::Metrics;
 use serde_json::Value;
 
 /// The full start-up load: discovery, `model.toml`, tables, dense graph sessions and their warm-up.

@@ -115,7 +115,7 @@ async fn rows_not_fetched_read_the_default_row_or_fail_with_503() {
         &[("C2", "unavailable")],
     );
     // Row 7 of C1 (unfetched = "default_row") and row 9 of C2 (unfetched = "unavailable") are gone.
-    use recserve::embedding::remote::redis::row_key;
+    use recserve_core::embedding::remote::redis::row_key;
     delete_keys(&[
         row_key("policy", 1, 64, "C1", 7),
         row_key("policy", 1, 64, "C2", 9),
@@ -405,7 +405,7 @@ async fn a_stopped_master_is_waited_for_once_then_skipped_until_a_probe_finds_it
 
     // The request asks for row 105 of C1 (not cached yet); its victim is the master that holds that row.
     let fresh_body = fresh(&request, 100);
-    use recserve::embedding::remote::redis::row_key;
+    use recserve_core::embedding::remote::redis::row_key;
     let key = row_key("faults", 1, 64, "C1", 105);
     let victim = own
         .masters()

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use common::redis::{OwnCluster, redis_config_on, redis_model_on, scores};
 use common::{TestServer, copy_dir, metric_sample};
-use recserve::embedding::EmbeddingStore;
-use recserve::embedding::remote::redis::row_key;
-use recserve::embedding::remote::updates::stream_key;
+use recserve_core::embedding::EmbeddingStore;
+use recserve_core::embedding::remote::redis::row_key;
+use recserve_core::embedding::remote::updates::stream_key;
 use serde_json::Value;
 
 const MODEL: &str = "upd";
@@ -213,25 +213,24 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
     );
 
     // The store the server builds for the model, opened here a second time so the test can see gathered rows.
-    let ctx = recserve::registry::LoadContext::new(
-        &config,
-        recserve::executor::Runtime::load(&config.ort_library).expect("ONNX Runtime"),
-        recserve::metrics::Metrics::new(),
-        recserve::gpu::select(config.device).expect("placement"),
+    let ctx = config.load_context(
+        recserve_core::executor::Runtime::load(&config.ort_library).expect("ONNX Runtime"),
+        recserve_core::metrics::Metrics::new(),
+        recserve_core::gpu::select(config.device).expect("placement"),
     );
-    let mv = recserve::repository::ModelVersion {
+    let mv = recserve_core::repository::ModelVersion {
         name: MODEL.to_owned(),
         version: 1,
         dir: repository.path().join(MODEL).join("1"),
         available: vec![1],
     };
-    let spec = recserve::repository::read_spec(&mv.dir).expect("model.toml");
+    let spec = recserve_core::repository::read_spec(&mv.dir).expect("model.toml");
     let table = spec
         .tables
         .iter()
         .position(|t| t.spec.name == TABLE)
         .expect("C1");
-    let store = recserve::ranking::open_store(&ctx, &mv, &spec).expect("open the store");
+    let store = recserve_core::ranking::open_store(&ctx, &mv, &spec).expect("open the store");
     let applied = ctx.metrics.tier(MODEL).updates.entries;
     let baseline: Arc<Baseline> = Arc::default();
 

@@ -163,7 +163,7 @@ async fn model_infer_with_timeout(
     .header("content-type", "application/grpc")
     .header("te", "trailers")
     .header("grpc-timeout", timeout)
-    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+    .body(http_body_util::Full::new(axum::body::Bytes::from(body)))
     .expect("request");
     let response = sender.send_request(request).await.expect("HTTP/2 POST");
     // An error before any message is a trailers-only response: the status is in the headers.

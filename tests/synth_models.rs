@@ -195,7 +195,7 @@ async fn a_split_graph_gives_kserve_rows_of_different_users_their_own_user_side(
     let server = TestServer::start(config(&dir, |_| {})).await;
     for model in ["realistic-int8-split", "realistic-fp32-split"] {
         let toml = std::fs::read_to_string(dir.join(model).join("1/model.toml")).expect("toml");
-        let spec = recserve::repository::ModelSpec::parse(&toml).expect("model.toml");
+        let spec = recserve_core::repository::ModelSpec::parse(&toml).expect("model.toml");
         let id_field = spec
             .ranking
             .as_ref()

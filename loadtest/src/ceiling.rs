@@ -1,5 +1,5 @@
 //! The raw ceiling: the same model run in-process with no server, through the very code the server's executor
-//! threads run for a batch (`recserve::executor::Worker::execute`: the embedding gather through the executor's
+//! threads run for a batch (`recserve_core::executor::Worker::execute`: the embedding gather through the executor's
 //! lane, then the ONNX Runtime session), wired from the same configuration as `recserve serve` (the ceiling takes
 //! its flags: device, executors, intra-op threads, shards, batching buckets). A batch of `rows` request rows is
 //! padded to the server's bucket for that size where the server pads it (executors on a GPU; on the CPU batches
@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 
 use recserve::api::v1::rank_body::decode_rank;
 use recserve::config::Config;
-use recserve::error::LoadError;
-use recserve::executor::{Runtime, RuntimeError, Worker};
-use recserve::gpu::{self, GpuError};
-use recserve::metrics::Metrics;
-use recserve::ranking::{RankContract, RankInput};
-use recserve::registry::LoadContext;
-use recserve::repository::{self, ModelKind};
+use recserve_core::error::LoadError;
+use recserve_core::executor::{Runtime, RuntimeError, Worker};
+use recserve_core::gpu::{self, GpuError};
+use recserve_core::metrics::Metrics;
+use recserve_core::ranking::{RankContract, RankInput};
+use recserve_core::repository::{self, ModelKind};
 use serde::{Deserialize, Serialize};
 
 use crate::report::now_rfc3339;
@@ -216,7 +215,7 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
     // The server's own wiring of a ranking model's executors, without its batcher.
     let runtime = Runtime::load(&config.ort_library)?;
     let placement = gpu::select(config.device)?;
-    let ctx = LoadContext::new(config, runtime, Metrics::new(), placement);
+    let ctx = config.load_context(runtime, Metrics::new(), placement);
     let (mut batching, _) = ctx.batching.resolve(&spec.batching);
     if let Some(&rows) = options
         .batch_rows
@@ -228,10 +227,11 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
             batching.max_batch_rows
         )));
     }
-    let store = recserve::ranking::open_store(&ctx, mv, &spec)?;
+    let store = recserve_core::ranking::open_store(&ctx, mv, &spec)?;
     let contract = RankContract::new(Arc::clone(&spec), options.candidates);
     let shape = contract.shape();
-    let mut workers = recserve::ranking::open_workers(&ctx, mv, &store, &contract, &mut batching)?;
+    let mut workers =
+        recserve_core::ranking::open_workers(&ctx, mv, &store, &contract, &mut batching)?;
 
     let workload = RankWorkload::new(
         RankSchema::from_spec(&mv.name, &spec)?,

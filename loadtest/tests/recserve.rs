@@ -300,11 +300,11 @@ async fn kserve_v2_tensors_score_as_the_v1_body_they_were_made_from() {
     let url = format!("http://{}", server.addr);
     let repo = fixture_repo();
     let v1 = HttpTarget::new(&url, Envelope::None).await.expect("URL");
-    let found = recserve::repository::discover(&repo, &std::collections::HashMap::new())
+    let found = recserve_core::repository::discover(&repo, &std::collections::HashMap::new())
         .expect("the fixture repository");
     for model in ["deepfm-int8", "deepfm-fp32"] {
         let dir = &found.iter().find(|m| m.name == model).expect(model).dir;
-        let spec = recserve::repository::read_spec(dir).expect("model.toml");
+        let spec = recserve_core::repository::read_spec(dir).expect("model.toml");
         let tensors = HttpTarget::new(
             &url,
             Envelope::KserveV2Tensors {

@@ -13,9 +13,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::error::{Echo, ServiceError};
 use crate::service::{ModelRequest, Operation, Protocol, RequestBody};
-use crate::trace;
+use recserve_core::error::{Echo, ServiceError};
+use recserve_core::trace;
 
 /// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
 #[derive(Debug, Deserialize)]

@@ -15,7 +15,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::envelope::{error_body, expects_continue, refuse_unread};
-use crate::error::ServiceError;
+use recserve_core::error::ServiceError;
 
 /// Longest request target (path and query) accepted, in bytes.
 pub const MAX_URI_BYTES: usize = 8 * 1024;

@@ -15,9 +15,9 @@ use serde_json::json;
 
 use super::envelope::{error_body, error_response};
 use super::{guard, kserve, v1};
-use crate::error::ServiceError;
 use crate::service::{Readiness, Service};
-use crate::trace::slow::WINDOW;
+use recserve_core::error::ServiceError;
+use recserve_core::trace::slow::WINDOW;
 
 /// Builds the router.
 pub fn router(service: Arc<Service>) -> Router {
@@ -66,7 +66,7 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
     }
 }
 
-/// The slowest requests of the last minute, slowest first, with their stages ([`crate::trace::slow`]).
+/// The slowest requests of the last minute, slowest first, with their stages ([`recserve_core::trace::slow`]).
 async fn slow_requests(State(service): State<Arc<Service>>) -> Response {
     let now = Instant::now();
     let traces = service.metrics.traces();

@@ -14,7 +14,7 @@ use axum::body::HttpBody;
 use http_body::{Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::error::ServiceError;
+use recserve_core::error::ServiceError;
 
 /// Which transport reads the body, hence the error a timeout becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

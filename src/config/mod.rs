@@ -22,7 +22,14 @@ use settings::{
 };
 pub use settings::{Pin, ServeArgs, Setting, env_var};
 
-use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
+use recserve_core::batching::BatchSettings;
+use recserve_core::embedding::Preload;
+use recserve_core::embedding::remote::TierContext;
+use recserve_core::executor::{Runtime, SessionOptions};
+use recserve_core::gpu::{self, DeviceRequest, Placement, ProviderRequest, TensorRtOptions};
+use recserve_core::metrics::Metrics;
+pub use recserve_core::pipeline::PipelineConfig;
+use recserve_core::registry::{LoadContext, RequestLimits};
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -77,20 +84,6 @@ pub enum ModelControl {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// One `[pipelines.NAME]` table of the config file: `POST /v1/recommend/NAME` recalls `candidates` items with
-/// `recall_model`, ranks them with `ranking_model` (whose `[item_features]` supplies the item side) and returns
-/// the `k` best (docs/api.md).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PipelineConfig {
-    pub recall_model: String,
-    pub ranking_model: String,
-    /// Items recalled and ranked per request.
-    pub candidates: usize,
-    /// Items returned (the request may ask for fewer, or up to `candidates`).
-    pub k: usize,
 }
 
 /// Most candidates a pipeline may rank per request.
@@ -158,6 +151,61 @@ pub struct Config {
     pub pipelines: BTreeMap<String, PipelineConfig>,
 }
 
+impl Config {
+    /// What loading a model takes: the settings of this configuration that the core's components read, with the
+    /// runtime, metrics and device placement the server has set up.
+    pub fn load_context(
+        &self,
+        runtime: Runtime,
+        metrics: Metrics,
+        placement: Placement,
+    ) -> LoadContext {
+        let config = self;
+        let tier_client_replaced = metrics.tier_client_replaced();
+        LoadContext {
+            runtime,
+            metrics,
+            session: SessionOptions {
+                intra_op_threads: config.intra_op_threads,
+                provider: config.execution_provider,
+                tensorrt: config.tensorrt(),
+                cuda_device: None,
+            },
+            placement,
+            executors: config.executors,
+            shards: config.shards,
+            limits: RequestLimits {
+                max_candidates: config.max_candidates,
+                max_history: config.max_history,
+                max_exclude: config.max_exclude,
+                max_reply_items: config.max_reply_items,
+            },
+            batching: BatchSettings {
+                enabled: config.batching == Switch::On,
+                fixed_delay: config.batch_delay == BatchDelay::Fixed,
+                max_batch_rows: config.max_batch_rows,
+                max_queue_delay_us: config.max_queue_delay_us,
+                buckets: config.batch_buckets.clone(),
+                default_deadline_ms: config.default_deadline_ms,
+                queue_capacity: config.queue_capacity,
+                executor_niceness: config.executor_niceness,
+            },
+            gather_user_once: config.gather_user_once == Switch::On,
+            preload: match config.preload {
+                Switch::On => Preload::Populate,
+                Switch::Off => Preload::OnDemand,
+            },
+            split_graph: config.split_graph == Switch::On,
+            tier: TierContext::new(
+                config.redis_url.clone(),
+                config.embedding_cache_bytes,
+                std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
+                tier_client_replaced,
+            ),
+        }
+    }
+}
+
 /// A configuration that cannot be used; the message names the flag.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -166,7 +214,7 @@ pub struct ConfigError(pub String);
 /// Checks each `[pipelines.NAME]` on its own; whether its models exist and fit is checked when they are loaded.
 fn check_pipelines(pipelines: &BTreeMap<String, PipelineConfig>) -> Result<(), ConfigError> {
     for (name, p) in pipelines {
-        if !crate::repository::is_valid_model_name(name) {
+        if !recserve_core::repository::is_valid_model_name(name) {
             return Err(ConfigError(format!(
                 "[pipelines.{name}]: pipeline names may contain only letters, digits, '_' and '-' (at most 128)"
             )));
@@ -268,7 +316,7 @@ impl ServeArgs {
         };
         check_device(device, execution_provider, &tensorrt)?;
         if let Some(buckets) = &self.batch_buckets {
-            crate::repository::check_buckets(buckets).map_err(|problem| {
+            recserve_core::repository::check_buckets(buckets).map_err(|problem| {
                 ConfigError(format!(
                     "--batch-buckets (RECSERVE_BATCH_BUCKETS) {problem}"
                 ))

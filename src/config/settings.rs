@@ -12,8 +12,8 @@ use clap::Args;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{BatchDelay, ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
-use crate::gpu::{DeviceRequest, ProviderRequest};
-use crate::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
+use recserve_core::gpu::{DeviceRequest, ProviderRequest};
+use recserve_core::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
 /// A numeric setting: the flag that names it in messages, its default, and the range it must lie in.
 #[derive(Clone, Copy, Debug)]
@@ -133,21 +133,21 @@ pub const EXECUTOR_NICENESS: Setting<u8> = Setting {
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_BATCH_ROWS`).
 pub const MAX_BATCH_ROWS_SETTING: Setting<usize> = Setting {
     flag: "--max-batch-rows",
-    default: crate::batching::DEFAULT_MAX_BATCH_ROWS,
+    default: recserve_core::batching::DEFAULT_MAX_BATCH_ROWS,
     min: 1,
     max: MAX_BATCH_ROWS,
 };
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_QUEUE_DELAY_US`).
 pub const MAX_QUEUE_DELAY_US_SETTING: Setting<u64> = Setting {
     flag: "--max-queue-delay-us",
-    default: crate::batching::DEFAULT_MAX_QUEUE_DELAY_US,
+    default: recserve_core::batching::DEFAULT_MAX_QUEUE_DELAY_US,
     min: 0,
     max: MAX_QUEUE_DELAY_US,
 };
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_DEADLINE_MS`).
 pub const DEFAULT_DEADLINE_MS_SETTING: Setting<u64> = Setting {
     flag: "--default-deadline-ms",
-    default: crate::batching::DEFAULT_DEADLINE_MS,
+    default: recserve_core::batching::DEFAULT_DEADLINE_MS,
     min: 1,
     max: MAX_DEFAULT_DEADLINE_MS,
 };
@@ -157,10 +157,10 @@ pub const REPOSITORY_POLL_S: Setting<u64> = Setting {
     min: 1,
     max: 86_400,
 };
-/// The slow-request record (`GET /debug/slow-requests`, `crate::trace::slow`): requests kept per minute.
+/// The slow-request record (`GET /debug/slow-requests`, `recserve_core::trace::slow`): requests kept per minute.
 pub const SLOW_REQUESTS: Setting<usize> = Setting {
     flag: "--slow-requests",
-    default: crate::trace::slow::DEFAULT_KEEP,
+    default: recserve_core::trace::slow::DEFAULT_KEEP,
     min: 0,
     max: 100_000,
 };

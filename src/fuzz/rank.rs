@@ -8,7 +8,7 @@ use proptest::test_runner::TestCaseError;
 
 use super::{Outcome, array, clear, damaged, float, int, json_text, mostly, object, run};
 
-/// Bodies for `/v1` rank on [`crate::testing::test_contract`] (user field `u`, item fields `item` by `id` and
+/// Bodies for `/v1` rank on [`recserve_core::testing::test_contract`] (user field `u`, item fields `item` by `id` and
 /// `cat`, two dense features, at most 3 candidates): arbitrary, any JSON, and near-valid.
 fn rank_bodies() -> BoxedStrategy<Vec<u8>> {
     let user = object(vec![
@@ -43,7 +43,7 @@ fn rank_bodies() -> BoxedStrategy<Vec<u8>> {
     .boxed()
 }
 
-/// Bodies for `/v1` rank on [`crate::testing::test_contract::wide_contract`] (user fields `u0` to `u2`, item
+/// Bodies for `/v1` rank on [`recserve_core::testing::test_contract::wide_contract`] (user fields `u0` to `u2`, item
 /// fields `i0` to `i3` and `item` by `id`, three dense features, at most 40 candidates) with candidates in the
 /// columnar form: columns in any order (now and then a wrong, repeated or missing name), rows of ids now and then
 /// too short or long, `id` now and then of another length, its keys in any order, some left out; and any JSON.
@@ -127,7 +127,7 @@ fn columnar_rank_bodies() -> BoxedStrategy<Vec<u8>> {
 /// Decodes `body` with the server's decoder: its answer is the serde decoder's alone, and what it takes the
 /// reference takes the same way.
 fn check_rank_decoder(
-    contract: &crate::ranking::RankContract,
+    contract: &recserve_core::ranking::RankContract,
     body: &[u8],
 ) -> Result<Outcome, TestCaseError> {
     use crate::api::v1::rank_body::{decode_rank, decode_rank_serde};
@@ -158,7 +158,7 @@ fn check_rank_decoder(
 
 #[test]
 fn fuzz_rank_decoder_answers_every_body_and_agrees_with_the_reference() {
-    let contract = crate::testing::test_contract::contract();
+    let contract = recserve_core::testing::test_contract::contract();
     run("/v1 rank decoder", rank_bodies(), |body| {
         check_rank_decoder(&contract, &body)
     });
@@ -166,7 +166,7 @@ fn fuzz_rank_decoder_answers_every_body_and_agrees_with_the_reference() {
 
 #[test]
 fn fuzz_columnar_rank_decoder_answers_every_body_and_agrees_with_the_reference() {
-    let contract = crate::testing::test_contract::wide_contract();
+    let contract = recserve_core::testing::test_contract::wide_contract();
     run(
         "/v1 rank decoder, columnar",
         columnar_rank_bodies(),

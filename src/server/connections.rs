@@ -38,8 +38,8 @@ use tower_service::Service as _;
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Config;
-use crate::metrics::{ConnectionMetrics, Metrics, TraceSink};
-use crate::trace::{self, TraceCell};
+use recserve_core::metrics::{ConnectionMetrics, Metrics, TraceSink};
+use recserve_core::trace::{self, TraceCell};
 
 /// How long an idle connection stays open once the drain begins, answering a request that was already on its way
 /// (with `Connection: close`) instead of closing under it.
@@ -577,7 +577,7 @@ impl AsyncWrite for Watched {
 }
 
 /// The router, seen by hyper: counts each request in flight until its response body is done, gives its body the
-/// read timeout, traces it from its first byte until its response is handed over ([`crate::trace`]), and closes
+/// read timeout, traces it from its first byte until its response is handed over ([`recserve_core::trace`]), and closes
 /// HTTP/1 connections after their response once the server drains.
 #[derive(Clone)]
 struct ConnectionService {

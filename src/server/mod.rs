@@ -15,8 +15,8 @@ use connections::{Connections, Listener, Timeouts};
 
 use crate::api;
 use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::service::{Limits, Service, StartError};
+use recserve_core::metrics::Metrics;
 
 /// The sockets the server answers on, bound by the caller.
 #[derive(Debug)]
@@ -58,7 +58,10 @@ pub async fn run(
         std::thread::Builder::new()
             .name("model-loader".to_owned())
             .spawn(move || {
-                crate::threads::register_current_thread(crate::threads::ThreadRole::Loader, "");
+                recserve_core::threads::register_current_thread(
+                    recserve_core::threads::ThreadRole::Loader,
+                    "",
+                );
                 let result = service.load(&config);
                 match &result {
                     Ok(()) => {

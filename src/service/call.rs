@@ -1,7 +1,7 @@
 //! The life of a request, whatever its protocol, in one function per kind ([`Service::model_call`],
 //! [`Service::pipeline_call`]). A transport reads what comes before the body (the model or pipeline named, its
 //! version, the deadline the transport carries) into a [`ModelRequest`] or [`PipelineRequest`], stamped with the
-//! request's arrival (its first byte, [`crate::trace::arrival`]), and hands the service its unread body
+//! request's arrival (its first byte, [`recserve_core::trace::arrival`]), and hands the service its unread body
 //! ([`RequestBody`]) and a handler that decodes it, runs it and builds the answer. The service:
 //!
 //! 1. **resolves** the model (and version) or pipeline from one registry snapshot, which the call keeps to its end;
@@ -25,13 +25,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{ResolvedPipeline, ServedModel, Service};
-use crate::error::ServiceError;
-use crate::metrics::UNKNOWN_MODEL;
-use crate::pipeline::{RecommendInput, Recommendation};
-use crate::ranking::{RankInput, RankingModel};
-use crate::recall::{RecallInput, RecallModel, Recalled};
-use crate::trace::{self, Outcome, Stage};
+use super::{Operation, ResolvedPipeline, ServedModel, Service};
+use recserve_core::error::ServiceError;
+use recserve_core::metrics::UNKNOWN_MODEL;
+use recserve_core::pipeline::{RecommendInput, Recommendation};
+use recserve_core::ranking::{RankInput, RankingModel};
+use recserve_core::recall::{RecallInput, RecallModel, Recalled};
+use recserve_core::trace::{self, Outcome, Stage};
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,27 +50,6 @@ impl Protocol {
             Protocol::V1 => "v1",
             Protocol::V2Http => "v2_http",
             Protocol::Grpc => "grpc",
-        }
-    }
-}
-
-/// What a request asks of a model: the `endpoint` label of the request metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Operation {
-    Rank,
-    Recall,
-    Recommend,
-    /// KServe inference: whatever the model does (`rank` or `recall`; `infer` for a model that is not served).
-    Infer,
-}
-
-impl Operation {
-    pub fn endpoint(self) -> &'static str {
-        match self {
-            Operation::Rank => "rank",
-            Operation::Recall => "recall",
-            Operation::Recommend => "recommend",
-            Operation::Infer => "infer",
         }
     }
 }

@@ -2,7 +2,7 @@
 //! repository extension, for `explicit`), the repository poll (`poll`), and the bearer token that protects the
 //! API (`--admin-token-file`). Loads run on a thread of their own at a lower priority than serving, so a load
 //! costs the requests being served as little CPU as it can; the swap itself is the registry's
-//! ([`crate::registry::Registry::reload`]): a new version is loaded and warmed up beside the serving one, the
+//! ([`recserve_core::registry::Registry::reload`]): a new version is loaded and warmed up beside the serving one, the
 //! pipelines are checked against the snapshot it would make, then one atomic switch.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,11 +12,12 @@ use std::time::{Duration, SystemTime};
 
 use subtle::ConstantTimeEq;
 
-use super::{Service, model};
+use super::Service;
 use crate::config::{Config, ModelControl, PipelineConfig};
-use crate::error::{LoadError, ServiceError};
-use crate::registry::{Change, LoadContext, State, Status};
-use crate::repository;
+use recserve_core::error::{LoadError, ServiceError};
+use recserve_core::models;
+use recserve_core::registry::{Change, LoadContext, State, Status};
+use recserve_core::repository;
 
 /// Nice value of the threads that load models while the server serves: below the executors' (so warm-up runs do
 /// not take cores from batches) and the transport's.
@@ -123,8 +124,11 @@ async fn on_loader_thread<T: Send + 'static>(
         .name("model-load".to_owned())
         .spawn(move || {
             // No model label: the name comes from an admin call and may not be in the repository.
-            crate::threads::register_current_thread(crate::threads::ThreadRole::Loader, "");
-            crate::batching::lower_priority(LOADER_NICENESS);
+            recserve_core::threads::register_current_thread(
+                recserve_core::threads::ThreadRole::Loader,
+                "",
+            );
+            recserve_core::batching::lower_priority(LOADER_NICENESS);
             let _ = done.send(work());
         })
         .map_err(|e| ServiceError::Internal(format!("cannot start a model load thread: {e}")))?;
@@ -217,7 +221,7 @@ impl Service {
                 name,
                 life.pins.get(name),
                 skip_if_serving,
-                |next| model::check_pipelines(&life.pipelines, next),
+                |next| models::check_pipelines(&life.pipelines, next),
             )
             .map_err(|failure| ServiceError::LoadFailed {
                 model: name.to_owned(),
@@ -243,7 +247,7 @@ impl Service {
         }
         self.registry
             .unload(name, &life.ctx.metrics, |next| {
-                model::check_pipelines(&life.pipelines, next)
+                models::check_pipelines(&life.pipelines, next)
             })
             .map_err(|problem| {
                 ServiceError::NotAllowed(format!("model {name:?} cannot be unloaded: {problem}"))
@@ -285,11 +289,11 @@ impl Service {
         std::thread::Builder::new()
             .name("repository-poll".to_owned())
             .spawn(move || {
-                crate::threads::register_current_thread(
-                    crate::threads::ThreadRole::Other,
+                recserve_core::threads::register_current_thread(
+                    recserve_core::threads::ThreadRole::Other,
                     "repository-poll",
                 );
-                crate::batching::lower_priority(LOADER_NICENESS);
+                recserve_core::batching::lower_priority(LOADER_NICENESS);
                 loop {
                     std::thread::sleep(every);
                     let Some(service) = service.upgrade() else {

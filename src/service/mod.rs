@@ -4,7 +4,6 @@
 
 mod call;
 mod lifecycle;
-mod model;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,19 +12,19 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 
 pub use call::{
-    ModelCall, ModelRequest, Operation, PipelineCall, PipelineRequest, Protocol, Received,
-    RequestBody, parse_version,
+    ModelCall, ModelRequest, PipelineCall, PipelineRequest, Protocol, Received, RequestBody,
+    parse_version,
 };
 pub use lifecycle::IndexEntry;
-pub use model::{Model, Models, ResolvedPipeline, ServedModel};
+pub use recserve_core::models::{Model, Models, Operation, ResolvedPipeline, ServedModel};
 
 use crate::config::Config;
-use crate::error::{LoadError, ServiceError};
-use crate::executor::{Runtime, RuntimeError};
-use crate::gpu::{self, GpuError};
-use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
-use crate::registry::{LoadContext, Registry};
+use recserve_core::error::{LoadError, ServiceError};
+use recserve_core::executor::{Runtime, RuntimeError};
+use recserve_core::gpu::{self, GpuError};
+use recserve_core::metrics::Metrics;
+use recserve_core::pipeline::Pipeline;
+use recserve_core::registry::Registry;
 
 /// Why the server could not start serving.
 #[derive(Debug, thiserror::Error)]
@@ -95,10 +94,11 @@ impl Service {
             .transpose()?;
         let runtime = Runtime::load(&config.ort_library)?;
         let placement = gpu::select(config.device)?;
-        let ctx = LoadContext::new(config, runtime, self.metrics.clone(), placement);
+        let ctx = config.load_context(runtime, self.metrics.clone(), placement);
         let models = self.registry.load(&ctx, &config.repository, &config.pin)?;
-        let pipelines = model::build_pipelines(&config.pipelines, &models, &self.metrics)
-            .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
+        let pipelines =
+            recserve_core::models::build_pipelines(&config.pipelines, &models, &self.metrics)
+                .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
         // Loading happens once per service; a second call would be a bug, and the first pipelines stay.
         let _ = self.pipelines.set(pipelines);
         let _ = self

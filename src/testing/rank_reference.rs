@@ -13,9 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::api::envelope::parse_json;
 use crate::api::v1::UserSide;
 use crate::api::v1::rank_body::RankBody;
-use crate::error::ServiceError;
-use crate::ranking::{RankContract, RankInput};
-use crate::repository::Side;
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::{RankContract, RankInput};
+use recserve_core::repository::Side;
 
 /// `POST /v1/models/{model}/rank`, as serde derive reads it.
 #[derive(Debug, Deserialize, Serialize)]

@@ -9,18 +9,21 @@ use super::CliError;
 use crate::target::{HttpTarget, Target, TensorLayout};
 use crate::workload::RankSchema;
 
-fn read_model_spec(repo: &Path, model: &str) -> Result<recserve::repository::ModelSpec, CliError> {
+fn read_model_spec(
+    repo: &Path,
+    model: &str,
+) -> Result<recserve_core::repository::ModelSpec, CliError> {
     let describe = |problem: String| CliError::Describe {
         what: format!("--repository {}", repo.display()),
         problem,
     };
-    let found = recserve::repository::discover(repo, &std::collections::HashMap::new())
+    let found = recserve_core::repository::discover(repo, &std::collections::HashMap::new())
         .map_err(|e| describe(e.to_string()))?;
     let mv = found
         .iter()
         .find(|m| m.name == model)
         .ok_or_else(|| describe(format!("holds no model {model:?}")))?;
-    recserve::repository::read_spec(&mv.dir).map_err(|e| describe(e.to_string()))
+    recserve_core::repository::read_spec(&mv.dir).map_err(|e| describe(e.to_string()))
 }
 
 pub(super) fn schema_from_repository(repo: &Path, model: &str) -> Result<RankSchema, CliError> {

@@ -56,14 +56,14 @@ pub struct TensorLayout {
 
 impl TensorLayout {
     /// The layout of a DeepFM model's tensors, as its `model.toml` declares them.
-    pub fn from_spec(spec: &recserve::repository::ModelSpec) -> TensorLayout {
+    pub fn from_spec(spec: &recserve_core::repository::ModelSpec) -> TensorLayout {
         let ranking = spec.ranking.as_ref();
         TensorLayout {
             fields: spec.fields.iter().map(|f| f.name.clone()).collect(),
             user_fields: spec
                 .fields
                 .iter()
-                .filter(|f| f.side == recserve::repository::Side::User)
+                .filter(|f| f.side == recserve_core::repository::Side::User)
                 .map(|f| f.name.clone())
                 .collect(),
             item_id_field: ranking

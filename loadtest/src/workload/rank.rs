@@ -12,8 +12,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Exp};
 use recserve::api::v1::ModelInfo;
-use recserve::repository::OovPolicy;
-use recserve::repository::{ModelKind, ModelSpec, Side};
+use recserve_core::repository::OovPolicy;
+use recserve_core::repository::{ModelKind, ModelSpec, Side};
 
 use super::WorkloadError;
 use super::ids::{Dataset, IdDistribution, IdSampler};
@@ -371,7 +371,7 @@ mod tests {
     use rand::SeedableRng;
     use recserve::api::v1::TableInfo;
     use recserve::api::v1::rank_body::decode_rank;
-    use recserve::ranking::RankContract;
+    use recserve_core::ranking::RankContract;
 
     use super::*;
 
@@ -447,7 +447,7 @@ table = "cat"
     }
 
     /// Decodes `body` exactly as the server does, against the contract of `spec`.
-    fn server_accepts(body: &[u8], candidates: usize) -> recserve::ranking::RankInput {
+    fn server_accepts(body: &[u8], candidates: usize) -> recserve_core::ranking::RankInput {
         let contract = RankContract::new(Arc::new(spec()), 1000);
         let input = decode_rank(&contract, body)
             .expect("the server accepts every id")

@@ -12,9 +12,9 @@ use super::{
     InputTensor, OutputData, OutputTensor, Outputs, Parameters, TensorContract, TensorSpec,
 };
 use crate::api::kserve::Datatype;
-use crate::error::ServiceError;
-use crate::ranking::{RankContract, RankInput, RankingModel};
 use crate::service::{ModelCall, ServedModel};
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::{RankContract, RankInput, RankingModel};
 
 /// The input holding every categorical id.
 pub const CATEGORICAL: &str = "categorical";
@@ -315,7 +315,7 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::testing::test_contract::contract;
+    use recserve_core::testing::test_contract::contract;
 
     fn tensor(name: &str, datatype: &str, shape: &[i64], data: TensorData) -> InputTensor {
         InputTensor {

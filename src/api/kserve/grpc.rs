@@ -14,9 +14,9 @@ use super::{
     Datatype, EXTENSIONS, InferRequest, InferResponse, InputTensor, OutputData, Parameter,
     Parameters, SERVER_NAME, TensorData, Typed,
 };
-use crate::error::ServiceError;
 use crate::service::{ModelRequest, Operation, Protocol, Readiness, Received, Service};
-use crate::trace;
+use recserve_core::error::ServiceError;
+use recserve_core::trace;
 
 /// The code generated from `proto/grpc_predict_v2.proto`.
 pub mod proto {

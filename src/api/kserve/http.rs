@@ -19,8 +19,8 @@ use super::{
     Parameters, SERVER_NAME, TensorData, TensorSpec,
 };
 use crate::api::envelope::{HttpBody, ModelPath, error_response, parse_json};
-use crate::error::ServiceError;
 use crate::service::{Operation, Protocol, Readiness, Service};
+use recserve_core::error::ServiceError;
 
 /// The header giving the length of the JSON part of a body that carries binary tensors after it.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";

@@ -13,9 +13,9 @@ use super::{
     TensorSpec,
 };
 use crate::api::kserve::Datatype;
-use crate::error::ServiceError;
-use crate::recall::{RecallContract, RecallInput, RecallModel, RecallQuery, SearchRequest};
 use crate::service::{ModelCall, ServedModel};
+use recserve_core::error::ServiceError;
+use recserve_core::recall::{RecallContract, RecallInput, RecallModel, RecallQuery, SearchRequest};
 
 /// The input holding the user ids.
 pub const USER_ID: &str = "user_id";
@@ -337,9 +337,9 @@ mod tests {
 
     use super::*;
     use crate::api::kserve::TensorData;
-    use crate::batching::QueueFit;
-    use crate::registry::RequestLimits;
-    use crate::repository::{OovPolicy, Storage, TableSpec};
+    use recserve_core::batching::QueueFit;
+    use recserve_core::registry::RequestLimits;
+    use recserve_core::repository::{OovPolicy, Storage, TableSpec};
 
     fn table(name: &str, rows: u64, oov: OovPolicy) -> TableSpec {
         TableSpec {
@@ -370,9 +370,9 @@ mod tests {
                 max_batch_rows: 64,
                 queue_capacity: 256,
             },
-            index: Some(crate::recall::IndexContract {
+            index: Some(recserve_core::recall::IndexContract {
                 nlist: 8,
-                default: crate::recall::Probe {
+                default: recserve_core::recall::Probe {
                     nprobe: 2,
                     max_candidates: 100,
                 },

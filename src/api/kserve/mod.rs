@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 pub use tensor::{Datatype, InputTensor, OutputData, OutputTensor, TensorData, Typed};
 
-use crate::error::ServiceError;
 use crate::service::{Model, ModelCall, ServedModel};
+use recserve_core::error::ServiceError;
 
 /// What `GET /v2` and `ServerMetadata` call this server.
 pub const SERVER_NAME: &str = "recserve";

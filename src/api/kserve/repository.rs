@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::api::envelope::{body_bytes, error_response, parse_json};
-use crate::error::ServiceError;
 use crate::service::Service;
+use recserve_core::error::ServiceError;
 
 /// The routes, for [`crate::api::http::router`] to mount.
 pub fn routes() -> Router<Arc<Service>> {

@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use serde_json::Value;
 
-use crate::error::ServiceError;
+use recserve_core::error::ServiceError;
 
 /// The tensor datatypes of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

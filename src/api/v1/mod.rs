@@ -19,9 +19,9 @@ use axum::routing::get;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::registry::{self, State as Lifecycle, Status};
-use crate::repository::Side;
 use crate::service::{ServedModel, Service};
+use recserve_core::registry::{self, State as Lifecycle, Status};
+use recserve_core::repository::Side;
 
 /// The `/v1` routes, for [`super::http::router`] to mount.
 pub fn routes() -> Router<Arc<Service>> {
@@ -168,7 +168,7 @@ pub fn model_info(model: &ServedModel, status: Option<&Status>) -> ModelInfo {
         available_versions: model.available.clone(),
         kind: spec.kind.as_str().to_owned(),
         precision: spec.precision().as_str().to_owned(),
-        device: registry::Model::device(&model.model).to_owned(),
+        device: registry::Loadable::device(&model.model).to_owned(),
         description: spec.description.clone(),
         user_fields: fields_on(Side::User),
         item_fields: fields_on(Side::Item),

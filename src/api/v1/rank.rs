@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::rank_body::{RankBody, decode_rank};
 use crate::api::envelope::{HttpBody, ModelPath};
-use crate::ranking::best_first;
 use crate::service::{Operation, Protocol, Service};
+use recserve_core::ranking::best_first;
 
 /// The routes, for [`super::routes`].
 pub fn routes() -> Router<Arc<Service>> {

@@ -19,9 +19,9 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::api::envelope::{json_error, require_object};
-use crate::error::ServiceError;
-use crate::ranking::{RankContract, RankInput};
-use crate::repository::Side;
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::{RankContract, RankInput};
+use recserve_core::repository::Side;
 
 /// A decoded rank request.
 #[derive(Debug, PartialEq)]

@@ -12,9 +12,9 @@ use axum::routing::post;
 use serde::{Deserialize, Serialize};
 
 use crate::api::envelope::{HttpBody, ModelPath, parse_json};
-use crate::error::ServiceError;
-use crate::recall::{RecallInput, RecallQuery, Recalled, SearchRequest};
 use crate::service::{Operation, Protocol, Service};
+use recserve_core::error::ServiceError;
+use recserve_core::recall::{RecallInput, RecallQuery, Recalled, SearchRequest};
 
 /// The routes, for [`super::routes`].
 pub fn routes() -> Router<Arc<Service>> {

@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 use super::UserSide;
 use super::recall::{recall_query, search_request};
 use crate::api::envelope::{HttpBody, deadline_header, parse_json};
-use crate::error::ServiceError;
-use crate::pipeline::{RecommendInput, Recommendation};
-use crate::ranking::RankContract;
 use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, Service};
-use crate::trace;
+use recserve_core::error::ServiceError;
+use recserve_core::pipeline::{RecommendInput, Recommendation};
+use recserve_core::ranking::RankContract;
+use recserve_core::trace;
 
 /// The routes, for [`super::routes`].
 pub fn routes() -> Router<Arc<Service>> {
@@ -240,7 +240,7 @@ mod tests {
 
     use super::*;
     use crate::api::envelope::parse_json;
-    use crate::repository::ModelSpec;
+    use recserve_core::repository::ModelSpec;
 
     const RANKING: &str = r#"
 format_version = 1

@@ -4,15 +4,15 @@
 //! `item_id_field` among them, in `model.toml` order) and, when `U > 1`, `candidates_per_user` INT64 `[U]`
 //! (positive, summing to `B`): the first `n0` rows of `item_categorical` are user 0's candidates, the next `n1`
 //! user 1's, and so on. The rows to score are those of the row form (`categorical` `[B, F]`, `dense` `[B, N]`) for
-//! the same candidates, and so are the output and every check ([`crate::ranking::RankContract`]'s, naming the tensor). Generic
+//! the same candidates, and so are the output and every check ([`recserve_core::ranking::RankContract`]'s, naming the tensor). Generic
 //! clients build the row form from the metadata's `inputs`; the grouped form is described in its `properties`
 //! ([`Tensors::grouped_inputs`]).
 
 use super::{Tensors, check_ids, rows_of};
 use crate::api::kserve::{Datatype, InputTensor, TensorSpec};
-use crate::error::ServiceError;
-use crate::ranking::RankInput;
-use crate::repository::Side;
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::RankInput;
+use recserve_core::repository::Side;
 
 /// The user-side ids, one row per user.
 pub const USER_CATEGORICAL: &str = "user_categorical";
@@ -289,8 +289,8 @@ mod tests {
     use super::super::{CATEGORICAL, DENSE};
     use super::*;
     use crate::api::kserve::{TensorData, Typed};
-    use crate::ranking::RankContract;
-    use crate::testing::test_contract::{contract, wide_contract};
+    use recserve_core::ranking::RankContract;
+    use recserve_core::testing::test_contract::{contract, wide_contract};
 
     fn tensor(name: &str, datatype: &str, shape: &[usize], data: TensorData) -> InputTensor {
         InputTensor {

@@ -18,8 +18,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{Decoder, Key};
-use crate::error::ServiceError;
-use crate::ranking::RankContract;
+use recserve_core::error::ServiceError;
+use recserve_core::ranking::RankContract;
 
 /// What has been read of a columnar `candidates` object.
 #[derive(Debug, Default)]
@@ -346,11 +346,11 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::{RankBody, decode_rank, decode_rank_serde};
-    use crate::error::ServiceError;
-    use crate::ranking::RankContract;
-    use crate::repository::ModelSpec;
     use crate::testing::rank_reference::{self, to_columnar};
-    use crate::testing::test_contract::{SPEC, WIDE_SPEC, contract, wide_contract};
+    use recserve_core::error::ServiceError;
+    use recserve_core::ranking::RankContract;
+    use recserve_core::repository::ModelSpec;
+    use recserve_core::testing::test_contract::{SPEC, WIDE_SPEC, contract, wide_contract};
 
     /// Decodes `body` through the fast path and the serde decoder alone, which must agree; returns the result.
     fn decode_with(contract: &RankContract, body: &str) -> Result<RankBody, ServiceError> {

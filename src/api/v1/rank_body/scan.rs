@@ -13,7 +13,7 @@
 
 use super::Decoder;
 use super::columnar::Columns;
-use crate::ranking::RankContract;
+use recserve_core::ranking::RankContract;
 
 /// Scans `body` into `d`, or gives up (`None`) on anything outside the fast path's subset.
 pub(super) fn scan(d: &mut Decoder<'_>, body: &[u8]) -> Option<()> {
@@ -440,8 +440,8 @@ impl<'b> Scanner<'b> {
 mod tests {
     use super::super::{Decoder, decode_rank, decode_rank_serde};
     use super::scan;
-    use crate::ranking::RankContract;
-    use crate::testing::test_contract::{contract, wide_contract};
+    use recserve_core::ranking::RankContract;
+    use recserve_core::testing::test_contract::{contract, wide_contract};
 
     /// Whether the fast path takes `body`; either way, `decode_rank` must answer as the serde decoder alone.
     fn taken(body: &str) -> bool {

@@ -6,7 +6,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::*;
 use crate::testing::rank_reference;
-use crate::testing::test_contract::{contract, wide_contract};
+use recserve_core::testing::test_contract::{contract, wide_contract};
 
 fn decode(body: &str) -> Result<RankInput, ServiceError> {
     decode_rank(&contract(), body.as_bytes()).map(|b| b.input)

@@ -9,7 +9,7 @@ use cudarc::nvrtc::{result, sys};
 use crate::gpu::GpuError;
 
 /// `kernels/embedding_gather.cu`, built into the binary.
-pub const EMBEDDING_GATHER_SRC: &str = include_str!("../../../kernels/embedding_gather.cu");
+pub const EMBEDDING_GATHER_SRC: &str = include_str!("../../../../kernels/embedding_gather.cu");
 /// The entry point in [`EMBEDDING_GATHER_SRC`].
 pub const EMBEDDING_GATHER: &str = "embedding_gather";
 

@@ -21,7 +21,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
-use crate::config::{BatchDelay, Config, Switch};
 use crate::embedding::Preload;
 use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
@@ -66,60 +65,8 @@ pub struct RequestLimits {
     pub max_reply_items: usize,
 }
 
-impl LoadContext {
-    pub fn new(
-        config: &Config,
-        runtime: Runtime,
-        metrics: Metrics,
-        placement: Placement,
-    ) -> LoadContext {
-        let tier_client_replaced = metrics.tier_client_replaced();
-        LoadContext {
-            runtime,
-            metrics,
-            session: SessionOptions {
-                intra_op_threads: config.intra_op_threads,
-                provider: config.execution_provider,
-                tensorrt: config.tensorrt(),
-                cuda_device: None,
-            },
-            placement,
-            executors: config.executors,
-            shards: config.shards,
-            limits: RequestLimits {
-                max_candidates: config.max_candidates,
-                max_history: config.max_history,
-                max_exclude: config.max_exclude,
-                max_reply_items: config.max_reply_items,
-            },
-            batching: BatchSettings {
-                enabled: config.batching == Switch::On,
-                fixed_delay: config.batch_delay == BatchDelay::Fixed,
-                max_batch_rows: config.max_batch_rows,
-                max_queue_delay_us: config.max_queue_delay_us,
-                buckets: config.batch_buckets.clone(),
-                default_deadline_ms: config.default_deadline_ms,
-                queue_capacity: config.queue_capacity,
-                executor_niceness: config.executor_niceness,
-            },
-            gather_user_once: config.gather_user_once == Switch::On,
-            preload: match config.preload {
-                Switch::On => Preload::Populate,
-                Switch::Off => Preload::OnDemand,
-            },
-            split_graph: config.split_graph == Switch::On,
-            tier: TierContext::new(
-                config.redis_url.clone(),
-                config.embedding_cache_bytes,
-                std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
-                tier_client_replaced,
-            ),
-        }
-    }
-}
-
 /// A loaded model of any kind, as the registry holds it.
-pub trait Model: Send + Sync + Sized + 'static {
+pub trait Loadable: Send + Sync + Sized + 'static {
     /// Loads, checks and warms up the version in `version.dir`, whose `model.toml` reads as `spec`.
     fn load(
         ctx: &LoadContext,
@@ -353,7 +300,7 @@ impl<M: Send + Sync + 'static> Registry<M> {
     }
 }
 
-impl<M: Model> Registry<M> {
+impl<M: Loadable> Registry<M> {
     /// Takes `name` out of service (its version drains), if `check` accepts the snapshot without it.
     pub fn unload(
         &self,
@@ -460,7 +407,7 @@ impl<M: Model> Registry<M> {
 }
 
 /// Loads one version, records it in `recserve_model_info` and logs it.
-fn load_version<M: Model>(ctx: &LoadContext, mv: ModelVersion) -> Result<Served<M>, LoadError> {
+fn load_version<M: Loadable>(ctx: &LoadContext, mv: ModelVersion) -> Result<Served<M>, LoadError> {
     let started = Instant::now();
     let spec = Arc::new(repository::read_spec(&mv.dir)?);
     let model = M::load(ctx, &mv, Arc::clone(&spec))?;

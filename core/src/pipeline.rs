@@ -12,12 +12,26 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::Histogram;
+use serde::{Deserialize, Serialize};
 
-use crate::config::PipelineConfig;
 use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::ranking::{ItemFeatures, RankInput, RankingModel, best_first};
 use crate::recall::{Fallback, RecallInput, RecallModel, RecallQuery, SearchRequest};
+
+/// One `[pipelines.NAME]` table of the config file: `POST /v1/recommend/NAME` recalls `candidates` items with
+/// `recall_model`, ranks them with `ranking_model` (whose `[item_features]` supplies the item side) and returns
+/// the `k` best (docs/api.md).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    pub recall_model: String,
+    pub ranking_model: String,
+    /// Items recalled and ranked per request.
+    pub candidates: usize,
+    /// Items returned (the request may ask for fewer, or up to `candidates`).
+    pub k: usize,
+}
 
 /// A recommend request, as every transport decodes it.
 #[derive(Clone, Debug, PartialEq)]

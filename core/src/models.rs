@@ -1,20 +1,39 @@
 //! The model kinds the server serves, as the registry holds them: [`Model`] loads each kind through its own loader
-//! and says whether a model ranks or recalls; [`build_pipelines`] checks the config's pipelines against the
+//! and says whether a model ranks or recalls ([`Operation`]); [`build_pipelines`] checks the config's pipelines against the
 //! loaded models, and [`ResolvedPipeline`] is a pipeline with the two models of one snapshot.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::Operation;
-use crate::config::PipelineConfig;
 use crate::error::{LoadError, ServiceError};
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::ranking::RankingModel;
 use crate::recall::RecallModel;
-use crate::registry::{self, LoadContext, Served, Snapshot};
+use crate::registry::{LoadContext, Loadable, Served, Snapshot};
 use crate::repository::{ModelKind, ModelSpec, ModelVersion};
+
+/// What a request asks of a model: the `endpoint` label of the request metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Rank,
+    Recall,
+    Recommend,
+    /// KServe inference: whatever the model does (`rank` or `recall`; `infer` for a model that is not served).
+    Infer,
+}
+
+impl Operation {
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Operation::Rank => "rank",
+            Operation::Recall => "recall",
+            Operation::Recommend => "recommend",
+            Operation::Infer => "infer",
+        }
+    }
+}
 
 /// A loaded model of one of the supported kinds.
 #[derive(Debug)]
@@ -29,7 +48,7 @@ pub type ServedModel = Served<Model>;
 /// The models serving at one moment.
 pub type Models = Snapshot<Model>;
 
-impl registry::Model for Model {
+impl Loadable for Model {
     fn load(
         ctx: &LoadContext,
         mv: &ModelVersion,

@@ -561,18 +561,18 @@ fn fuzz_recall_contract_checks_every_query() {
     });
     let strict = contract(OovPolicy::Reject);
     let lenient = contract(OovPolicy::Default { row: 0 });
-    crate::fuzz::run("recall contract", inputs, |input| {
-        let mut outcome = crate::fuzz::Outcome::Refused;
+    crate::testing::fuzz::run("recall contract", inputs, |input| {
+        let mut outcome = crate::testing::fuzz::Outcome::Refused;
         for c in [&strict, &lenient] {
             match c.prepare(input.clone()) {
                 Ok(p) => {
                     prop_assert!((1..=c.items()).contains(&p.k));
                     prop_assert!(p.exclude.windows(2).all(|w| w[0] < w[1]));
                     prop_assert!(p.exclude.iter().all(|&e| (e as usize) < c.items()));
-                    outcome = crate::fuzz::Outcome::Accepted;
+                    outcome = crate::testing::fuzz::Outcome::Accepted;
                 }
                 Err(e) => {
-                    crate::fuzz::clear(&e)?;
+                    crate::testing::fuzz::clear(&e)?;
                 }
             }
         }
