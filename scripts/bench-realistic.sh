@@ -83,15 +83,11 @@ ceiling() { # OUT MODEL ROWS CANDIDATES FLAGS...
 batch_rows() { # METRICS-BEFORE METRICS-AFTER → mean rows per executed batch between them
   python - "$1" "$2" <<'EOF'
 import sys
-def read(path):
-    values = {}
-    for line in open(path):
-        for key in ("recserve_batch_rows_sum", "recserve_batch_rows_count"):
-            if line.startswith(key):
-                values[key] = values.get(key, 0.0) + float(line.split()[-1])
-    return values
-a, b = read(sys.argv[1]), read(sys.argv[2])
-print((b["recserve_batch_rows_sum"] - a["recserve_batch_rows_sum"]) / (b["recserve_batch_rows_count"] - a["recserve_batch_rows_count"]))
+sys.path.insert(0, "scripts/lib")
+import bench
+a, b = (bench.samples(open(path).read()) for path in sys.argv[1:3])
+rows, count = (bench.total(b, name) - bench.total(a, name) for name in ("recserve_batch_rows_sum", "recserve_batch_rows_count"))
+print(rows / count)
 EOF
 }
 

@@ -6,7 +6,6 @@ Run by that script; reads target/bench-batching/{c<N>-<on|off>/{saturation,open-
 import argparse
 import datetime
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -43,15 +42,9 @@ def failed(report):
     return f"{100 * r['errors'] / max(r['scheduled'], 1):.1f}% ({kinds})"
 
 
-def metric_sum(text, name, *labels):
-    """Sum of the samples of metric `name` in a Prometheus exposition whose label set holds every one of `labels`
-    (`key="value"`; none: every sample)."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", line)
-        if m and all(label in (m.group(1) or "").split(",") for label in labels):
-            total += float(m.group(2))
-    return total
+def metric_sum(text, name, **labels):
+    """Sum of the samples of metric `name` in a /metrics text whose labels include `labels` (none: every sample)."""
+    return bench.total(bench.samples(text), name, **labels)
 
 
 def mean_batch(before, after):
@@ -137,8 +130,8 @@ def main():
     scrape = (results / "overload" / "metrics.txt").read_text()
     margin = (ms(1000 * metric_sum(scrape, "recserve_admission_margin_seconds"))
               if "recserve_admission_margin_seconds" in scrape else "not exported")
-    fast = int(metric_sum(scrape, "recserve_request_duration_seconds_bucket", 'endpoint="rank"', 'le="0.001"'))
-    refusals = int(metric_sum(scrape, "recserve_requests_total", 'endpoint="rank"', 'code="429"'))
+    fast = int(metric_sum(scrape, "recserve_request_duration_seconds_bucket", endpoint="rank", le="0.001"))
+    refusals = int(metric_sum(scrape, "recserve_requests_total", endpoint="rank", code="429"))
     accepted = run["latency_ms"]
     total = run["requests"]["scheduled"]
     out += [

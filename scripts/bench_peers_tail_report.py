@@ -96,10 +96,7 @@ def prom(path: Path, model: str) -> dict[str, float]:
     values: dict[str, float] = {}
     if not path.is_file():
         return values
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        key, _, value = line.rpartition(" ")
+    for key, value in bench.samples(path.read_text(encoding="utf-8")).items():
         name, _, labels = key.partition("{")
         if f'model="{model}"' not in labels and not name.startswith(("recserve_thread_", "recserve_machine_")):
             continue
@@ -111,10 +108,7 @@ def prom(path: Path, model: str) -> dict[str, float]:
             name = f"{name}:{role.group(1) if role else '?'}"
         elif not name.endswith(("_sum", "_count")):
             continue
-        try:
-            values[name] = values.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+        values[name] = values.get(name, 0.0) + value
     return values
 
 

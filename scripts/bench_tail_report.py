@@ -30,12 +30,7 @@ STAGES = ["read", "decode", "admit", "queue", "dispatch", "gather", "inference",
 
 def prom(path: Path) -> dict[str, float]:
     """Every sample of a /metrics text: `name{labels}` -> value."""
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
+    return bench.samples(path.read_text(encoding="utf-8"))
 
 
 def delta(prefix: Path) -> dict[str, float]:
@@ -43,10 +38,7 @@ def delta(prefix: Path) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def total(d: dict[str, float], name: str, **labels: str) -> float:
-    """The sum of `name`'s samples whose labels include `labels`."""
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(v for k, v in d.items() if k.split("{")[0] == name and all(w in k for w in want))
+total = bench.total
 
 
 def answered(d: dict[str, float], model: str) -> float:

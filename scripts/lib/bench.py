@@ -155,6 +155,12 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
+def total(values: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples in `values` (samples()'s form) whose labels include `labels`."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in values.items() if k.split("{")[0] == name and all(w in k for w in want))
+
+
 # --- generated sections of a document ---------------------------------------------------------------------------
 
 
