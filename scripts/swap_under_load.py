@@ -34,8 +34,7 @@ from safetensors.numpy import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
 import bench
 
-MARK_BEGIN = "<!-- swap-under-load: begin -->"
-MARK_END = "<!-- swap-under-load: end -->"
+MARK_BEGIN, MARK_END = bench.markers("swap-under-load", "scripts/swap-under-load.sh")
 
 
 def log(message: str) -> None:
