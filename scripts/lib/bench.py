@@ -3,8 +3,8 @@
 and waited for until it is ready (and stopped by PID), its resident memory read or sampled, its /metrics scraped and
 read, and a generated section of a document (docs/benchmarks.md) replaced between its markers.
 
-Python scripts import it (`sys.path` gets scripts/lib); the shell scripts reach it through scripts/lib/server-process.sh,
-which calls this command line:
+Python scripts import it (`sys.path` gets scripts/lib); the shell scripts reach it through
+scripts/lib/server-process.sh, which calls this command line:
 
     bench.py wait-ready URL PID LOG [--timeout S]   poll URL until it answers 2xx; fail if PID exits first
     bench.py scrape URL OUT                          URL's body (a /metrics text) into OUT
