@@ -44,41 +44,28 @@ cargo build --release --quiet -p recserve -p recload --bins
 recserve_bin=$root/target/release/recserve
 recload_bin=$root/target/release/recload
 
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
 # recload on CPU 0, the server on the others (one executor per server core, one ONNX Runtime thread each).
-cpus=$(nproc)
-if [ "$cpus" -ge 2 ]; then
-  client=(taskset -c 0)
-  server_cpus="1-$((cpus - 1))"
-  [ "$cpus" -eq 2 ] && server_cpus=1
-  server_cores=$((cpus - 1))
-  server=(taskset -c "$server_cpus")
+cpu_layout rest
+if [ -n "$server_cpus" ]; then
   pinning="recload on CPU 0, recserve on CPU $server_cpus ($server_cores core(s)), \`--executors $server_cores --intra-op-threads 1\`"
 else
-  client=(); server=(); server_cores=1
   pinning="no pinning (one CPU): recload and recserve share it"
 fi
 
-# shellcheck source=lib/server-process.sh
-source scripts/lib/server-process.sh
-start_server() { # LOG FLAGS... → server_pid, url
+start_recserve() { # LOG FLAGS... → server_pid, url
   local log=$1 port
   shift
   port=$(free_port)
   url=http://127.0.0.1:$port
-  "${server[@]}" "$recserve_bin" serve --repository "$results/repo" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors "$server_cores" --intra-op-threads 1 "$@" > "$log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 600); do
-    kill -0 "$server_pid" 2>/dev/null || { tail -20 "$log" >&2; die "recserve exited; log: $log"; }
-    curl -sf -o /dev/null "$url/health/ready" && return 0
-    sleep 0.2
-  done
-  die "recserve not ready after 120 s; log: $log"
+  start_server "$log" "$url/health/ready" "$recserve_bin" serve --repository "$results/repo" \
+    --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" --executors "$server_cores" \
+    --intra-op-threads 1 "$@" || die "recserve did not start; log: $log"
 }
 recload() { # ARGS... (workload and target added)
-  "${client[@]}" "$recload_bin" run --url "$url" --model "$MODEL" --repository "$results/repo" --quiet "$@" >&2
+  "${on_client[@]}" "$recload_bin" run --url "$url" --model "$MODEL" --repository "$results/repo" --quiet "$@" >&2
 }
-saturation_of() { python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$1"; }
 
 # --- batching off and on: saturation, then the same offered loads -------------------------------------------
 for c in $CANDIDATES; do
@@ -86,13 +73,13 @@ for c in $CANDIDATES; do
     dir=$results/c$c-$mode
     mkdir -p "$dir"
     log "$c candidates, batching $mode: closed-loop saturation (concurrency $CONCURRENCY)"
-    start_server "$dir/recserve.log" --batching "$mode"
-    curl -sf "$url/metrics" > "$dir/metrics-before.txt"
+    start_recserve "$dir/recserve.log" --batching "$mode"
+    scrape "$url/metrics" "$dir/metrics-before.txt"
     recload --candidates "$c" --closed --concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" \
       --label "batching $mode" --json "$dir/saturation.json"
-    curl -sf "$url/metrics" > "$dir/metrics-saturation.txt"
+    scrape "$url/metrics" "$dir/metrics-saturation.txt"
     if [ "$mode" = on ]; then
-      on_saturation=$(saturation_of "$dir/saturation.json")
+      on_saturation=$(json_field "$dir/saturation.json" achieved_rps)
     fi
     for f in $LOADS; do
       rate=$(python -c "print(max(1, round($on_saturation * $f)))")
@@ -107,25 +94,20 @@ done
 # --- overload: twice batching on's saturation, deadline DEADLINE_MS ------------------------------------------
 dir=$results/overload
 mkdir -p "$dir"
-sat=$(saturation_of "$results/c$OVERLOAD_CANDIDATES-on/saturation.json")
+sat=$(json_field "$results/c$OVERLOAD_CANDIDATES-on/saturation.json" achieved_rps)
 rate=$(python -c "print(round(2 * $sat))")
 log "overload: $rate/s (2 × $sat/s) for $OVERLOAD_S s, default deadline $DEADLINE_MS ms, batching on"
-start_server "$dir/recserve.log" --batching on --default-deadline-ms "$DEADLINE_MS"
-rss() { awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status"; }
-echo "$(rss)" > "$dir/rss-kib.txt"
-(
-  while kill -0 "$server_pid" 2>/dev/null; do
-    sleep 1
-    awk '/^VmRSS/ {print $2}' "/proc/$server_pid/status" 2>/dev/null || true
-  done >> "$dir/rss-kib.txt"
-) &
+start_recserve "$dir/recserve.log" --batching on --default-deadline-ms "$DEADLINE_MS"
+# The server's resident memory every second, the first sample (at ready) before the load starts.
+python scripts/lib/bench.py sample-rss "$server_pid" "$dir/rss-kib.txt" --every 1 &
 sampler=$!
+until [ -s "$dir/rss-kib.txt" ] || ! kill -0 "$sampler" 2>/dev/null; do sleep 0.05; done
 recload --candidates "$OVERLOAD_CANDIDATES" --rate "$rate" --connections 512 --timeout 2s --warmup 0s \
   --duration "${OVERLOAD_S}s" --settle-timeout 0s --label "overload" --json "$dir/run.json"
 sleep 2
 alive=false
 kill -0 "$server_pid" 2>/dev/null && curl -sf -o /dev/null "$url/health/ready" && alive=true
-curl -sf "$url/metrics" > "$dir/metrics.txt" || true
+scrape "$url/metrics" "$dir/metrics.txt" || true
 kill "$sampler" 2>/dev/null || true
 wait "$sampler" 2>/dev/null || true
 stop_server
@@ -136,10 +118,10 @@ stop_server
 dir=$results/control
 mkdir -p "$dir"
 log "control: $rate/s for $CONTROL_S s, default deadline 1 ms (every request refused)"
-start_server "$dir/recserve.log" --batching on --default-deadline-ms 1
+start_recserve "$dir/recserve.log" --batching on --default-deadline-ms 1
 recload --candidates "$OVERLOAD_CANDIDATES" --rate "$rate" --connections 512 --timeout 2s --warmup 2s \
   --duration "${CONTROL_S}s" --settle-timeout 0s --label "control" --json "$dir/run.json"
-curl -sf "$url/metrics" > "$dir/metrics.txt" || true
+scrape "$url/metrics" "$dir/metrics.txt" || true
 stop_server
 
 python scripts/bench_batching_report.py --results "$results" --doc docs/benchmarks.md --candidates "$CANDIDATES" \

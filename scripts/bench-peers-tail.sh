@@ -183,21 +183,19 @@ if ! "$oha_bin" --version 2>/dev/null | grep -q '^oha 1\.16\.'; then
 fi
 
 # --- cores --------------------------------------------------------------------------------------------------
-cpus=$(nproc)
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
 if [ $whole_box = 1 ]; then
-  server_cores=$cpus; client=(); server=()
-  pinning="none (\`--whole-box\`): each server in turn has all $cpus CPUs and shares them with recload"
-elif [ "$cpus" -ge 2 ]; then
-  server_cores=$((cpus - 1)); client=(taskset -c 0); server=(taskset -c "1-$((cpus - 1))")
-  server_cpus=1; [ "$cpus" -gt 2 ] && server_cpus="1-$((cpus - 1))"
+  cpu_layout none
+  pinning="none (\`--whole-box\`): each server in turn has all $server_cores CPUs and shares them with recload"
+elif [ "$(nproc)" -ge 2 ]; then
+  cpu_layout rest
   pinning="recload (and oha) on CPU 0; each server in turn alone on CPU $server_cpus"
 else
   die "needs 2 CPUs: the load generator on one, the server on the other (or --whole-box)"
 fi
 
 # --- servers ------------------------------------------------------------------------------------------------
-# shellcheck source=lib/server-process.sh
-source scripts/lib/server-process.sh
 
 # The Triton model directory of MODEL with max_batch_size MAX_BATCH and max_queue_delay_microseconds DELAY.
 triton_repo() { # MODEL MAX_BATCH DELAY → prints the repository
@@ -246,7 +244,7 @@ EOF
 }
 
 # Starts SYSTEM serving MODEL (for Triton: from the repository TRITON_REPO) → sets server_pid, url, target.
-start_server() { # SYSTEM MODEL [TRITON_REPO]
+start_system() { # SYSTEM MODEL [TRITON_REPO]
   local port log
   port=$(free_port)
   log=$results/logs/$1-$2.log
@@ -255,27 +253,21 @@ start_server() { # SYSTEM MODEL [TRITON_REPO]
   case "$1" in
     recserve*)
       # shellcheck disable=SC2086
-      "${server[@]}" "$recserve_bin" serve --repository "$repos/$2" --http-addr "127.0.0.1:$port" \
-        --grpc-addr "127.0.0.1:$(free_port)" --executors "$server_cores" --intra-op-threads 1 $RECSERVE_FLAGS \
-        > "$log" 2>&1 &
-      server_pid=$!
-      wait_ready "$url/health/ready" "$log"
+      start_server "$log" "$url/health/ready" "$recserve_bin" serve --repository "$repos/$2" \
+        --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" --executors "$server_cores" \
+        --intra-op-threads 1 $RECSERVE_FLAGS
       target=(--url "$url" --body "$RECSERVE_BODY") ;;
     triton)
-      LD_LIBRARY_PATH="$libpython_dir:$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        "${server[@]}" "$triton/bin/tritonserver" --model-repository="$3" \
-        --backend-directory="$triton/backends" --http-port "$port" --grpc-port "$(free_port)" \
-        --metrics-port "$(free_port)" --log-verbose=0 > "$log" 2>&1 &
-      server_pid=$!
-      wait_ready "$url/v2/health/ready" "$log"
+      start_server "$log" "$url/v2/health/ready" \
+        env LD_LIBRARY_PATH="$libpython_dir:$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        "$triton/bin/tritonserver" --model-repository="$3" --backend-directory="$triton/backends" \
+        --http-port "$port" --grpc-port "$(free_port)" --metrics-port "$(free_port)" --log-verbose=0
       target=(--url "$url" --envelope kserve-v2-grouped-batched) ;;
     fastapi)
-      PEER_REPOSITORY=$repos/$2 PEER_MODELS=$2 PEER_INTRA_OP_THREADS=1 \
-        "${server[@]}" "$venv/bin/uvicorn" fastapi_server:app --app-dir loadtest/peers --host 127.0.0.1 \
-        --port "$port" --workers "$server_cores" --loop uvloop --http httptools --no-access-log \
-        --log-level warning > "$log" 2>&1 &
-      server_pid=$!
-      wait_ready "$url/health/ready" "$log"
+      start_server "$log" "$url/health/ready" \
+        env PEER_REPOSITORY="$repos/$2" PEER_MODELS="$2" PEER_INTRA_OP_THREADS=1 \
+        "$venv/bin/uvicorn" fastapi_server:app --app-dir loadtest/peers --host 127.0.0.1 --port "$port" \
+        --workers "$server_cores" --loop uvloop --http httptools --no-access-log --log-level warning
       target=(--url "$url" --body columnar) ;;
   esac
 }
@@ -288,7 +280,6 @@ step() { # OUT-PREFIX COMMAND...
   python scripts/lib/step.py --out "$out.step.json" "${scrape[@]}" -- "$@"
 }
 
-json_field() { python -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 
 # --- measure ------------------------------------------------------------------------------------------------
 declare -A label=(
@@ -309,10 +300,10 @@ for p in $precisions; do
   common_of "$model"
   # recserve's closed-loop saturation sets every system's load points.
   system=recserve
-  start_server recserve "$model"
+  start_system recserve "$model"
   mkdir -p "$results/$p/saturation"
   for i in $(seq "$SATURATION_RUNS"); do
-    step "$results/$p/saturation/closed-$i" "${client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" \
+    step "$results/$p/saturation/closed-$i" "${on_client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" \
       "${timing[@]}" --duration "${DURATION}" --closed --concurrency "$CLOSED_CONCURRENCY" \
       --json "$results/$p/saturation/closed-$i.json" > /dev/null
   done
@@ -328,19 +319,19 @@ EOF
   system=triton
   tuning=$results/$p/triton-tuning
   mkdir -p "$tuning"
-  start_server triton "$model" "$(triton_repo "$model" 64 0)"
-  step "$tuning/closed" "${client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
+  start_system triton "$model" "$(triton_repo "$model" 64 0)"
+  step "$tuning/closed" "${on_client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
     --duration "$TUNE_DURATION" --closed --concurrency "$CLOSED_CONCURRENCY" --json "$tuning/closed.json" > /dev/null
   stop_server
   triton_saturation=$(json_field "$tuning/closed.json" achieved_rps)
   for max_batch in $TRITON_MAX_BATCHES; do
     for delay in $TRITON_DELAYS_US; do
-      start_server triton "$model" "$(triton_repo "$model" "$max_batch" "$delay")"
+      start_system triton "$model" "$(triton_repo "$model" "$max_batch" "$delay")"
       for share in $TUNE_SHARES; do
         rate=$(python -c "print(max(1, round($triton_saturation * $share)))")
         for i in $(seq "$TUNE_REPEATS"); do
           out=$tuning/mb$max_batch-d$delay-$share-$i
-          step "$out" "${client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
+          step "$out" "${on_client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
             --duration "$TUNE_DURATION" --rate "$rate" --json "$out.json" > /dev/null
         done
       done
@@ -376,9 +367,9 @@ for round in $(seq "$ROUNDS"); do
       log "round $round, $p: $system ($model)"
       if [ "$system" = triton ]; then
         read -r max_batch delay <<< "${triton_setting[$p]}"
-        start_server triton "$model" "$(triton_repo "$model" "$max_batch" "$delay")"
+        start_system triton "$model" "$(triton_repo "$model" "$max_batch" "$delay")"
       else
-        start_server "$system" "$model"
+        start_system "$system" "$model"
       fi
       if [ "$round" = 1 ]; then
         if [ "$system" = recserve ]; then
@@ -411,14 +402,14 @@ EOF
 )
       for point in "${rates[@]}"; do
         rate=${point%%:*} name=${point#*:}
-        step "$out/fixed-$name" "${client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
+        step "$out/fixed-$name" "${on_client[@]}" "$recload_bin" run "${target[@]}" "${common[@]}" "${timing[@]}" \
           "${labelled[@]}" --duration "$DURATION" --rate "$rate" --json "$out/fixed-$name.json" > /dev/null
         [ "$name" = low ] && continue
-        step "$out/oha-$name" "${client[@]}" "$oha_bin" -q "$rate" --latency-correction -c "$CONNECTIONS" \
+        step "$out/oha-$name" "${on_client[@]}" "$oha_bin" -q "$rate" --latency-correction -c "$CONNECTIONS" \
           -z "$OHA_DURATION" -w -t "$TIMEOUT" -m POST --no-tui --output-format json -o "$out/oha-$name.json" \
           "${oha_args[@]}"
       done
-      step "$out/sweep" "${client[@]}" "$recload_bin" sweep "${target[@]}" "${common[@]}" "${timing[@]}" \
+      step "$out/sweep" "${on_client[@]}" "$recload_bin" sweep "${target[@]}" "${common[@]}" "${timing[@]}" \
         "${labelled[@]}" --duration "$SWEEP_DURATION" --rates "$RATES" --sla 5ms,20ms --refine "$REFINE" \
         --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
       stop_server

@@ -52,51 +52,42 @@ cargo build --release --quiet -p recserve -p recload --bins
 recserve_bin=$root/target/release/recserve
 recload_bin=$root/target/release/recload
 
-[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: recload on CPU 0, recserve on CPU 1"
-client=(taskset -c 0)
-server=(taskset -c 1)
-
 # shellcheck source=lib/server-process.sh
 source scripts/lib/server-process.sh
-start_server() { # LOG MODEL FLAGS... → server_pid, url
+# recload on CPU 0, recserve on CPU 1.
+cpu_layout one || die "needs 2 CPUs"
+start_recserve() { # LOG MODEL FLAGS... → server_pid, url
   local log=$1 model=$2 port
   shift 2
   mkdir -p "$results/repo-$model"
   ln -sfn "$(cd "$(repository_of "$model")/$model" && pwd)" "$results/repo-$model/$model"
   port=$(free_port)
   url=http://127.0.0.1:$port
-  "${server[@]}" "$recserve_bin" serve --repository "$results/repo-$model" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 "$@" > "$log" 2>&1 &
-  server_pid=$!
-  wait_ready "$url/health/ready" "$log"
+  start_server "$log" "$url/health/ready" "$recserve_bin" serve --repository "$results/repo-$model" \
+    --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 "$@"
 }
 # recload run on CPU 0, timed: OUT.json and OUT.time ("user system wall" seconds of recload itself).
 load() { # OUT MODEL ARGS...
   local out=$1 model=$2
   shift 2
-  /usr/bin/time -f '%U %S %e' -o "$out.time" "${client[@]}" "$recload_bin" run --url "$url" --model "$model" \
+  /usr/bin/time -f '%U %S %e' -o "$out.time" "${on_client[@]}" "$recload_bin" run --url "$url" --model "$model" \
     --repository "$results/repo-$model" --quiet --json "$out.json" "$@" >&2
 }
 ceiling() { # OUT MODEL ROWS CANDIDATES FLAGS...
   local out=$1 model=$2 rows=$3 candidates=$4
   shift 4
-  "${server[@]}" "$recload_bin" ceiling --repository "$(repository_of "$model")" --model "$model" --batch-rows "$rows" \
+  "${on_server[@]}" "$recload_bin" ceiling --repository "$(repository_of "$model")" --model "$model" --batch-rows "$rows" \
     --candidates "$candidates" --warmup "$WARMUP" --duration "$DURATION" --json "$out.json" \
     --executors 1 --intra-op-threads 1 "$@" >&2
 }
-achieved() { python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$1"; }
 batch_rows() { # METRICS-BEFORE METRICS-AFTER → mean rows per executed batch between them
   python - "$1" "$2" <<'EOF'
 import sys
-def read(path):
-    values = {}
-    for line in open(path):
-        for key in ("recserve_batch_rows_sum", "recserve_batch_rows_count"):
-            if line.startswith(key):
-                values[key] = values.get(key, 0.0) + float(line.split()[-1])
-    return values
-a, b = read(sys.argv[1]), read(sys.argv[2])
-print((b["recserve_batch_rows_sum"] - a["recserve_batch_rows_sum"]) / (b["recserve_batch_rows_count"] - a["recserve_batch_rows_count"]))
+sys.path.insert(0, "scripts/lib")
+import bench
+a, b = (bench.samples(open(path).read()) for path in sys.argv[1:3])
+rows, count = (bench.total(b, name) - bench.total(a, name) for name in ("recserve_batch_rows_sum", "recserve_batch_rows_count"))
+print(rows / count)
 EOF
 }
 
@@ -105,16 +96,16 @@ saturate() {
   local dir=$1 model=$2 candidates=$3 closed rate
   shift 3
   mkdir -p "$dir"
-  start_server "$dir/recserve.log" "$model" "$@"
+  start_recserve "$dir/recserve.log" "$model" "$@"
   load "$dir/closed" "$model" --candidates "$candidates" --closed --concurrency 64 --warmup "$WARMUP" \
     --duration "$DURATION"
-  closed=$(achieved "$dir/closed.json")
+  closed=$(json_field "$dir/closed.json" achieved_rps)
   rate=$(python -c "print(max(1, round($closed * $OVERLOAD)))")
   log "$model, $candidates candidates $*: open loop at $rate/s ($OVERLOAD × closed-loop $closed/s)"
-  curl -sf "$url/metrics" > "$dir/metrics-before.txt"
+  scrape "$url/metrics" "$dir/metrics-before.txt"
   load "$dir/open" "$model" --candidates "$candidates" --rate "$rate" --connections "$CONNECTIONS" --timeout 2s \
     --warmup "$WARMUP" --duration "$DURATION"
-  curl -sf "$url/metrics" > "$dir/metrics-after.txt"
+  scrape "$url/metrics" "$dir/metrics-after.txt"
   stop_server
   batch_rows "$dir/metrics-before.txt" "$dir/metrics-after.txt" > "$dir/batch-rows.txt"
 }

@@ -55,7 +55,10 @@ die() { echo "bench-redis-tier: error: $*" >&2; exit 1; }
 
 # shellcheck source=env.sh
 source scripts/env.sh
-[ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: recload on CPU 0, recserve on CPU 1"
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
+# recload on CPU 0, recserve on CPU 1 (the Redis nodes where the kernel puts them).
+cpu_layout one || die "needs 2 CPUs"
 command -v redis-server >/dev/null || die "redis-server is not installed (apt-get install redis-server)"
 rm -rf "$results"
 mkdir -p "$results"
@@ -69,8 +72,6 @@ log "writing the model (synth --preset realistic --max-rows $MAX_ROWS)"
 python -m recserve_models synth --preset realistic --max-rows "$MAX_ROWS" --requests 8 --out "$results/synth" >/dev/null
 
 cluster=$results/cluster
-# shellcheck source=lib/server-process.sh
-source scripts/lib/server-process.sh
 trap 'stop_server; scripts/redis-cluster.sh stop "$cluster"' EXIT
 nodes=$(scripts/redis-cluster.sh start "$cluster")
 
@@ -115,26 +116,21 @@ EOF
 )
 log "tables: $table_bytes bytes"
 
-client=(taskset -c 0)
-server=(taskset -c 1)
-start_server() { # LOG REPO FLAGS... → server_pid, url
+start_recserve() { # LOG REPO FLAGS... → server_pid, url
   local log=$1 repo=$2 port
   shift 2
   port=$(free_port)
   url=http://127.0.0.1:$port
-  "${server[@]}" "$recserve_bin" serve --repository "$repo" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 --redis-url "$nodes" "$@" > "$log" 2>&1 &
-  server_pid=$!
-  wait_ready "$url/health/ready" "$log"
+  start_server "$log" "$url/health/ready" "$recserve_bin" serve --repository "$repo" --http-addr "127.0.0.1:$port" \
+    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 --redis-url "$nodes" "$@"
 }
 load() { # OUT ARGS... (recload on CPU 0, timed: OUT.json, OUT.time = "user system wall")
   local out=$1
   shift
-  /usr/bin/time -f '%U %S %e' -o "$out.time" "${client[@]}" "$recload_bin" run --url "$url" --model "$model" \
+  /usr/bin/time -f '%U %S %e' -o "$out.time" "${on_client[@]}" "$recload_bin" run --url "$url" --model "$model" \
     --repository "$results/repo-mapped" --pool "$POOL" --quiet --json "$out.json" "$@" >&2
 }
-achieved() { python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$1"; }
-metrics() { curl -sf "$url/metrics" > "$1"; }
+metrics() { scrape "$url/metrics" "$1"; }
 
 # (a) saturation, then latency at half of it, per configuration.
 half=""
@@ -142,12 +138,12 @@ for config in mapped cache-5 cache-20; do
   dir=$results/$config
   mkdir -p "$dir"
   case $config in
-    mapped) start_server "$dir/recserve.log" "$results/repo-mapped" ;;
-    cache-5) start_server "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 5 / 100)) ;;
-    cache-20) start_server "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100)) ;;
+    mapped) start_recserve "$dir/recserve.log" "$results/repo-mapped" ;;
+    cache-5) start_recserve "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 5 / 100)) ;;
+    cache-20) start_recserve "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100)) ;;
   esac
   load "$dir/closed" --closed --concurrency 64 --warmup "$WARMUP" --duration "$DURATION"
-  half=$(python -c "print(max(1, round($(achieved "$dir/closed.json") / 2)))")
+  half=$(python -c "print(max(1, round($(json_field "$dir/closed.json" achieved_rps) / 2)))")
   metrics "$dir/metrics-before.txt"
   load "$dir/open" --rate "$half" --connections 128 --timeout 2s --warmup "$WARMUP" --duration "$DURATION"
   metrics "$dir/metrics-after.txt"
@@ -162,12 +158,12 @@ mkdir -p "$dir"
 for version in a b; do
   repo=$results/repo-mapped
   [ $version = b ] && repo=$results/repo-mapped-b
-  start_server "$dir/reference-$version.log" "$repo"
-  "${client[@]}" "$recload_bin" check --url "$url" --model "$model" --repository "$results/repo-mapped" \
+  start_recserve "$dir/reference-$version.log" "$repo"
+  "${on_client[@]}" "$recload_bin" check --url "$url" --model "$model" --repository "$results/repo-mapped" \
     --samples "$POOL" --save "$dir/scores-$version.json" >&2
   stop_server
 done
-start_server "$dir/recserve.log" "$results/repo-strict" --embedding-cache-bytes $((table_bytes * 20 / 100))
+start_recserve "$dir/recserve.log" "$results/repo-strict" --embedding-cache-bytes $((table_bytes * 20 / 100))
 metrics "$dir/metrics-before.txt"
 python scripts/lib/flip-rows.py "$results/repo-strict/$model/1" "$nodes" "$UPDATE_RATE" \
   "$(python -c "print(float('${DURATION%s}') + float('${WARMUP%s}') + 1)")" "$dir/scores-a.json" "$TORN" \
@@ -182,7 +178,7 @@ stop_server
 # (c) a master killed by PID at half the 20% server's saturation; the killed node is started again afterwards.
 dir=$results/failover
 mkdir -p "$dir"
-start_server "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100))
+start_recserve "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100))
 load "$dir/warm" --rate "$own_half" --connections 128 --timeout 2s --warmup 0s --duration "$WARMUP"
 metrics "$dir/metrics-before.txt"
 (
@@ -214,7 +210,7 @@ scripts/redis-cluster.sh restart "$cluster" "$(python -c 'import json, sys; prin
 # (d) a master blocked by DEBUG SLEEP under load; requests with a deadline of SLOW_DEADLINE_MS.
 dir=$results/slow
 mkdir -p "$dir"
-start_server "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100)) \
+start_recserve "$dir/recserve.log" "$results/repo-redis" --embedding-cache-bytes $((table_bytes * 20 / 100)) \
   --default-deadline-ms "$SLOW_DEADLINE_MS"
 metrics "$dir/metrics-before.txt"
 (
@@ -235,16 +231,13 @@ python - "$results" "$table_bytes" "$SLOW_DEADLINE_MS" <<'EOF'
 import json, sys
 from pathlib import Path
 
+sys.path.insert(0, "scripts/lib")
+import bench
+
 results, table_bytes, deadline_ms = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 
 def read_metrics(path):
-    out = {}
-    for line in open(path):
-        if line.startswith("#") or not line.strip():
-            continue
-        name, value = line.rsplit(" ", 1)
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return bench.samples(Path(path).read_text())
 
 def delta(d, prefix):
     a, b = read_metrics(d / "metrics-before.txt"), read_metrics(d / "metrics-after.txt")

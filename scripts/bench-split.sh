@@ -35,15 +35,14 @@ mkdir -p "$results"
 cargo build --release --quiet -p recserve -p recload --bins
 recserve_bin=$root/target/release/recserve
 recload_bin=$root/target/release/recload
-client=(taskset -c 0)
-server=(taskset -c 1)
-
 # shellcheck source=lib/server-process.sh
 source scripts/lib/server-process.sh
+# recload on CPU 0, recserve on CPU 1.
+cpu_layout one
 ceiling() { # OUT MODEL CANDIDATES FLAGS...
   local out=$1 model=$2 candidates=$3
   shift 3
-  "${server[@]}" "$recload_bin" ceiling --repository "$REPOSITORY" --model "$model" --batch-rows 1000 \
+  "${on_server[@]}" "$recload_bin" ceiling --repository "$REPOSITORY" --model "$model" --batch-rows 1000 \
     --candidates "$candidates" --warmup "$WARMUP" --duration "$DURATION" --json "$out.json" \
     --executors 1 --intra-op-threads 1 "$@" >&2
 }
@@ -53,17 +52,15 @@ saturate() { # DIR MODEL CANDIDATES: closed loop, then open loop at OVERLOAD × 
   ln -sfn "$(cd "$REPOSITORY/$model" && pwd)" "$dir/repo/$model"
   port=$(free_port)
   url=http://127.0.0.1:$port
-  "${server[@]}" "$recserve_bin" serve --repository "$dir/repo" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 > "$dir/recserve.log" 2>&1 &
-  server_pid=$!
-  wait_ready "$url/health/ready" "$dir/recserve.log"
-  "${client[@]}" "$recload_bin" run --url "$url" --model "$model" --repository "$dir/repo" --quiet \
+  start_server "$dir/recserve.log" "$url/health/ready" "$recserve_bin" serve --repository "$dir/repo" \
+    --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1
+  "${on_client[@]}" "$recload_bin" run --url "$url" --model "$model" --repository "$dir/repo" --quiet \
     --json "$dir/closed.json" --candidates "$candidates" --closed --concurrency 64 --warmup "$WARMUP" \
     --duration "$DURATION" >&2
-  closed=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["achieved_rps"])' "$dir/closed.json")
+  closed=$(json_field "$dir/closed.json" achieved_rps)
   rate=$(python -c "print(max(1, round($closed * $OVERLOAD)))")
   log "$model, $candidates candidates: open loop at $rate/s"
-  /usr/bin/time -f '%U %S %e' -o "$dir/open.time" "${client[@]}" "$recload_bin" run --url "$url" --model "$model" \
+  /usr/bin/time -f '%U %S %e' -o "$dir/open.time" "${on_client[@]}" "$recload_bin" run --url "$url" --model "$model" \
     --repository "$dir/repo" --quiet --json "$dir/open.json" --candidates "$candidates" --rate "$rate" \
     --connections 256 --timeout 2s --warmup "$WARMUP" --duration "$DURATION" >&2
   stop_server

@@ -39,7 +39,10 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-15s}
 OUT=${OUT:-target/bench-tail}
 SECTION=${SECTION:-$MODEL}
-[ "$(nproc)" -ge 2 ] || { echo "bench-tail: needs 2 CPUs: recload on CPU 0, recserve on CPU 1" >&2; exit 1; }
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
+# recload on CPU 0, recserve on CPU 1.
+cpu_layout one || { echo "bench-tail: needs 2 CPUs" >&2; exit 1; }
 command_line="ROUNDS=$ROUNDS DURATION=$DURATION MODEL=$MODEL SHARES=\"$SHARES\" scripts/bench-tail.sh"
 [ ${#doc_args[@]} = 0 ] || command_line+=" --doc"
 for v in "$@"; do command_line+=" \"$v\""; done
@@ -50,8 +53,6 @@ fi
 cargo build --release --quiet -p recserve -p recload --bins
 rm -rf "$OUT"
 mkdir -p "$OUT"
-# shellcheck source=lib/server-process.sh
-source scripts/lib/server-process.sh
 
 # Parses VARIANT into name, binary, server_flags, recload_flags.
 parse() {
@@ -72,18 +73,15 @@ start() { # VARIANT LOG
   port=$(free_port)
   url=http://127.0.0.1:$port
   # shellcheck disable=SC2086
-  taskset -c 1 "$binary" serve --repository "$REPOSITORY" --http-addr "127.0.0.1:$port" \
-    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 --slow-requests 5000 \
-    $server_flags > "$2" 2>&1 &
-  server_pid=$!
-  wait_ready "$url/health/ready" "$2"
+  start_server "$2" "$url/health/ready" "$binary" serve --repository "$REPOSITORY" --http-addr "127.0.0.1:$port" \
+    --grpc-addr "127.0.0.1:$(free_port)" --executors 1 --intra-op-threads 1 --slow-requests 5000 $server_flags
 }
 
 run() { # PREFIX RECLOAD-ARGS...: one step, with the server's /metrics around it
   local prefix=$1; shift
   # shellcheck disable=SC2086
   python scripts/lib/step.py --out "$prefix.step.json" --metrics "$url/metrics" --prom "$prefix" -- \
-    taskset -c 0 "$root/target/release/recload" run --url "$url" --model "$MODEL" --repository "$REPOSITORY" \
+    "${on_client[@]}" "$root/target/release/recload" run --url "$url" --model "$MODEL" --repository "$REPOSITORY" \
     --quiet --json "$prefix.json" $recload_flags "$@" > /dev/null
 }
 
@@ -108,7 +106,7 @@ for round in $(seq "$ROUNDS"); do
       rate=$(python -c "print(round($saturation * $share))")
       prefix=$OUT/$name-$share-$round
       run "$prefix" --rate "$rate" --connections 256 --timeout 2s --warmup 2s --duration "$DURATION"
-      curl -sf "$url/debug/slow-requests" > "$prefix.slow.json"
+      scrape "$url/debug/slow-requests" "$prefix.slow.json"
       python - "$prefix.json" "$prefix.step.json" <<'EOF' >&2
 import json, sys
 r, s = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

@@ -20,18 +20,16 @@ import http.client
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+import bench
+from bench import free_port, rss_kib
 
 
 def table_files(version: Path) -> list[Path]:
@@ -60,13 +58,6 @@ def set_page_cache(files: list[Path], state: str) -> dict[str, int]:
                 while f.read(64 << 20):
                     pass
     return {str(p): resident_bytes(p) for p in files}
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 def sequential(port: int, model: str, bodies: list[bytes]) -> list[float]:
@@ -98,28 +89,15 @@ def one(args, files, preload: str, cache: str, bodies: list[bytes], tag: str) ->
     resident_before = set_page_cache(files, cache)
     port = free_port()
     repo = args.out / "repo"
-    log = open(args.out / f"server-{tag}.log", "w")
     t0 = time.monotonic()
-    server = subprocess.Popen(
-        ["taskset", "-c", "1", args.recserve, "serve", "--repository", str(repo),
+    server = bench.Server(
+        [args.recserve, "serve", "--repository", str(repo),
          "--http-addr", f"127.0.0.1:{port}", "--grpc-addr", f"127.0.0.1:{free_port()}",
          "--executors", "1", "--intra-op-threads", "1", "--preload", preload],
-        stdout=log, stderr=subprocess.STDOUT,
+        args.out / f"server-{tag}.log", cpus="1",
     )
     try:
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited ({server.returncode}); see {log.name}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                c.request("GET", "/health/ready")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError("not ready after 600 s")
-            time.sleep(0.02)
+        server.wait_ready(f"http://127.0.0.1:{port}/health/ready", timeout=600, every=0.02)
         ready_s = time.monotonic() - t0
         rss_ready = rss_kib(server.pid)
         first = sequential(port, args.model, bodies)
@@ -128,19 +106,18 @@ def one(args, files, preload: str, cache: str, bodies: list[bytes], tag: str) ->
         peak = [rss_first]
         stop = threading.Event()
 
-        def sample():
-            while not stop.wait(0.2):
-                peak[0] = max(peak[0], rss_kib(server.pid))
+        def highest(kib: int) -> None:
+            peak[0] = max(peak[0], kib)
 
-        sampler = threading.Thread(target=sample)
+        sampler = threading.Thread(target=bench.sample_rss, args=(server.pid, highest, 0.2, stop))
         sampler.start()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         w0 = time.monotonic()
         run_json = args.out / f"load-{tag}.json"
         subprocess.run(
-            ["taskset", "-c", "0", args.recload, "run", "--url", f"http://127.0.0.1:{port}", "--model", args.model,
-             "--repository", str(repo), "--closed", "--concurrency", str(args.concurrency),
-             "--warmup", "0s", "--duration", args.duration, "--quiet", "--json", str(run_json)],
+            bench.pinned("0", [args.recload, "run", "--url", f"http://127.0.0.1:{port}", "--model", args.model,
+                               "--repository", str(repo), "--closed", "--concurrency", str(args.concurrency),
+                               "--warmup", "0s", "--duration", args.duration, "--quiet", "--json", str(run_json)]),
             check=True, stdout=subprocess.DEVNULL,
         )
         wall = time.monotonic() - w0
@@ -151,9 +128,7 @@ def one(args, files, preload: str, cache: str, bodies: list[bytes], tag: str) ->
         again = sequential(port, args.model, bodies)
         rss_end = rss_kib(server.pid)
     finally:
-        server.terminate()
-        server.wait()
-        log.close()
+        server.stop()
     cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / wall
     return {
         "preload": preload, "page_cache": cache, "resident_before_start_bytes": resident_before,

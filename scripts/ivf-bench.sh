@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The IVF index at 10M × 64 (issue 16), in one run: generates the synthetic catalogue (scripts/ivf-synthetic.py)
 # and builds its index (`python -m recserve_models index`, build time and peak RSS from /usr/bin/time) unless
-# they are already under target/, then on one core (taskset) measures recserve's index against exact search
+# they are already under target/, then on one core (pinned) measures recserve's index against exact search
 # in-process (examples/ivf_bench.rs: latency of single queries and batches, recall@100, memory) and Faiss on the
 # same vectors, queries and lists (scripts/ivf-faiss.py, faiss-cpu in a throwaway virtualenv target/venv-faiss),
 # and writes docs/ivf-vs-faiss.svg. Figures go to stdout and target/ivf-bench/.
@@ -12,6 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh >/dev/null
+# shellcheck source=lib/server-process.sh
+source scripts/lib/server-process.sh
 
 items=${1:-10000000}
 nlist=${2:-8192}
@@ -32,7 +34,7 @@ grep -E 'Elapsed|Maximum resident|User time|System time' "$out/build.log" 2>/dev
 
 nice -n 19 cargo build --release --example ivf_bench
 echo "== recserve in-process, pinned to core $core"
-taskset -c "$core" target/release/examples/ivf_bench "$version" --queries "$queries" --nprobe "$nprobes" \
+pin "$core" target/release/examples/ivf_bench "$version" --queries "$queries" --nprobe "$nprobes" \
     --exact-queries "${EXACT_QUERIES:-100}" --json "$out/recserve.json" --truth "$out/truth.u32" | tee "$out/recserve.md"
 
 if [[ ${SKIP_FAISS:-0} != 1 ]]; then

@@ -90,34 +90,31 @@ for _ in $(seq 600); do
 done
 memory "$results/run/memory-after.txt"
 
-start_server() { # LOG REPO FLAGS... → server_pid, url
+start_recserve() { # LOG REPO FLAGS... → server_pid, url (not pinned)
   local log=$1 repo=$2 port
   shift 2
   port=$(free_port)
   url=http://127.0.0.1:$port
-  "$recserve_bin" serve --repository "$repo" --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" \
-    --redis-url "$nodes" "$@" > "$log" 2>&1 &
-  server_pid=$!
-  wait_ready "$url/health/ready" "$log"
+  start_server "$log" "$url/health/ready" "$recserve_bin" serve --repository "$repo" --http-addr "127.0.0.1:$port" \
+    --grpc-addr "127.0.0.1:$(free_port)" --redis-url "$nodes" "$@"
 }
-rss_mib() { echo $(($(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status") / 1024)); }
 check() { # ARGS...
   "$recload_bin" check --url "$url" --model "$model" --repository "$results/repo-mapped" --samples "$SAMPLES" "$@"
 }
 
 log "scores from the mapped files"
-start_server "$results/run/mapped.log" "$results/repo-mapped"
+start_recserve "$results/run/mapped.log" "$results/repo-mapped"
 check --save "$results/run/mapped-scores.json" >&2
-mapped_rss=$(rss_mib)
+mapped_rss=$(server_rss_mib)
 stop_server
 
 log "the same requests from the Redis tier, twice, tolerance 0"
-start_server "$results/run/redis.log" "$results/repo-redis"
+start_recserve "$results/run/redis.log" "$results/repo-redis"
 check --expect "$results/run/mapped-scores.json" --tolerance 0 --json "$results/run/pass-1.json" >&2
-curl -sf "$url/metrics" > "$results/run/metrics-1.txt"
+scrape "$url/metrics" "$results/run/metrics-1.txt"
 check --expect "$results/run/mapped-scores.json" --tolerance 0 --json "$results/run/pass-2.json" >&2
-curl -sf "$url/metrics" > "$results/run/metrics-2.txt"
-redis_rss=$(rss_mib)
+scrape "$url/metrics" "$results/run/metrics-2.txt"
+redis_rss=$(server_rss_mib)
 stop_server
 
 python - "$results" "$synth/$model/1/model.toml" "$mapped_rss" "$redis_rss" <<'EOF'

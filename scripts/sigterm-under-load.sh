@@ -40,27 +40,18 @@ recload_bin=${RECLOAD_BIN:-$root/target/release/recload}
 rm -rf "$results"
 mkdir -p "$results"
 
-# recload on CPU 0, the server on the others.
-cpus=$(nproc)
-if [ "$cpus" -ge 2 ]; then
-  client=(taskset -c 0)
-  server=(taskset -c "1-$((cpus - 1))")
-else
-  client=(); server=()
-fi
-
 # shellcheck source=lib/server-process.sh
 source scripts/lib/server-process.sh
+# recload on CPU 0, the server on the others.
+cpu_layout rest
 port=$(free_port)
 url=http://127.0.0.1:$port
 # shellcheck disable=SC2086
-"${server[@]}" "$recserve_bin" serve --repository models/demo --http-addr "127.0.0.1:$port" \
-  --grpc-addr "127.0.0.1:$(free_port)" --shutdown-timeout-s "$SHUTDOWN_TIMEOUT_S" ${SERVER_FLAGS:-} \
-  > "$results/server.log" 2>&1 &
-server_pid=$!
-wait_ready "$url/health/ready" "$results/server.log"
+start_server "$results/server.log" "$url/health/ready" "$recserve_bin" serve --repository models/demo \
+  --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" --shutdown-timeout-s "$SHUTDOWN_TIMEOUT_S" \
+  ${SERVER_FLAGS:-}
 
-recload() { "${client[@]}" "$recload_bin" run --url "$url" --model "$MODEL" --quiet "$@"; }
+recload() { "${on_client[@]}" "$recload_bin" run --url "$url" --model "$MODEL" --quiet "$@"; }
 if [ -z "${RATE:-}" ]; then
   log "saturation: closed loop, $CONNECTIONS connections, 5 s"
   recload --closed --concurrency "$CONNECTIONS" --warmup 1s --duration 5s --json "$results/saturation.json" \

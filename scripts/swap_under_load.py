@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-MARK_BEGIN = "<!-- swap-under-load: begin -->"
-MARK_END = "<!-- swap-under-load: end -->"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+import bench
+
+MARK_BEGIN, MARK_END = bench.markers("swap-under-load", "scripts/swap-under-load.sh")
 
 
 def log(message: str) -> None:
@@ -92,17 +94,11 @@ class Server:
             return e.code, json.loads(e.read() or b"null")
 
     def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
+        return bench.rss_kib(self.pid)
 
     def metric(self, prefix: str) -> float:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(prefix):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        scraped = bench.samples(bench.scrape(self.url + "/metrics"))
+        return next((v for k, v in scraped.items() if k.startswith(prefix)), 0.0)
 
     def wait_drained(self) -> None:
         deadline = time.monotonic() + 120
@@ -198,43 +194,24 @@ def main() -> None:
     token = "swap-under-load-token"
     (work / "token").write_text(token)
 
-    def free_port() -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    port = free_port()
-    server_cpu = ["taskset", "-c", "1"] if args.pin else []
-    client_cpu = ["taskset", "-c", "0"] if args.pin else []
-    log_file = open(work / "recserve.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [*server_cpu, args.recserve, "serve", "--repository", str(repo), "--http-addr", f"127.0.0.1:{port}",
-         "--grpc-addr", f"127.0.0.1:{free_port()}", "--executors", "1", "--intra-op-threads", "1",
+    port = bench.free_port()
+    client_cpu = bench.pinned("0" if args.pin else None, [])
+    proc = bench.Server(
+        [args.recserve, "serve", "--repository", str(repo), "--http-addr", f"127.0.0.1:{port}",
+         "--grpc-addr", f"127.0.0.1:{bench.free_port()}", "--executors", "1", "--intra-op-threads", "1",
          "--model-control", "explicit", "--admin-token-file", str(work / "token"),
          "--default-deadline-ms", str(args.default_deadline_ms)],
-        stdout=log_file, stderr=subprocess.STDOUT,
+        work / "recserve.log", cpus="1" if args.pin else None,
     )
     server = Server(f"http://127.0.0.1:{port}", proc.pid, token)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"recserve exited; log: {work / 'recserve.log'}")
-            try:
-                if server.call("GET", "/health/ready")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("recserve not ready after 300 s")
-            time.sleep(0.2)
+        try:
+            proc.wait_ready(f"{server.url}/health/ready", timeout=300)
+        except RuntimeError as e:
+            raise SystemExit(f"recserve: {e}") from None
         result = run(args, server, repo, aside, client_cpu, work, bytes_v1, bytes_v2)
     finally:
-        proc.terminate()
-        proc.wait(timeout=120)
-        log_file.close()
+        proc.stop()
     args.json.write_text(json.dumps(result, indent=2))
     if args.doc:
         write_doc(args.doc, result)
@@ -419,13 +396,7 @@ def write_doc(doc: Path, r: dict[str, Any]) -> None:
         f"alone + version 2 alone − neither, {mib(rss['no_deepfm'])}).",
         MARK_END,
     ]
-    text = doc.read_text()
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + "\n".join(lines) + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n## Swapping versions under load\n\n" + "\n".join(lines) + "\n"
-    doc.write_text(text)
+    bench.write_section(doc, "\n".join(lines), MARK_BEGIN, MARK_END, append="## Swapping versions under load")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ else
   echo "SKIPPED: no CUDA device: ${ignored} GPU device tests not run here (scripts/gpu-check.sh runs them on a GPU machine)"
 fi
 # The model toolchain's tests, the peer benchmark's scoring (loadtest/peers/rankcore.py) against the fixture, and
-# its reporter and steal reader (scripts/test_bench_peers_tail.py).
-python -m pytest -q models/tests loadtest/peers scripts/test_bench_peers_tail.py scripts/test_bench_tail.py
+# its reporter and steal reader (scripts/test_bench_peers_tail.py), and the benchmarks' shared library.
+python -m pytest -q models/tests loadtest/peers scripts/test_bench_peers_tail.py scripts/test_bench_tail.py \
+  scripts/test_bench_lib.py
 # Model versions swapped under load, in a short form (small tables, 2 swaps): no failed request, every answer
 # the one of the version that gave it. The full measurement is `scripts/swap-under-load.sh` (docs/benchmarks.md).
 scripts/swap-under-load.sh --short

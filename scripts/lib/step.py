@@ -20,17 +20,16 @@ import resource
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench
 import steal
 
 
 def scrape(url: str, path: str) -> None:
     try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            Path(path).write_bytes(answer.read())
+        Path(path).write_text(bench.scrape(url, timeout=10), encoding="utf-8")
     except OSError as e:
         sys.exit(f"step.py: cannot read {url}: {e}")
 
