@@ -1,4 +1,4 @@
-//! End to end: the connection layer (issue 20, item 4, and the drain of SIGTERM). Slow clients cannot hold the
+//! End to end: the connection layer (slow clients and the drain of SIGTERM). Slow clients cannot hold the
 //! server: silent sockets, heads dripping in, bodies short of their `Content-Length`, idle keep-alive
 //! connections, silent or idle HTTP/2 connections and gRPC streams without their message are all closed after the
 //! timeouts the test sets, while normal clients keep being served. `--max-connections` holds across both

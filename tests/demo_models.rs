@@ -22,8 +22,8 @@ use common::{TestServer, config, copy_dir, demo_cases};
 use recserve::config::Config;
 use serde_json::{Value, json};
 
-/// The bound for FP32, held for INT8 too: the server runs the same ONNX Runtime library at the same
-/// optimisation level on the same gathered rows.
+/// The parity bound against the toolchain's scores, for FP32 and INT8 alike: the server runs the same ONNX Runtime
+/// library at the same optimisation level on the same gathered rows.
 const TOLERANCE: f64 = 1e-5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

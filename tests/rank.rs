@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use common::{TestServer, cases, config, fixture_repo};
 use serde_json::{Value, json};
 
-/// The bound for every precision: the server's gather is exact, and it runs the same ONNX Runtime
+/// The parity bound against the Python side's scores, for every precision: the server's gather is exact, and it runs the same ONNX Runtime
 /// library with the same optimisation level as the Python side.
 const TOLERANCE: f64 = 1e-5;
 

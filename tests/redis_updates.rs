@@ -307,9 +307,9 @@ async fn updated_rows_are_read_whole_and_reach_the_scores_through_a_failover() {
         BEFORE_KILL + 1,
         killed.elapsed()
     );
-    // The killed node is started again and rejoins as a replica. Before the client's watchdog, the failover or the
-    // restart left the cluster connection stuck for good in about half the runs (its slot-map refresh waited on a
-    // request it no longer polled; src/embedding/remote/redis.rs), and the next version never became visible.
+    // The killed node is started again and rejoins as a replica. The failover and the restart can leave the cluster
+    // connection stuck (its slot-map refresh waits on a request it no longer polls); the client's watchdog
+    // (src/embedding/remote/redis.rs) replaces it, so the next version must become visible.
     own.restart(&victim);
     eprintln!(
         "master {victim} started again and rejoined as a replica {:?} after the kill",

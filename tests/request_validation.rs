@@ -1,4 +1,4 @@
-//! End to end: the requests of a hostile-client run (issue 20) that validation and admission must answer well. A
+//! End to end: requests a hostile client sends, which validation and admission must answer well. A
 //! request that can never be admitted is refused with 400 saying why, one that fits is admitted; a deadline
 //! shorter than the request's own execution is refused as such, without an invitation to retry; client text in
 //! messages is cut; nested tensor data must follow its shape; numbers JSON or 64 bits cannot hold are named at
@@ -171,9 +171,10 @@ async fn model_infer_with_timeout(
         .unwrap_or_else(|| panic!("no grpc-status in {:?}", response.headers()))
 }
 
-/// Issue 20, item 1: each KServe recall user took a queue place of 256, so 257 users were "overloaded" forever.
-/// Queries now queue in chunks of `max_batch_rows`; what could never fit the queue is a 400 saying why, for
-/// recall and ranking alike, and a pipeline whose candidates could never fit stops the start.
+/// A KServe recall request's users queue in chunks of `max_batch_rows`, one queue place per chunk, so a request of
+/// more users than the queue has places is still admitted; what could never fit the queue is a 400 saying why
+/// (not an "overloaded" a retry can never get past), for recall and ranking alike, and a pipeline whose candidates
+/// could never fit stops the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_fit_the_queue_are_admitted_and_ones_that_never_can_are_refused_as_such() {
     let server = start(|_| {}).await;
@@ -257,9 +258,9 @@ async fn requests_that_fit_the_queue_are_admitted_and_ones_that_never_can_are_re
     );
 }
 
-/// Issue 20, item 2: a deadline the request's own execution would miss on an idle server was answered 429
-/// "overloaded; retry later" with `Retry-After: 1`. It is now a 400 (gRPC INVALID_ARGUMENT) that gives both times
-/// and does not invite a retry.
+/// A deadline the request's own execution would miss even on an idle server is a 400 (gRPC INVALID_ARGUMENT) that
+/// gives both times and does not invite a retry: a 429 with `Retry-After` would have the client retry a request
+/// that can never succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_shorter_than_the_requests_own_execution_is_refused_as_such() {
     let server = start(|_| {}).await;
@@ -323,8 +324,8 @@ async fn a_deadline_shorter_than_the_requests_own_execution_is_refused_as_such()
     server.stop().await.expect("clean shutdown");
 }
 
-/// Issue 20, item 6: client text was echoed whole (a 20 KB gRPC model name came back as a 20,069-character
-/// grpc-message, beyond what the stock Python client accepts). Echoed text is cut to 100 characters, saying so.
+/// Client text echoed in a message (a model name, a field value) is cut to 100 characters, saying so: echoed
+/// whole, a long gRPC model name would make a grpc-message beyond what the stock Python client accepts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echoed_client_text_is_cut_to_100_characters() {
     let server = start(|_| {}).await;
@@ -400,8 +401,8 @@ async fn echoed_client_text_is_cut_to_100_characters() {
     server.stop().await.expect("clean shutdown");
 }
 
-/// Issue 20, item 8: `/v2` took nested `data` whose nesting contradicted its shape, and two
-/// `Inference-Header-Content-Length` headers (using the first).
+/// `/v2` refuses nested `data` whose nesting contradicts its shape, and a request with two
+/// `Inference-Header-Content-Length` headers (which of them frames the body would be a guess).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_data_must_follow_its_shape_and_the_binary_header_comes_once() {
     let server = start(|_| {}).await;
@@ -469,9 +470,9 @@ async fn nested_data_must_follow_its_shape_and_the_binary_header_comes_once() {
     server.stop().await.expect("clean shutdown");
 }
 
-/// Issue 20, item 10: NaN, Infinity, `1e400` and 5000-digit numbers gave only `expected value at line 1 column
-/// 221`, integers beyond 64 bits were described as floating point, a missing `user` as `user.dense: holds 0
-/// values`. Each now names its field and its real problem, over `/v1` rank, recall and recommend and `/v2`.
+/// NaN, Infinity, `1e400`, 5000-digit numbers, integers beyond 64 bits and a missing `user` are each refused
+/// naming their field and their real problem (not a parser position, not "floating point", not "holds 0
+/// values"), over `/v1` rank, recall and recommend and `/v2`, so that a client can tell what to fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numbers_json_or_64_bits_cannot_hold_are_named_at_their_field() {
     let server = start(|_| {}).await;
@@ -572,8 +573,9 @@ async fn numbers_json_or_64_bits_cannot_hold_are_named_at_their_field() {
     server.stop().await.expect("clean shutdown");
 }
 
-/// Issue 20, item 11: a 998-byte request for 200 users with `k` = the whole catalogue returned 134 MB. A reply
-/// holds at most `--max-reply-items` items (users × k), over KServe, `/v1` recall and recommend.
+/// A reply holds at most `--max-reply-items` items (users × k), over KServe, `/v1` recall and recommend: without
+/// the bound, a small request for many users with `k` = the whole catalogue would make a reply of many
+/// megabytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_hold_at_most_max_reply_items() {
     let server = start(|a| a.max_reply_items = Some(2000)).await;

@@ -1,4 +1,4 @@
-//! End to end: what the HTTP and gRPC layers answer before any route or method runs (issue 20, items 3, 5, 7, 9):
+//! End to end: what the HTTP and gRPC layers answer before any route or method runs, whatever a client sends:
 //! every HTTP error carries the JSON error body (405, 414, 431, 413 before `100 Continue`, 415 for a compressed
 //! body on every route), what hyper itself refuses stays refused, and gRPC calls broken in their framing or
 //! headers get the client's status codes (never INTERNAL) with a message.

@@ -3,8 +3,10 @@
 //! tables, batches, shard layouts, `k` and exclusions; and every score within the proven f32 rounding bound of
 //! the float64 score.
 
+use super::contract::Source;
 use super::reference;
 use super::*;
+use crate::registry::RequestLimits;
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.

@@ -1,0 +1,171 @@
+//! The request path's families: requests answered and their duration, each stage of answered requests (through
+//! the [`TraceSink`], which also keeps the slow-request record), and the per-batch rows, gather and inference of
+//! ranking models.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prometheus::{Histogram, HistogramVec, IntCounterVec, Registry};
+
+use super::{LATENCY_BUCKETS, Metrics, ROW_BUCKETS, counter, histogram, register};
+use crate::trace::slow::SlowRequests;
+use crate::trace::{Finished, Stage};
+
+/// The request path's families.
+#[derive(Debug, Clone)]
+pub(super) struct Requests {
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    traces: Arc<TraceSink>,
+    request_rows: HistogramVec,
+    gather_duration: HistogramVec,
+    inference_duration: HistogramVec,
+}
+
+impl Requests {
+    pub(super) fn new() -> Requests {
+        Requests {
+            requests: counter(
+                "recserve_requests_total",
+                "Requests answered, by model, endpoint, protocol and status code.",
+                &["model", "endpoint", "protocol", "code"],
+            ),
+            request_duration: histogram(
+                "recserve_request_duration_seconds",
+                "Time from receiving a request to having its response ready, by model, endpoint and protocol.",
+                LATENCY_BUCKETS,
+                &["model", "endpoint", "protocol"],
+            ),
+            traces: Arc::new(TraceSink {
+                stages: histogram(
+                    "recserve_request_stage_seconds",
+                    "Time answered requests spent in each stage, from their first byte to their response handed \
+                     to the connection (stages in docs/metrics.md), by model and stage.",
+                    LATENCY_BUCKETS,
+                    &["model", "stage"],
+                ),
+                by_model: std::sync::Mutex::new(HashMap::new()),
+                slow: SlowRequests::default(),
+            }),
+            request_rows: histogram(
+                "recserve_request_rows",
+                "Rows (candidates) per ranking request.",
+                ROW_BUCKETS,
+                &["model"],
+            ),
+            gather_duration: histogram(
+                "recserve_gather_duration_seconds",
+                "Time to gather the embedding rows of one batch, by model and device.",
+                LATENCY_BUCKETS,
+                &["model", "device"],
+            ),
+            inference_duration: histogram(
+                "recserve_inference_duration_seconds",
+                "Time ONNX Runtime takes to run the dense network on one batch.",
+                LATENCY_BUCKETS,
+                &["model"],
+            ),
+        }
+    }
+
+    pub(super) fn register(&self, registry: &Registry) {
+        register(
+            registry,
+            vec![
+                Box::new(self.requests.clone()),
+                Box::new(self.request_duration.clone()),
+                Box::new(self.traces.stages.clone()),
+                Box::new(self.request_rows.clone()),
+                Box::new(self.gather_duration.clone()),
+                Box::new(self.inference_duration.clone()),
+            ],
+        );
+    }
+}
+
+impl Metrics {
+    /// Counts one answered request and its duration.
+    pub fn observe_request(
+        &self,
+        model: &str,
+        endpoint: &str,
+        protocol: &str,
+        code: u16,
+        seconds: f64,
+    ) {
+        let code = code.to_string();
+        self.requests
+            .requests
+            .with_label_values(&[model, endpoint, protocol, code.as_str()])
+            .inc();
+        self.requests
+            .request_duration
+            .with_label_values(&[model, endpoint, protocol])
+            .observe(seconds);
+    }
+
+    /// Where the connection layer hands finished request traces.
+    pub fn traces(&self) -> Arc<TraceSink> {
+        Arc::clone(&self.requests.traces)
+    }
+
+    /// The handles one model's hot path uses, resolved once so no label lookup happens per request.
+    pub fn model(&self, model: &str, device: &str) -> ModelMetrics {
+        let r = &self.requests;
+        ModelMetrics {
+            request_rows: r.request_rows.with_label_values(&[model]),
+            gather_duration: r.gather_duration.with_label_values(&[model, device]),
+            inference_duration: r.inference_duration.with_label_values(&[model]),
+        }
+    }
+}
+
+/// Per-model metric handles for the request path.
+#[derive(Debug, Clone)]
+pub struct ModelMetrics {
+    pub request_rows: Histogram,
+    pub gather_duration: Histogram,
+    pub inference_duration: Histogram,
+}
+
+/// Where finished request traces go: the per-stage histograms (answered requests only) and the slow-request
+/// record (every request that reached a model).
+#[derive(Debug)]
+pub struct TraceSink {
+    stages: HistogramVec,
+    /// Each model's stage histograms, resolved once so that a finished request costs no label lookup per stage.
+    by_model: std::sync::Mutex<HashMap<String, Arc<[Histogram; Stage::ALL.len()]>>>,
+    slow: SlowRequests,
+}
+
+impl TraceSink {
+    pub fn finish(&self, finished: Finished) {
+        if finished.outcome.status == 200 {
+            let histograms = self.histograms(&finished.outcome.model);
+            for (stage, took) in &finished.stages {
+                let i = Stage::ALL.iter().position(|s| s == stage).unwrap_or(0);
+                histograms[i].observe(took.as_secs_f64());
+            }
+        }
+        self.slow.offer(finished);
+    }
+
+    fn histograms(&self, model: &str) -> Arc<[Histogram; Stage::ALL.len()]> {
+        let mut by_model = self
+            .by_model
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(found) = by_model.get(model) {
+            return Arc::clone(found);
+        }
+        let made: Arc<[Histogram; Stage::ALL.len()]> = Arc::new(
+            Stage::ALL.map(|stage| self.stages.with_label_values(&[model, stage.as_str()])),
+        );
+        by_model.insert(model.to_owned(), Arc::clone(&made));
+        made
+    }
+
+    pub fn slow(&self) -> &SlowRequests {
+        &self.slow
+    }
+}
