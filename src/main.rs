@@ -1,10 +1,12 @@
 //! The `recserve` binary: parse the configuration, start logging, serve until SIGTERM/SIGINT.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use recserve::config::{Cli, Command};
+use recserve::config::{Cli, Command, ServeArgs};
+use recserve::repository::check::CheckRepositoryArgs;
 use recserve::threads::{ThreadRole, register_current_thread};
 
 fn main() -> ExitCode {
@@ -12,6 +14,7 @@ fn main() -> ExitCode {
     let (args, check_only) = match cli.command {
         Command::Serve(args) => (args, false),
         Command::CheckConfig(args) => (args, true),
+        Command::CheckRepository(args) => return check_repository(&args),
     };
     let config = match args.resolve() {
         Ok(config) => config,
@@ -55,4 +58,56 @@ fn serve(config: recserve::config::Config) -> anyhow::Result<()> {
         recserve::server::run(config, listeners, recserve::server::shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// `check-repository`: every version through the loader the server starts with (its settings resolved as `serve`
+/// resolves them), then the report; exit status 1 when any version would be refused, 2 when the check cannot run.
+fn check_repository(args: &CheckRepositoryArgs) -> ExitCode {
+    let settings = ServeArgs {
+        config: args.config.clone(),
+        repository: Some(args.repository.clone()),
+        ort_library: args.ort_library.clone(),
+        max_candidates: args.max_candidates,
+        ..ServeArgs::default()
+    };
+    let loaded = settings
+        .resolve()
+        .map_err(|e| e.to_string())
+        .and_then(|config| {
+            let runtime = recserve::executor::Runtime::load(&config.ort_library)
+                .map_err(|e| e.to_string())?;
+            let placement =
+                recserve::gpu::select(config.device).map_err(|e| format!("--device: {e}"))?;
+            let metrics = recserve::metrics::Metrics::new();
+            Ok(recserve::registry::LoadContext::new(
+                &config, runtime, metrics, placement,
+            ))
+        });
+    let ctx = match loaded {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = recserve::repository::check::check_repository(&args.repository, |mv, spec| {
+        <recserve::service::Model as recserve::registry::Model>::load(&ctx, mv, spec).map(drop)
+    });
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        report.write_text(&mut out)
+    };
+    if let Err(e) = written {
+        eprintln!("error: cannot write the report: {e}");
+        return ExitCode::from(2);
+    }
+    if report.problems().is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

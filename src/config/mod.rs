@@ -38,6 +38,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate the configuration (flags, environment, file) without starting, and print it as TOML.
     CheckConfig(ServeArgs),
+    /// Check every version of every model of a repository with the server's loader, without serving: one line
+    /// per version, exit status 1 when the server would refuse any.
+    CheckRepository(crate::repository::check::CheckRepositoryArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]

@@ -2,6 +2,7 @@
 //! to serve (the highest, unless pinned), and reads each `model.toml` into a checked [`ModelSpec`].
 
 mod batching;
+pub mod check;
 mod spec;
 mod table;
 

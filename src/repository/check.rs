@@ -1,0 +1,173 @@
+//! `recserve check-repository DIR`: judges every version of every model of a repository with the server's own
+//! loader, without serving. The layout and `model.toml` checks are this module's ([`super::discover`],
+//! [`super::read_spec`]); the rest (tables, item features, popularity, the IVF index, the dense graph and its
+//! split parts opened in ONNX Runtime, the warm-up runs) is the kind's loader, which the binary passes in as
+//! `load` because it lives above this layer. The server loads only the served version of each model; this checks
+//! every version, since any of them can be pinned.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::{ModelSpec, ModelVersion, discover, read_spec};
+use crate::error::LoadError;
+
+/// Version of the `--json` document; the model toolchain's `check` reads it.
+pub const JSON_FORMAT_VERSION: u32 = 1;
+
+/// Flags of `check-repository`.
+#[derive(Clone, Debug, Args)]
+pub struct CheckRepositoryArgs {
+    /// Model repository: <repository>/<model>/<version>/model.toml.
+    pub repository: PathBuf,
+
+    /// Print the report as one JSON document on stdout instead of one line per version.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The server's TOML config file: the check loads with its settings (warm-up batch sizes, device, split
+    /// graph), as `serve --config` would.
+    #[arg(long, env = "RECSERVE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// ONNX Runtime shared library [default: $ORT_DYLIB_PATH, else libonnxruntime.so on the system library path].
+    #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
+
+    /// The server's --max-candidates: the largest warm-up batch [default: the server's].
+    #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
+    pub max_candidates: Option<usize>,
+}
+
+/// What the check found in one version directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VersionReport {
+    /// `deepfm` or `lightgcn`, once `model.toml` has been read.
+    pub kind: Option<&'static str>,
+    /// Why the server would refuse the version (the file at fault first), or `None` when it loads.
+    pub error: Option<String>,
+}
+
+/// One model directory and its versions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelReport {
+    /// The version the server serves unless another is pinned: the highest.
+    pub served_version: u64,
+    pub versions: BTreeMap<u64, VersionReport>,
+}
+
+/// The whole repository: a layout error (no model, a bad model directory name, a model without versions) stops
+/// the check before any version is read, as it stops the server's start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub format_version: u32,
+    pub repository: PathBuf,
+    pub error: Option<String>,
+    pub models: BTreeMap<String, ModelReport>,
+}
+
+impl Report {
+    /// The refusals: the layout error, else every refused version's error.
+    pub fn problems(&self) -> Vec<&str> {
+        let versions = self
+            .models
+            .values()
+            .flat_map(|m| m.versions.values())
+            .filter_map(|v| v.error.as_deref());
+        self.error.as_deref().into_iter().chain(versions).collect()
+    }
+
+    /// One line per version (`name/version (served) kind: ok` or `name/version: ERROR path: problem`), then a
+    /// summary line.
+    pub fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        if let Some(error) = &self.error {
+            writeln!(out, "ERROR {error}")?;
+        }
+        for (name, model) in &self.models {
+            for (version, report) in &model.versions {
+                let served = if *version == model.served_version {
+                    " (served)"
+                } else {
+                    ""
+                };
+                let kind = report.kind.map(|k| format!(" {k}")).unwrap_or_default();
+                match &report.error {
+                    None => writeln!(out, "{name}/{version}{served}{kind}: ok")?,
+                    Some(e) => writeln!(out, "{name}/{version}{served}{kind}: ERROR {e}")?,
+                }
+            }
+        }
+        let problems = self.problems().len();
+        if problems == 0 {
+            writeln!(
+                out,
+                "check-repository: every model version in {} loads",
+                self.repository.display()
+            )
+        } else if self.error.is_some() {
+            writeln!(
+                out,
+                "check-repository: the server would not start on {}",
+                self.repository.display()
+            )
+        } else {
+            writeln!(
+                out,
+                "check-repository: {problems} model version(s) would be refused by the server"
+            )
+        }
+    }
+}
+
+/// Checks every version of every model of `root`: its `model.toml`, then `load` (the kind's loader, which opens
+/// and warms up everything the version names and is dropped at once).
+pub fn check_repository(
+    root: &Path,
+    mut load: impl FnMut(&ModelVersion, Arc<ModelSpec>) -> Result<(), LoadError>,
+) -> Report {
+    let mut report = Report {
+        format_version: JSON_FORMAT_VERSION,
+        repository: root.to_path_buf(),
+        error: None,
+        models: BTreeMap::new(),
+    };
+    let models = match discover(root, &HashMap::new()) {
+        Ok(models) => models,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    for served in models {
+        let mut versions = BTreeMap::new();
+        for &version in &served.available {
+            let mv = ModelVersion {
+                name: served.name.clone(),
+                version,
+                dir: root.join(&served.name).join(version.to_string()),
+                available: served.available.clone(),
+            };
+            let (kind, error) = match read_spec(&mv.dir) {
+                Err(e) => (None, Some(e.to_string())),
+                Ok(spec) => {
+                    let kind = spec.kind.as_str();
+                    let loaded = load(&mv, Arc::new(spec));
+                    (Some(kind), loaded.err().map(|e| e.to_string()))
+                }
+            };
+            versions.insert(version, VersionReport { kind, error });
+        }
+        report.models.insert(
+            served.name,
+            ModelReport {
+                served_version: served.version,
+                versions,
+            },
+        );
+    }
+    report
+}
