@@ -45,7 +45,11 @@ fn check_repository(root: &Path) -> Result<(), String> {
             root.display()
         )
     });
-    let mut problems: Vec<String> = report["error"].as_str().map(str::to_owned).into_iter().collect();
+    let mut problems: Vec<String> = report["error"]
+        .as_str()
+        .map(str::to_owned)
+        .into_iter()
+        .collect();
     for model in report["models"].as_object().expect("models").values() {
         for version in model["versions"].as_object().expect("versions").values() {
             problems.extend(version["error"].as_str().map(str::to_owned));

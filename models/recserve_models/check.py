@@ -11,8 +11,9 @@ re-implement those rules. It finds the binary through `RECSERVE_BIN`, else the n
 
 What only the toolchain checks, on the versions the server accepts: that `[dense_graph.split]`'s user and item
 graphs score sample requests as the unsplit graph does (the server opens and warms up both parts but does not
-compare their numbers with the whole graph's); and that its own reader (`model_toml`, `repository.load_tables`)
-reads the version, which the comparisons below need.
+compare their numbers with the whole graph's); that every `err` of a `[recall.index]` file bounds its row's
+quantization error (`ivf.verify`; the server checks the file's structure and metadata only); and that its own
+reader (`model_toml`, `repository.load_tables`) reads the version, which the comparisons below need.
 
 **Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
 loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, lightgcn, model_toml
+from . import criteo, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
 from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
@@ -234,11 +235,25 @@ def _open_version(directory: Path) -> Version:
     except (ModelTomlError, TableError) as e:
         raise CheckError(str(e)) from e
     if isinstance(model, LightGCNToml):
+        _check_index(directory, model, tables)
         return Version(directory, model, tables, None)
     session = open_graph(directory, model)
     if model.dense_graph.split is not None:
         check_split(directory, model, tables, session)
     return Version(directory, model, tables, session)
+
+
+def _check_index(directory: Path, model: LightGCNToml, tables: dict[str, Table]) -> None:
+    """`[recall.index]`: every `err` of the file bounds its row's quantization error (`ivf.verify`, which also
+    repeats the server's structural checks on the way)."""
+    index = model.recall.index
+    if index is None:
+        return
+    item = tables[model.recall.item_table]
+    try:
+        ivf.verify(directory / index.file, item.spec, item.stored, values(item))
+    except ivf.IndexError_ as e:
+        raise CheckError(f"recall.index: {e}") from e
 
 
 def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Version:

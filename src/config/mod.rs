@@ -436,6 +436,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv).map_err(|e| ConfigError(e.to_string()))?;
         match cli.command {
             Command::Serve(args) | Command::CheckConfig(args) => args.resolve(),
+            Command::CheckRepository(_) => unreachable!("parse passes `serve`"),
         }
     }
 

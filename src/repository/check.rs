@@ -171,3 +171,96 @@ pub fn check_repository(
     }
     report
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEEPFM: &str = r#"format_version = 1
+kind = "deepfm"
+
+[[tables]]
+name = "t"
+file = "tables.safetensors"
+rows = 4
+dim = 2
+storage = "fp32"
+oov = "reject"
+
+[[fields]]
+name = "t"
+side = "item"
+
+[dense_graph]
+file = "dense.onnx"
+precision = "fp32"
+"#;
+
+    #[test]
+    fn every_version_is_read_and_loaded_and_each_refusal_is_reported() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for (dir, toml) in [
+            ("a/1", DEEPFM),
+            ("a/2", "format_version = 1\nkind = \"xgboost\"\n"),
+            ("a/3", DEEPFM),
+            ("b/1", DEEPFM),
+        ] {
+            std::fs::create_dir_all(root.path().join(dir)).expect("mkdir");
+            std::fs::write(root.path().join(dir).join("model.toml"), toml).expect("write");
+        }
+        let mut loaded = Vec::new();
+        let report = check_repository(root.path(), |mv, spec| {
+            loaded.push((mv.name.clone(), mv.version, spec.kind));
+            if mv.name == "b" {
+                return Err(LoadError::new(&mv.dir.join("dense.onnx"), "broken graph"));
+            }
+            Ok(())
+        });
+        assert_eq!(loaded.len(), 3, "{loaded:?}");
+        assert_eq!(report.error, None);
+        let a = &report.models["a"];
+        assert_eq!(a.served_version, 3);
+        assert_eq!(a.versions[&1].error, None);
+        assert_eq!(a.versions[&1].kind, Some("deepfm"));
+        let refused = a.versions[&2].error.as_deref().expect("a/2 is refused");
+        assert!(
+            refused.contains("a/2/model.toml") && refused.contains("xgboost"),
+            "{refused}"
+        );
+        assert_eq!(a.versions[&2].kind, None);
+        let b = report.models["b"].versions[&1]
+            .error
+            .as_deref()
+            .expect("b/1 is refused");
+        assert!(b.contains("b/1/dense.onnx: broken graph"), "{b}");
+        assert_eq!(report.problems().len(), 2);
+
+        let mut text = Vec::new();
+        report.write_text(&mut text).expect("write");
+        let text = String::from_utf8(text).expect("utf-8");
+        assert!(text.contains("a/1 deepfm: ok\n"), "{text}");
+        assert!(text.contains("a/3 (served) deepfm: ok\n"), "{text}");
+        assert!(text.contains("b/1 (served) deepfm: ERROR "), "{text}");
+        assert!(
+            text.ends_with("2 model version(s) would be refused by the server\n"),
+            "{text}"
+        );
+
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["format_version"], JSON_FORMAT_VERSION);
+        assert_eq!(
+            json["models"]["a"]["versions"]["3"]["error"],
+            serde_json::Value::Null
+        );
+    }
+
+    #[test]
+    fn a_layout_error_stops_the_check_before_any_version() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let report = check_repository(root.path(), |_, _| panic!("nothing to load"));
+        let error = report.error.as_deref().expect("empty repository");
+        assert!(error.contains("holds no model"), "{error}");
+        assert!(report.models.is_empty());
+        assert_eq!(report.problems(), vec![error]);
+    }
+}
