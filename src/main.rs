@@ -1,6 +1,5 @@
 //! The `recserve` binary: parse the configuration, start logging, serve until SIGTERM/SIGINT.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -93,21 +92,5 @@ fn check_repository(args: &CheckRepositoryArgs) -> ExitCode {
     let report = recserve::repository::check::check_repository(&args.repository, |mv, spec| {
         <recserve::service::Model as recserve::registry::Model>::load(&ctx, mv, spec).map(drop)
     });
-    let mut out = std::io::stdout().lock();
-    let written = if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)
-            .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
-    } else {
-        report.write_text(&mut out)
-    };
-    if let Err(e) = written {
-        eprintln!("error: cannot write the report: {e}");
-        return ExitCode::from(2);
-    }
-    if report.problems().is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    report.print(args.json)
 }

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
@@ -79,6 +80,27 @@ impl Report {
             .flat_map(|m| m.versions.values())
             .filter_map(|v| v.error.as_deref());
         self.error.as_deref().into_iter().chain(versions).collect()
+    }
+
+    /// Prints the report on stdout (`json`: as one JSON document) and says how the process should exit: 0 when
+    /// every version loads, 1 when one would be refused, 2 when the report cannot be written.
+    pub fn print(&self, json: bool) -> ExitCode {
+        let mut out = std::io::stdout().lock();
+        let written = if json {
+            serde_json::to_writer_pretty(&mut out, self)
+                .map_err(std::io::Error::from)
+                .and_then(|()| writeln!(out))
+        } else {
+            self.write_text(&mut out)
+        };
+        match written {
+            Err(e) => {
+                eprintln!("error: cannot write the report: {e}");
+                ExitCode::from(2)
+            }
+            Ok(()) if self.problems().is_empty() => ExitCode::SUCCESS,
+            Ok(()) => ExitCode::FAILURE,
+        }
     }
 
     /// One line per version (`name/version (served) kind: ok` or `name/version: ERROR path: problem`), then a
