@@ -1,6 +1,7 @@
 //! recserve: a low-latency inference server for recommendation models.
 
 pub mod api;
+pub mod check;
 pub mod config;
 #[cfg(test)]
 mod fuzz;

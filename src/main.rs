@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     let (args, check_only) = match cli.command {
         Command::Serve(args) => (args, false),
         Command::CheckConfig(args) => (args, true),
+        Command::CheckRepository(args) => return recserve::check::run(&args),
     };
     let config = match args.resolve() {
         Ok(config) => config,

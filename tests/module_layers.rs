@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["testing"],
     // The server crate (`recserve`).
     &["main"],
-    &["server"],
+    &["server", "check"],
     &["api"],
     &["service", "telemetry"],
     &["config"],

@@ -1,23 +1,19 @@
-"""Validating a model repository with the server's rules, and comparing precisions on data (what the `check`
+"""Validating a model repository by asking the server, and comparing precisions on data (what the `check`
 command runs).
 
-**Validation** applies what the server's loader applies before it serves a model, in the same order:
+**Validation** is the server's own: `recserve check-repository --json` (docs/model-repository.md, "Checking a
+repository") applies the repository layout, `model.toml`, the tables, item features, popularity and IVF index
+files, and opens and warms up every dense graph and split graph with the loader the server starts with, on every
+version of every model (any of them can be pinned), and reports one verdict per version. The toolchain does not
+re-implement those rules. It finds the binary through `RECSERVE_BIN`, else the newest of
+`$CARGO_TARGET_DIR/{release,debug}/recserve` and `target/{release,debug}/recserve` of this checkout, else
+`recserve` on `PATH` (`find_recserve`).
 
-1. the repository layout (`src/repository/mod.rs`): hidden entries and plain files are skipped; a model
-   directory name is `[A-Za-z0-9_-]{1,128}`; version directories are integers ≥ 1 written without a leading zero
-   (other directory names are ignored); a model needs at least one version and the repository at least one model;
-2. `model.toml` (`src/repository/spec.rs`, through `model_toml.read`);
-3. every table's safetensors tensor: present, dtype and shape as its storage says (`src/embedding/file.rs`);
-4. DeepFM: the dense graph (`src/executor/graph.rs`): ONNX Runtime opens it (CPU provider, all graph
-   optimisations), it has exactly the declared inputs and the one declared output, float32 tensors of shape
-   `[batch, F, D]`, `[batch, N]` and `[batch, 1]` or `[batch]` with a dynamic batch dimension and fixed
-   dimensions equal to the counts from `model.toml`; and the server's warm-up (`src/executor/pool.rs`) runs:
-   batches of 1 and `max_candidates` rows (row 0 of every field's table, zero dense features) return one score
-   per row.
-
-Unlike the server, which loads only the served version of each model, `check` validates every version (any of
-them can be pinned). The parity of these rules with the server's is tested on a shared set of broken
-repositories (`testing/check_cases.py`, `tests/check_parity.rs`).
+What only the toolchain checks, on the versions the server accepts: that `[dense_graph.split]`'s user and item
+graphs score sample requests as the unsplit graph does (the server opens and warms up both parts but does not
+compare their numbers with the whole graph's); that every `err` of a `[recall.index]` file bounds its row's
+quantization error (`ivf.verify`; the server checks the file's structure and metadata only); and that its own
+reader (`model_toml`, `repository.load_tables`) reads the version, which the comparisons below need.
 
 **Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
 loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
@@ -37,8 +33,11 @@ says how many users it counted (`test_users`) and how many test users it left ou
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import json
+import os
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,21 +48,13 @@ import onnxruntime as ort
 from . import criteo, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
-from .repository import (
-    MODEL_TOML,
-    Table,
-    TableError,
-    gather,
-    load_tables,
-    read_item_features,
-    read_popularity,
-    values,
-)
+from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
 
 MAX_CANDIDATES = 1000  # the server's default --max-candidates: its warm-up runs a batch of this size
 VOCABULARY = "vocabulary.json"
-_MODEL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_U64_MAX = 2**64 - 1
+RECSERVE_BIN = "RECSERVE_BIN"  # environment variable: the recserve binary `check` runs
+SERVER_REPORT_VERSION = 1  # `format_version` of `recserve check-repository --json`
+_CHECKOUT = Path(__file__).resolve().parents[2]  # models/recserve_models/check.py → the repository's root
 
 
 class CheckError(ValueError):
@@ -81,42 +72,58 @@ class ModelDir:
         return self.versions[-1]
 
 
-def _version_number(name: str) -> int | None:
-    # The server's rule: plain decimal digits, ≥ 1, no leading zero (`+1` and `01` are not versions).
-    if not re.fullmatch(r"[0-9]+", name) or name.startswith("0"):
-        return None
-    value = int(name)
-    return value if 1 <= value <= _U64_MAX else None
-
-
-def discover(root: Path) -> list[ModelDir]:
-    """The models of a repository and their versions, by the server's rules."""
-    try:
-        entries = sorted(root.iterdir())
-    except OSError as e:
-        raise CheckError(f"{root}: cannot read the model repository: {e}") from e
-    models = []
-    for path in entries:
-        if path.name.startswith(".") or not path.is_dir():
-            continue
-        if not _MODEL_NAME.fullmatch(path.name):
-            raise CheckError(
-                f"{path}: model directory names may contain only letters, digits, '_' and '-' (at most 128)"
-            )
-        versions = sorted(v for v in (_version_number(p.name) for p in path.iterdir() if p.is_dir()) if v is not None)
-        if not versions:
-            raise CheckError(
-                f"{path}: has no version directory (expected <model>/<version>/model.toml with an integer version ≥ 1)"
-            )
-        models.append(ModelDir(path.name, path, tuple(versions)))
-    if not models:
-        raise CheckError(f"{root}: holds no model (expected <repository>/<model>/<version>/model.toml)")
-    return models
-
-
 def version_dir(model: ModelDir, version: int) -> Path:
     """The directory the server reads a version from: `<model>/<version>`."""
     return model.path / str(version)
+
+
+def find_recserve() -> Path:
+    """The `recserve` binary: `$RECSERVE_BIN`, else the most recently built of `$CARGO_TARGET_DIR` and this
+    checkout's `target/` (release or debug), else `recserve` on `PATH`."""
+    given = os.environ.get(RECSERVE_BIN)
+    if given:
+        if not Path(given).is_file():
+            raise CheckError(f"{RECSERVE_BIN}={given}: no such file")
+        return Path(given)
+    targets = [Path(os.environ["CARGO_TARGET_DIR"])] if os.environ.get("CARGO_TARGET_DIR") else []
+    targets.append(_CHECKOUT / "target")
+    candidates = [t / profile / "recserve" for t in targets for profile in ("release", "debug")]
+    built = [p for p in candidates if p.is_file()]
+    if built:
+        return max(built, key=lambda p: p.stat().st_mtime)
+    on_path = shutil.which("recserve")
+    if on_path:
+        return Path(on_path)
+    looked = ", ".join(str(p) for p in candidates)
+    raise CheckError(
+        "cannot find the recserve binary, whose `check-repository` judges the repository: build it (`cargo build`), "
+        f"or set {RECSERVE_BIN} to it, or put it on PATH (looked at {looked})"
+    )
+
+
+def server_check(root: Path, max_candidates: int = MAX_CANDIDATES) -> dict[str, Any]:
+    """`recserve check-repository --json` on `root`: `{"error", "models": {name: {"served_version",
+    "versions": {"1": {"kind", "error"}}}}}`, `error` being `None` where the server accepts."""
+    binary = find_recserve()
+    command = [str(binary), "check-repository", "--json", "--max-candidates", str(max_candidates), str(root)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise CheckError(f"{binary}: cannot run: {e}") from e
+    if done.returncode not in (0, 1):
+        raise CheckError(
+            f"{binary} check-repository {root} failed (exit status {done.returncode}): {done.stderr.strip()}"
+        )
+    try:
+        report = json.loads(done.stdout)
+    except json.JSONDecodeError as e:
+        raise CheckError(f"{binary} check-repository {root} did not print JSON ({e}): {done.stderr.strip()}") from e
+    if report.get("format_version") != SERVER_REPORT_VERSION:
+        raise CheckError(
+            f"{binary} check-repository writes format_version {report.get('format_version')!r}, this toolchain "
+            f"reads {SERVER_REPORT_VERSION}: rebuild the binary from this checkout, or set {RECSERVE_BIN}"
+        )
+    return report
 
 
 # --- one version ------------------------------------------------------------------------------------------------
@@ -130,36 +137,6 @@ class Version:
     model: ModelToml
     tables: dict[str, Table]
     session: ort.InferenceSession | None  # DeepFM only
-
-
-def _tensor_dims(shape: Sequence[Any]) -> list[int]:
-    """Dimensions as the server sees them: onnxruntime-Python reports a symbolic or unknown dimension as a string
-    or None, the Rust binding as -1."""
-    return [d if isinstance(d, int) else -1 for d in shape]
-
-
-def _describe(dims: list[int]) -> str:
-    return "[" + ", ".join("?" if d < 0 else str(d) for d in dims) + "]"
-
-
-def _check_outlet(path: Path, role: str, outlet: Any, expected: list[int | None]) -> None:
-    name = outlet.name
-    wanted = "[" + ", ".join(["batch"] + ["any" if d is None else str(d) for d in expected]) + "]"
-    if not outlet.type.startswith("tensor("):
-        raise CheckError(f"{path}: {role} {name!r} is not a tensor")
-    if outlet.type != "tensor(float)":
-        raise CheckError(f"{path}: {role} {name!r} has element type {outlet.type}, but recserve feeds float32")
-    dims = _tensor_dims(outlet.shape)
-    if len(dims) != len(expected) + 1:
-        raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
-    if dims[0] >= 0:
-        raise CheckError(
-            f"{path}: {role} {name!r} has a fixed batch dimension of {dims[0]} (shape {_describe(dims)}); "
-            "it must be dynamic"
-        )
-    for got, want in zip(dims[1:], expected, strict=True):
-        if want is not None and got >= 0 and got != want:
-            raise CheckError(f"{path}: {role} {name!r} has shape {_describe(dims)}, but model.toml implies {wanted}")
 
 
 def _session(path: Path, what: str) -> ort.InferenceSession:
@@ -176,36 +153,9 @@ def _session(path: Path, what: str) -> ort.InferenceSession:
 
 
 def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
-    """Opens the dense graph and checks its inputs and output against `model` (the server's `DenseGraph::open`)."""
-    spec = model.dense_graph
-    path = directory / spec.file
-    session = _session(path, "dense graph")
-    fields = len(model.fields)
-    dim = model.table(model.fields[0].table).dim
-    dense = len(model.ranking.dense_features)
-    wanted = [spec.embeddings_input] + ([spec.dense_input] if dense else [])
-    inputs = [i.name for i in session.get_inputs()]
-    for name in inputs:
-        if name not in wanted:
-            hint = " (model.toml lists no dense_features, so it would never be fed)" if name == spec.dense_input else ""
-            raise CheckError(
-                f"{path}: the graph has an input {name!r} that model.toml does not declare{hint}; "
-                f"inputs expected: {wanted}"
-            )
-    for name in wanted:
-        if name not in inputs:
-            raise CheckError(f"{path}: the graph has no input {name!r} (its inputs: {inputs})")
-    for outlet in session.get_inputs():
-        expected: list[int | None] = [fields, dim] if outlet.name == spec.embeddings_input else [dense]
-        _check_outlet(path, "input", outlet, expected)
-    outputs = [o.name for o in session.get_outputs()]
-    if outputs != [spec.output]:
-        raise CheckError(
-            f"{path}: the graph's outputs are {outputs}, but model.toml declares exactly one, {spec.output!r}"
-        )
-    output = session.get_outputs()[0]
-    _check_outlet(path, "output", output, [] if len(output.shape) == 1 else [1])
-    return session
+    """A CPU session of the version's dense graph, for offline scoring (`run_graph`); its interface is the server's
+    to check (`server_check`)."""
+    return _session(directory / model.dense_graph.file, "dense graph")
 
 
 # How far a split graph's scores may lie from its unsplit graph's: the parts compute the same sums in the same order
@@ -215,65 +165,14 @@ SPLIT_TOLERANCE = 1e-5
 SPLIT_SAMPLE = (1, 7, 100)  # candidates per request of the rows the split parts are compared on
 
 
-
-
-def _state_width(path: Path, role: str, outlet: Any) -> int:
-    _check_outlet(path, role, outlet, [None])
-    width = _tensor_dims(outlet.shape)[1]
-    if width <= 0:
-        raise CheckError(f"{path}: {role} {outlet.name!r} must have a fixed width [batch, U]")
-    return width
-
-
-def open_split(
-    directory: Path, model: DeepFMToml, tables: dict[str, Table], unsplit: ort.InferenceSession
-) -> tuple[ort.InferenceSession, ort.InferenceSession]:
-    """Opens `[dense_graph.split]`'s user and item graphs, checks their interfaces as the server's `SplitGraph::open`
-    does, and checks that they score sample requests as the unsplit graph does (within `SPLIT_TOLERANCE`)."""
-    spec, split = model.dense_graph, model.dense_graph.split
+def check_split(directory: Path, model: DeepFMToml, tables: dict[str, Table], unsplit: ort.InferenceSession) -> None:
+    """Checks that `[dense_graph.split]`'s user and item graphs score sample requests as the unsplit graph does
+    (within `SPLIT_TOLERANCE`); the server has checked their interfaces."""
+    split = model.dense_graph.split
     assert split is not None
-    fields = len(model.fields)
-    dim = model.table(model.fields[0].table).dim
-    dense = len(model.ranking.dense_features)
-    user_path, item_path = directory / split.user_file, directory / split.item_file
-    user, item = _session(user_path, "split graph"), _session(item_path, "split graph")
-    wanted = [spec.embeddings_input] + ([spec.dense_input] if dense else [])
-    if [i.name for i in user.get_inputs()] != wanted:
-        raise CheckError(
-            f"{user_path}: the user graph's inputs are {[i.name for i in user.get_inputs()]}, "
-            f"but model.toml implies {wanted}"
-        )
-    _check_outlet(user_path, "input", user.get_inputs()[0], [fields, dim])
-    if dense:
-        _check_outlet(user_path, "input", user.get_inputs()[1], [dense])
-    if [o.name for o in user.get_outputs()] != [split.state]:
-        raise CheckError(
-            f"{user_path}: the user graph's outputs are {[o.name for o in user.get_outputs()]}, "
-            f"but [dense_graph.split] declares exactly one, {split.state!r}"
-        )
-    width = _state_width(user_path, "output", user.get_outputs()[0])
-    wanted = [spec.embeddings_input, split.state]
-    if [i.name for i in item.get_inputs()] != wanted:
-        raise CheckError(
-            f"{item_path}: the item graph's inputs are {[i.name for i in item.get_inputs()]}, "
-            f"but model.toml implies {wanted}"
-        )
-    _check_outlet(item_path, "input", item.get_inputs()[0], [fields, dim])
-    item_width = _state_width(item_path, "input", item.get_inputs()[1])
-    if item_width != width:
-        raise CheckError(
-            f"{item_path}: the item graph takes {split.state!r} of width {item_width}, "
-            f"but the user graph gives width {width}"
-        )
-    if [o.name for o in item.get_outputs()] != [spec.output]:
-        raise CheckError(
-            f"{item_path}: the item graph's outputs are {[o.name for o in item.get_outputs()]}, "
-            f"but model.toml declares exactly one, {spec.output!r}"
-        )
-    output = item.get_outputs()[0]
-    _check_outlet(item_path, "output", output, [] if len(output.shape) == 1 else [1])
-    _compare_split(item_path, model, tables, unsplit, user, item)
-    return user, item
+    user = _session(directory / split.user_file, "split graph")
+    item = _session(directory / split.item_file, "split graph")
+    _compare_split(directory / split.item_file, model, tables, unsplit, user, item)
 
 
 def _compare_split(
@@ -327,70 +226,49 @@ def run_graph(session: ort.InferenceSession, model: DeepFMToml, emb: np.ndarray,
     return np.asarray(out, dtype=np.float64).reshape(len(emb), -1)[:, 0]
 
 
-def _warm_up(
-    path: Path, session: ort.InferenceSession, model: DeepFMToml, tables: dict[str, Table], sizes: Sequence[int]
-) -> None:
-    row0 = np.stack([gather(tables[f.table], np.zeros(1, dtype=np.int64))[0] for f in model.fields])
-    for rows in sizes:
-        emb = np.ascontiguousarray(np.broadcast_to(row0, (rows, *row0.shape)), dtype=np.float32)
-        dense = np.zeros((rows, len(model.ranking.dense_features)), dtype=np.float32)
-        feeds = {model.dense_graph.embeddings_input: emb}
-        if model.ranking.dense_features:
-            feeds[model.dense_graph.dense_input] = dense
-        try:
-            out = session.run([model.dense_graph.output], feeds)[0]
-        except Exception as e:  # onnxruntime's run errors have several types
-            raise CheckError(f"{path}: warm-up run failed: {e}") from e
-        if np.asarray(out).size != rows:
-            raise CheckError(
-                f"{path}: warm-up run failed: the graph returned {np.asarray(out).size} values for {rows} rows"
-            )
-
-
-def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Version:
-    """Validates one version directory as the server's loader does; raises `CheckError`."""
-    path = directory / MODEL_TOML
-    if not path.is_file():
-        raise CheckError(f"{path}: cannot read: no such file")
+def _open_version(directory: Path) -> Version:
+    """Reads a version the server accepts with the toolchain's reader, for the comparisons, and runs the
+    toolchain-only checks on it."""
     try:
-        model = model_toml.read(path)
+        model = model_toml.read(directory / MODEL_TOML)
         tables = load_tables(directory, model)
     except (ModelTomlError, TableError) as e:
         raise CheckError(str(e)) from e
     if isinstance(model, LightGCNToml):
-        try:
-            read_popularity(directory, model)
-        except TableError as e:
-            raise CheckError(str(e)) from e
         _check_index(directory, model, tables)
         return Version(directory, model, tables, None)
-    try:
-        read_item_features(directory, model)
-    except TableError as e:
-        raise CheckError(str(e)) from e
     session = open_graph(directory, model)
-    _warm_up(directory / model.dense_graph.file, session, model, tables, sorted({1, max_candidates}))
     if model.dense_graph.split is not None:
-        open_split(directory, model, tables, session)
+        check_split(directory, model, tables, session)
     return Version(directory, model, tables, session)
 
 
 def _check_index(directory: Path, model: LightGCNToml, tables: dict[str, Table]) -> None:
-    """`[recall.index]`: the file matches the item table as the server checks it at load (`ivf.verify`), and its
-    `nprobe` is at most its `nlist`."""
+    """`[recall.index]`: every `err` of the file bounds its row's quantization error (`ivf.verify`, which also
+    repeats the server's structural checks on the way)."""
     index = model.recall.index
     if index is None:
         return
     item = tables[model.recall.item_table]
-    path = directory / index.file
-    if not path.is_file():
-        raise CheckError(f"{path}: recall.index.file: no such file")
     try:
-        nlist = ivf.verify(path, item.spec, item.stored, values(item))
+        ivf.verify(directory / index.file, item.spec, item.stored, values(item))
     except ivf.IndexError_ as e:
         raise CheckError(f"recall.index: {e}") from e
-    if index.nprobe > nlist:
-        raise CheckError(f"{path}: recall.index.nprobe = {index.nprobe} is more than the index's {nlist} lists")
+
+
+def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Version:
+    """Validates one version directory: the server judges it (as version 1 of a model of a scratch repository
+    that links to it), then `_open_version`. Raises `CheckError` naming the files under `directory`."""
+    directory = directory.resolve()
+    with tempfile.TemporaryDirectory(prefix="recserve-check-") as scratch:
+        linked = Path(scratch) / "model" / "1"
+        linked.parent.mkdir()
+        linked.symlink_to(directory, target_is_directory=True)
+        report = server_check(Path(scratch), max_candidates)
+        error = report["error"] or report["models"]["model"]["versions"]["1"]["error"]
+        if error:
+            raise CheckError(error.replace(str(linked), str(directory)))
+    return _open_version(directory)
 
 
 @dataclass(frozen=True)
@@ -411,16 +289,27 @@ class Validation:
 
 
 def validate(root: Path, max_candidates: int = MAX_CANDIDATES) -> Validation:
-    """Validates a whole repository; a layout error raises `CheckError`, a broken version is recorded."""
-    models = discover(root)
+    """Validates a whole repository (`server_check`, then `_open_version` on what the server accepts); a layout
+    error raises `CheckError`, a refused version is recorded with the server's message."""
+    report = server_check(root, max_candidates)
+    if report["error"]:
+        raise CheckError(report["error"])
+    models: list[ModelDir] = []
     versions: dict[str, dict[int, Version | str]] = {}
-    for model in models:
-        versions[model.name] = {}
-        for v in model.versions:
-            try:
-                versions[model.name][v] = check_version(version_dir(model, v), max_candidates)
-            except CheckError as e:
-                versions[model.name][v] = str(e)
+    for name, found in report["models"].items():
+        numbers = tuple(sorted(int(v) for v in found["versions"]))
+        model = ModelDir(name, root / name, numbers)
+        models.append(model)
+        versions[name] = {}
+        for v in numbers:
+            error = found["versions"][str(v)]["error"]
+            if error is None:
+                try:
+                    versions[name][v] = _open_version(version_dir(model, v))
+                    continue
+                except CheckError as e:
+                    error = str(e)
+            versions[name][v] = error
     return Validation(models, versions)
 
 

@@ -1,5 +1,5 @@
-"""`check`: the server's rules on whole repositories, LightGCN versions and their comparison, and the
-broken-repository cases shared with the server's parity test."""
+"""`check`: the server's verdicts (`recserve check-repository`) on whole repositories, LightGCN versions and their
+comparison, and the broken-repository cases shared with the server's parity test."""
 
 from __future__ import annotations
 
@@ -19,10 +19,25 @@ from recserve_models.testing import check_cases
 def test_every_parity_case_is_decided_as_the_format_says(tmp_path: Path) -> None:
     results = check_cases.write(tmp_path)
     assert len(results) >= 40
-    assert all(r["python"] == r["intended"] for r in results)
-    assert sum(r["python"] == "refuse" for r in results) >= 30
+    assert sum(r["intended"] == "refuse" for r in results) >= 30
     assert {r["kind"] for r in results} == {"deepfm", "lightgcn"}
     assert json.loads((tmp_path / "cases.json").read_text()) == results
+    for case in results:
+        try:
+            errors = check.validate(tmp_path / case["name"]).errors
+        except check.CheckError as e:
+            errors = [str(e)]
+        assert ("refuse" if errors else "load") == case["intended"], (case, errors)
+        assert not errors or case["blame"] in errors[0], (case, errors)
+
+
+def test_the_binary_is_found_through_recserve_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found = check.find_recserve()
+    monkeypatch.setenv(check.RECSERVE_BIN, str(found))
+    assert check.find_recserve() == found
+    monkeypatch.setenv(check.RECSERVE_BIN, str(tmp_path / "missing"))
+    with pytest.raises(check.CheckError, match="RECSERVE_BIN=.*missing: no such file"):
+        check.find_recserve()
 
 
 def test_the_cli_exits_1_and_names_the_file(tmp_path: Path, capsys) -> None:

@@ -137,5 +137,5 @@ def test_check_validates_the_item_feature_table_as_the_server_does(out: Path, tm
     features = load_file(broken / "item_features.safetensors")["item_features"]
     features[17, 0] = 12  # category rejects unknown ids: rows 0 to 11
     save_file({"item_features": features}, broken / "item_features.safetensors")
-    with pytest.raises(check.CheckError, match="row 17, column 'category': id 12 is outside table 'category'"):
+    with pytest.raises(check.CheckError, match='row 17, column "category": id 12 is outside table "category"'):
         check.check_version(broken)

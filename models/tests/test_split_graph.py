@@ -152,9 +152,9 @@ def test_check_refuses_split_parts_that_do_not_compute_the_graph(split_repo, tmp
 @pytest.mark.parametrize(
     ("source", "target", "message"),
     [
-        ("item.onnx", "user.onnx", "the user graph's inputs are ['embeddings', 'user_state']"),
-        ("user.onnx", "item.onnx", "the item graph's inputs are ['embeddings', 'dense']"),
-        (None, "item.onnx", "split graph file does not exist"),
+        ("item.onnx", "user.onnx", 'the user graph\'s inputs are ["embeddings", "user_state"]'),
+        ("user.onnx", "item.onnx", 'the item graph\'s inputs are ["embeddings", "dense"]'),
+        (None, "item.onnx", "item.onnx: dense graph file does not exist"),
     ],
 )
 def test_check_refuses_split_parts_with_the_wrong_interface(split_repo, tmp_path, source, target, message) -> None:

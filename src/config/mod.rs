@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use settings::{
@@ -45,6 +45,33 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate the configuration (flags, environment, file) without starting, and print it as TOML.
     CheckConfig(ServeArgs),
+    /// Check every version of every model of a repository with the server's loader, without serving: one line
+    /// per version, exit status 1 when the server would refuse any.
+    CheckRepository(CheckRepositoryArgs),
+}
+
+/// Flags of `check-repository`.
+#[derive(Clone, Debug, Args)]
+pub struct CheckRepositoryArgs {
+    /// Model repository: <repository>/<model>/<version>/model.toml.
+    pub repository: PathBuf,
+
+    /// Print the report as one JSON document on stdout instead of one line per version.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The server's TOML config file: the check loads with its settings (warm-up batch sizes, device, split
+    /// graph), as `serve --config` would.
+    #[arg(long, env = "RECSERVE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// ONNX Runtime shared library [default: $ORT_DYLIB_PATH, else libonnxruntime.so on the system library path].
+    #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
+    pub ort_library: Option<PathBuf>,
+
+    /// The server's --max-candidates: the largest warm-up batch [default: the server's].
+    #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
+    pub max_candidates: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
@@ -481,6 +508,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv).map_err(|e| ConfigError(e.to_string()))?;
         match cli.command {
             Command::Serve(args) | Command::CheckConfig(args) => args.resolve(),
+            Command::CheckRepository(_) => unreachable!("parse passes `serve`"),
         }
     }
 

@@ -1,4 +1,5 @@
-"""The `check` command: validate every version of a repository with the server's rules (`check.validate`), compare
+"""The `check` command: have the server judge every version of a repository (`recserve check-repository`, through
+`check.validate`), compare
 precisions on held-out data (`check.compare_deepfm`, `check.compare_lightgcn`), print one line per version and
 per compared variant, and exit 1 when the server would refuse a version."""
 

@@ -1,12 +1,12 @@
-"""Broken (and a few valid) model repositories that `check` and the server's loader must judge alike.
+"""Broken (and a few valid) model repositories that `recserve check-repository` and the server's loader must judge
+as the format document says.
 
 `write(out)` writes one small repository per case under `out/<case>/` and `out/cases.json`:
-`[{"name", "kind", "intended", "python", "python_error", "blame"}]`. `intended` is what the format document
-says (`"load"` or `"refuse"`), `python` is what `check` decided (it equals `intended`, or writing fails), and
-`blame` is a file or directory name that the refusal must mention. The `fixture` command writes them to
-`DIR/check-cases/`; `tests/check_parity.rs` runs the server's loader over the same directories and requires the
-same decisions, so the two sets of rules cannot drift apart. (While recall serving is not in the server, its
-test applies the layout, `model.toml` and table checks to `kind = "lightgcn"` cases instead of the full load.)
+`[{"name", "kind", "intended", "blame"}]`. `intended` is what the format document says (`"load"` or `"refuse"`),
+and `blame` is a file or directory name that the refusal must mention. The `fixture` command writes them to
+`DIR/check-cases/`; `tests/check_parity.rs` runs `recserve check-repository` and the server's start-up load over
+the same directories and requires both to decide as intended, and the toolchain's `check` (which asks
+`check-repository`) is held to the same decisions in `models/tests/test_check.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from onnx import TensorProto, helper
 from safetensors.numpy import save
 
 from .. import deepfm
-from ..check import CheckError, validate
 from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
 from ..onnx_export import IR_VERSION, OPSET, build_graph
 from ..onnx_export import save as save_onnx
@@ -483,7 +482,7 @@ def _cases() -> list[Case]:
 
 
 def write(out: Path) -> list[dict[str, object]]:
-    """Writes every case under `out` and `out/cases.json`; raises if `check` does not decide a case as intended."""
+    """Writes every case under `out` and `out/cases.json`."""
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for case in _cases():
@@ -493,29 +492,6 @@ def write(out: Path) -> list[dict[str, object]]:
         case.mutate(version)
         if case.layout is not None:
             case.layout(root)
-        try:
-            validation = validate(root)
-            errors = validation.errors
-        except CheckError as e:
-            errors = [str(e)]
-        # Paths relative to the case's repository, so that the file is the same wherever it is written.
-        errors = [e.replace(f"{root}/", "").replace(str(root), ".") for e in errors]
-        decided = "refuse" if errors else "load"
-        if decided != case.intended:
-            raise RuntimeError(
-                f"check case {case.name}: check decided {decided!r}, intended {case.intended!r}: {errors}"
-            )
-        if errors and case.blame not in errors[0]:
-            raise RuntimeError(f"check case {case.name}: the error does not mention {case.blame!r}: {errors[0]}")
-        results.append(
-            {
-                "name": case.name,
-                "kind": case.kind,
-                "intended": case.intended,
-                "python": decided,
-                "python_error": errors[0] if errors else None,
-                "blame": case.blame,
-            }
-        )
+        results.append({"name": case.name, "kind": case.kind, "intended": case.intended, "blame": case.blame})
     (out / "cases.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return results

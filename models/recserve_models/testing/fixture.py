@@ -15,8 +15,9 @@ end-to-end tests check.
   | `deepfm-int8/1` | int8   | INT8 QDQ | C20           | graph calibrated on rows of its own int8 tables      |
 
   Every model has its own weights. The OOV policy of each table is in `FIELDS` below and in `cases.json`.
-- `DIR/check-cases/`: small valid and broken repositories with `check`'s decision on each
-  (`check_cases.py`), which `tests/check_parity.rs` puts through the server's loader.
+- `DIR/check-cases/`: small valid and broken repositories with the decision the format document intends for each
+  (`check_cases.py`), which `tests/check_parity.rs` puts through `recserve check-repository` and the server's
+  loader.
 - `DIR/cases.json`: `{"format_version", "seed", "onnxruntime", "models", "cases", "error_cases"}`:
   `models[name]` describes each model (served version, fields by side, item_id_field, dense features, and
   its tables split by OOV policy, `oov.default` / `oov.reject`, each with rows, default_row and the fields
