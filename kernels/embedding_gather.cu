@@ -1,6 +1,6 @@
 // recserve: the GPU embedding gather.
 //
-// Compiled at start-up by NVRTC (src/gpu/cuda/kernels.rs), so it includes no headers: fixed-width integers are
+// Compiled at start-up by NVRTC (core/src/gpu/cuda/kernels.rs), so it includes no headers: fixed-width integers are
 // spelled out and fp16 is converted with one PTX instruction.
 //
 // One launch gathers a whole batch: `ids` is [n] = [rows, fields] row-major, field f of a row reads table
@@ -8,7 +8,7 @@
 // (at most a warp) with vector loads, so consecutive threads read consecutive 4-16 byte pieces of one row
 // (coalesced) and a warp serves up to 32 / lanes rows at once.
 //
-// Semantics are those of the CPU store (src/embedding/cpu.rs), bit for bit:
+// Semantics are those of the CPU store (core/src/embedding/cpu.rs), bit for bit:
 // - the id -> row mapping and the out-of-vocabulary policy of TableSpec::resolve: an id in [0, rows) reads its
 //   row; any other id reads `default_row`, or, for a `reject` table (default_row < 0), is refused. The host
 //   refuses such batches before launching (and counts default-row reads), so the kernel never sees a rejected
