@@ -161,12 +161,12 @@ impl<M> Snapshot<M> {
 pub struct Status {
     /// The version serving now, if any.
     pub serving: Option<u64>,
-    pub state: State,
+    pub state: ModelState,
 }
 
 /// What is happening to a model, or happened last.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum State {
+pub enum ModelState {
     /// Serving, nothing pending.
     Ready,
     /// Loading `version` (beside the serving one, if any).
@@ -242,7 +242,7 @@ impl<M: Send + Sync + 'static> Registry<M> {
                 model.name.clone(),
                 Status {
                     serving: Some(model.version),
-                    state: State::Ready,
+                    state: ModelState::Ready,
                 },
             );
         }
@@ -267,7 +267,7 @@ impl<M: Send + Sync + 'static> Registry<M> {
         self.releaser.len()
     }
 
-    fn set_status(&self, name: &str, serving: Option<u64>, state: State) {
+    fn set_status(&self, name: &str, serving: Option<u64>, state: ModelState) {
         lock(&self.status).insert(name.to_owned(), Status { serving, state });
     }
 
@@ -316,7 +316,7 @@ impl<M: Loadable> Registry<M> {
             return Err(format!("model {name:?} is not served"));
         };
         let (switch, old) = self.switch(name, None, check)?;
-        self.set_status(name, None, State::Unloaded);
+        self.set_status(name, None, ModelState::Unloaded);
         if let Some(old) = old {
             self.release(old, metrics);
         }
@@ -376,7 +376,7 @@ impl<M: Loadable> Registry<M> {
             self.set_status(
                 name,
                 serving,
-                State::Failed {
+                ModelState::Failed {
                     version,
                     reason: failure.to_string(),
                 },
@@ -389,7 +389,7 @@ impl<M: Loadable> Registry<M> {
             return Ok(None);
         }
         let version = mv.version;
-        self.set_status(name, serving, State::Loading { version });
+        self.set_status(name, serving, ModelState::Loading { version });
         let model =
             load_version(ctx, mv).map_err(|e| fail(Some(version), LoadFailure::Invalid(e)))?;
         let (switch, old) = self
@@ -397,7 +397,7 @@ impl<M: Loadable> Registry<M> {
             .map_err(|problem| fail(Some(version), LoadFailure::Refused(problem)))?;
         ctx.metrics
             .model_loaded(name, "loaded", started.elapsed().as_secs_f64());
-        self.set_status(name, Some(version), State::Ready);
+        self.set_status(name, Some(version), ModelState::Ready);
         if let Some(old) = old {
             self.release(old, &ctx.metrics);
         }

@@ -16,7 +16,7 @@ use super::Service;
 use crate::config::{Config, ModelControl, PipelineConfig};
 use recserve_core::error::{LoadError, ServiceError};
 use recserve_core::models;
-use recserve_core::registry::{Change, LoadContext, State, Status};
+use recserve_core::registry::{Change, LoadContext, ModelState, Status};
 use recserve_core::repository;
 
 /// Nice value of the threads that load models while the server serves: below the executors' (so warm-up runs do
@@ -89,9 +89,9 @@ impl IndexEntry {
         let (version, state, reason) = match status {
             None => (String::new(), "UNAVAILABLE", "not loaded".to_owned()),
             Some(s) => match &s.state {
-                State::Ready => (version(s.serving), "READY", String::new()),
-                State::Loading { version: v } => (v.to_string(), "LOADING", String::new()),
-                State::Failed { version: v, reason } => {
+                ModelState::Ready => (version(s.serving), "READY", String::new()),
+                ModelState::Loading { version: v } => (v.to_string(), "LOADING", String::new()),
+                ModelState::Failed { version: v, reason } => {
                     let what = match v {
                         Some(v) => format!("version {v} failed to load: {reason}"),
                         None => format!("failed to load: {reason}"),
@@ -103,7 +103,7 @@ impl IndexEntry {
                     };
                     (version(s.serving), state, what)
                 }
-                State::Unloaded => (String::new(), "UNAVAILABLE", "unloaded".to_owned()),
+                ModelState::Unloaded => (String::new(), "UNAVAILABLE", "unloaded".to_owned()),
             },
         };
         IndexEntry {
@@ -386,7 +386,7 @@ mod tests {
     fn index_entries_say_where_each_model_stands() {
         let status = |serving, state| Status { serving, state };
         assert_eq!(
-            IndexEntry::of("a", Some(&status(Some(3), State::Ready))),
+            IndexEntry::of("a", Some(&status(Some(3), ModelState::Ready))),
             IndexEntry {
                 name: "a".into(),
                 version: "3".into(),
@@ -394,13 +394,13 @@ mod tests {
                 reason: String::new()
             }
         );
-        let loading = IndexEntry::of("a", Some(&status(Some(3), State::Loading { version: 4 })));
+        let loading = IndexEntry::of("a", Some(&status(Some(3), ModelState::Loading { version: 4 })));
         assert_eq!((loading.version.as_str(), loading.state), ("4", "LOADING"));
         let failed = IndexEntry::of(
             "a",
             Some(&status(
                 Some(3),
-                State::Failed {
+                ModelState::Failed {
                     version: Some(4),
                     reason: "x/4/model.toml: bad".into(),
                 },
@@ -419,7 +419,7 @@ mod tests {
             ),
             "the old version goes on serving"
         );
-        let unloaded = IndexEntry::of("a", Some(&status(None, State::Unloaded)));
+        let unloaded = IndexEntry::of("a", Some(&status(None, ModelState::Unloaded)));
         assert_eq!(
             (unloaded.state, unloaded.reason.as_str()),
             ("UNAVAILABLE", "unloaded")

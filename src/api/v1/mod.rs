@@ -20,7 +20,7 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::service::{ServedModel, Service};
-use recserve_core::registry::{self, State as Lifecycle, Status};
+use recserve_core::registry::{self, Status};
 use recserve_core::repository::Side;
 
 /// The `/v1` routes, for [`super::http::router`] to mount.
@@ -101,12 +101,12 @@ pub struct ModelState {
 impl ModelState {
     fn of(name: &str, status: Option<&Status>) -> ModelState {
         let (state, version, reason) = match status.map(|s| &s.state) {
-            None | Some(Lifecycle::Ready) => ("ready", None, None),
-            Some(Lifecycle::Loading { version }) => ("loading", Some(*version), None),
-            Some(Lifecycle::Failed { version, reason }) => {
+            None | Some(registry::ModelState::Ready) => ("ready", None, None),
+            Some(registry::ModelState::Loading { version }) => ("loading", Some(*version), None),
+            Some(registry::ModelState::Failed { version, reason }) => {
                 ("failed", *version, Some(reason.clone()))
             }
-            Some(Lifecycle::Unloaded) => ("unloaded", None, None),
+            Some(registry::ModelState::Unloaded) => ("unloaded", None, None),
         };
         ModelState {
             name: name.to_owned(),
