@@ -13,14 +13,16 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use settings::{
-    BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR,
-    EMBEDDING_CACHE_BYTES, EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS,
-    HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING,
-    MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
-    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
-    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS,
+    BATCH_DELAY, BATCHING, BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEVICE,
+    EMBEDDING_CACHE_BYTES, EXECUTION_PROVIDER, EXECUTOR_NICENESS, EXECUTORS, GATHER_USER_ONCE,
+    GRPC_ADDR, HEADER_READ_TIMEOUT_MS, HTTP_ADDR, HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS,
+    INTRA_OP_THREADS, LOG_FORMAT, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
+    MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS,
+    MODEL_CONTROL, ORT_LIBRARY_FALLBACK, PRELOAD, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
+    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS, SPLIT_GRAPH, TENSORRT_FP16,
+    TENSORRT_INT8,
 };
-pub use settings::{Pin, ServeArgs, Setting, env_var};
+pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
 
@@ -237,7 +239,7 @@ impl ServeArgs {
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             })
-            .unwrap_or_else(|| PathBuf::from("libonnxruntime.so"));
+            .unwrap_or_else(|| PathBuf::from(ORT_LIBRARY_FALLBACK));
         let mut pin = HashMap::new();
         for Pin { model, version } in self.pin {
             if version == 0 {
@@ -248,22 +250,18 @@ impl ServeArgs {
             pin.insert(model, version);
         }
         check_pipelines(&self.pipelines)?;
-        let http_addr = self
-            .http_addr
-            .unwrap_or_else(|| SocketAddr::from(DEFAULT_HTTP_ADDR));
-        let grpc_addr = self
-            .grpc_addr
-            .unwrap_or_else(|| SocketAddr::from(DEFAULT_GRPC_ADDR));
+        let http_addr = HTTP_ADDR.resolve(self.http_addr);
+        let grpc_addr = GRPC_ADDR.resolve(self.grpc_addr);
         if grpc_addr == http_addr && grpc_addr.port() != 0 {
             return Err(ConfigError(format!(
                 "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr (RECSERVE_HTTP_ADDR), both are {grpc_addr}"
             )));
         }
-        let device = self.device.unwrap_or_default();
-        let execution_provider = self.execution_provider.unwrap_or_default();
+        let device = DEVICE.resolve(self.device);
+        let execution_provider = EXECUTION_PROVIDER.resolve(self.execution_provider);
         let tensorrt = TensorRtOptions {
-            fp16: self.tensorrt_fp16.unwrap_or(false),
-            int8: self.tensorrt_int8.unwrap_or(false),
+            fp16: TENSORRT_FP16.resolve(self.tensorrt_fp16),
+            int8: TENSORRT_INT8.resolve(self.tensorrt_int8),
             engine_cache: self.tensorrt_engine_cache,
         };
         check_device(device, execution_provider, &tensorrt)?;
@@ -289,11 +287,11 @@ impl ServeArgs {
             max_body_bytes: MAX_BODY_BYTES.resolve(self.max_body_bytes)?,
             queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
             executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
-            batching: self.batching.unwrap_or(Switch::On),
-            batch_delay: self.batch_delay.unwrap_or_default(),
-            gather_user_once: self.gather_user_once.unwrap_or(Switch::On),
-            preload: self.preload.unwrap_or(Switch::On),
-            split_graph: self.split_graph.unwrap_or(Switch::On),
+            batching: BATCHING.resolve(self.batching),
+            batch_delay: BATCH_DELAY.resolve(self.batch_delay),
+            gather_user_once: GATHER_USER_ONCE.resolve(self.gather_user_once),
+            preload: PRELOAD.resolve(self.preload),
+            split_graph: SPLIT_GRAPH.resolve(self.split_graph),
             max_batch_rows: self
                 .max_batch_rows
                 .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
@@ -315,13 +313,13 @@ impl ServeArgs {
             http2_ping_interval_ms: HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?,
             max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
             slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
-            log_format: self.log_format.unwrap_or(LogFormat::Text),
+            log_format: LOG_FORMAT.resolve(self.log_format),
             device,
             execution_provider,
             tensorrt_fp16: tensorrt.fp16,
             tensorrt_int8: tensorrt.int8,
             tensorrt_engine_cache: tensorrt.engine_cache,
-            model_control: self.model_control.unwrap_or_default(),
+            model_control: MODEL_CONTROL.resolve(self.model_control),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
             admin_token_file: self.admin_token_file,
             redis_url: self.redis_url,
