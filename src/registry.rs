@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::batching::BatchSettings;
-use crate::config::{BatchDelay, Config, Switch};
+use crate::config::{Config, Switch};
 use crate::embedding::Preload;
 use crate::embedding::remote::TierContext;
 use crate::error::{LoadError, ServiceError};
@@ -53,8 +53,9 @@ pub struct LoadContext {
     pub tier: TierContext,
 }
 
-/// Bounds on what one request may carry, which the models' contracts check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Bounds on what one request may carry, which the models' contracts check. Serialized with the keys of the config
+/// file (`check-config` prints it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct RequestLimits {
     /// Candidates of a ranking request, and users of a KServe recall request (`--max-candidates`).
     pub max_candidates: usize,
@@ -86,22 +87,8 @@ impl LoadContext {
             placement,
             executors: config.executors,
             shards: config.shards,
-            limits: RequestLimits {
-                max_candidates: config.max_candidates,
-                max_history: config.max_history,
-                max_exclude: config.max_exclude,
-                max_reply_items: config.max_reply_items,
-            },
-            batching: BatchSettings {
-                enabled: config.batching == Switch::On,
-                fixed_delay: config.batch_delay == BatchDelay::Fixed,
-                max_batch_rows: config.max_batch_rows,
-                max_queue_delay_us: config.max_queue_delay_us,
-                buckets: config.batch_buckets.clone(),
-                default_deadline_ms: config.default_deadline_ms,
-                queue_capacity: config.queue_capacity,
-                executor_niceness: config.executor_niceness,
-            },
+            limits: config.limits,
+            batching: config.batch.clone(),
             gather_user_once: config.gather_user_once == Switch::On,
             preload: match config.preload {
                 Switch::On => Preload::Populate,

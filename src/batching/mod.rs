@@ -54,14 +54,28 @@ pub fn default_buckets(max: usize) -> Vec<usize> {
 
 /// Batching settings of the server (flags, environment, config file): each one that is set overrides the
 /// model's `[batching]` section.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Serialized with the keys of the config file (`check-config` prints it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BatchSettings {
+    /// `--batching on`.
+    #[serde(
+        rename = "batching",
+        serialize_with = "crate::config::serialize_batching"
+    )]
     pub enabled: bool,
     /// `--batch-delay fixed`: a free executor always waits for company.
+    #[serde(
+        rename = "batch_delay",
+        serialize_with = "crate::config::serialize_batch_delay"
+    )]
     pub fixed_delay: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_batch_rows: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_queue_delay_us: Option<u64>,
+    #[serde(rename = "batch_buckets", skip_serializing_if = "Option::is_none")]
     pub buckets: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_deadline_ms: Option<u64>,
     pub queue_capacity: usize,
     pub executor_niceness: u8,

@@ -24,7 +24,9 @@ use settings::{
 };
 pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
+use crate::batching::BatchSettings;
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
+use crate::registry::RequestLimits;
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -108,30 +110,19 @@ pub struct Config {
     pub intra_op_threads: usize,
     pub executors: usize,
     pub shards: usize,
-    pub max_candidates: usize,
-    pub max_history: usize,
-    pub max_exclude: usize,
-    pub max_reply_items: usize,
+    /// What one request may carry, as the models' contracts take it.
+    #[serde(flatten)]
+    pub limits: RequestLimits,
     pub max_body_bytes: usize,
-    pub queue_capacity: usize,
-    pub executor_niceness: u8,
-    pub batching: Switch,
-    pub batch_delay: BatchDelay,
+    /// Batching, as every model's batcher takes it (over the model's `[batching]`).
+    #[serde(flatten)]
+    pub batch: BatchSettings,
     /// `--gather-user-once`.
     pub gather_user_once: Switch,
     /// `--preload`.
     pub preload: Switch,
     /// `--split-graph`.
     pub split_graph: Switch,
-    /// Batching settings that override every model's `[batching]` section when set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_batch_rows: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_queue_delay_us: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch_buckets: Option<Vec<usize>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_deadline_ms: Option<u64>,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
     pub header_read_timeout_ms: u64,
@@ -158,6 +149,24 @@ pub struct Config {
     pub redis_fetch_timeout_ms: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pipelines: BTreeMap<String, PipelineConfig>,
+}
+
+/// Serializes a [`BatchSettings::enabled`] as the file spells it (`--batching`).
+pub(crate) fn serialize_batching<S: serde::Serializer>(on: &bool, s: S) -> Result<S::Ok, S::Error> {
+    if *on { Switch::On } else { Switch::Off }.serialize(s)
+}
+
+/// Serializes a [`BatchSettings::fixed_delay`] as the file spells it (`--batch-delay`).
+pub(crate) fn serialize_batch_delay<S: serde::Serializer>(
+    fixed: &bool,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    if *fixed {
+        BatchDelay::Fixed
+    } else {
+        BatchDelay::Adaptive
+    }
+    .serialize(s)
 }
 
 /// A configuration that cannot be used; the message names the flag.
@@ -280,31 +289,35 @@ impl ServeArgs {
             intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
             executors: EXECUTORS.resolve(self.executors)?,
             shards: SHARDS.resolve(self.shards)?,
-            max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
-            max_history: MAX_HISTORY.resolve(self.max_history)?,
-            max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
-            max_reply_items: MAX_REPLY_ITEMS.resolve(self.max_reply_items)?,
+            limits: RequestLimits {
+                max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
+                max_history: MAX_HISTORY.resolve(self.max_history)?,
+                max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
+                max_reply_items: MAX_REPLY_ITEMS.resolve(self.max_reply_items)?,
+            },
             max_body_bytes: MAX_BODY_BYTES.resolve(self.max_body_bytes)?,
-            queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
-            executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
-            batching: BATCHING.resolve(self.batching),
-            batch_delay: BATCH_DELAY.resolve(self.batch_delay),
+            batch: BatchSettings {
+                enabled: BATCHING.resolve(self.batching) == Switch::On,
+                fixed_delay: BATCH_DELAY.resolve(self.batch_delay) == BatchDelay::Fixed,
+                max_batch_rows: self
+                    .max_batch_rows
+                    .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
+                    .transpose()?,
+                max_queue_delay_us: self
+                    .max_queue_delay_us
+                    .map(|v| MAX_QUEUE_DELAY_US_SETTING.check(v))
+                    .transpose()?,
+                buckets: self.batch_buckets,
+                default_deadline_ms: self
+                    .default_deadline_ms
+                    .map(|v| DEFAULT_DEADLINE_MS_SETTING.check(v))
+                    .transpose()?,
+                queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
+                executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
+            },
             gather_user_once: GATHER_USER_ONCE.resolve(self.gather_user_once),
             preload: PRELOAD.resolve(self.preload),
             split_graph: SPLIT_GRAPH.resolve(self.split_graph),
-            max_batch_rows: self
-                .max_batch_rows
-                .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
-                .transpose()?,
-            max_queue_delay_us: self
-                .max_queue_delay_us
-                .map(|v| MAX_QUEUE_DELAY_US_SETTING.check(v))
-                .transpose()?,
-            batch_buckets: self.batch_buckets,
-            default_deadline_ms: self
-                .default_deadline_ms
-                .map(|v| DEFAULT_DEADLINE_MS_SETTING.check(v))
-                .transpose()?,
             pin,
             shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
@@ -445,12 +458,12 @@ mod tests {
                 config.intra_op_threads,
                 config.executors,
                 config.shards,
-                config.max_candidates
+                config.limits.max_candidates
             ),
             (1, 1, 1, 1000)
         );
         assert_eq!(config.log_format, LogFormat::Text);
-        assert_eq!(config.max_reply_items, 100_000);
+        assert_eq!(config.limits.max_reply_items, 100_000);
     }
 
     #[test]
@@ -684,7 +697,10 @@ mod tests {
              ranking_model = \"deepfm\"\ncandidates = 200\nk = 20\n",
         );
         let config = parse(&["--config", &path, "--max-history", "7"]).expect("valid");
-        assert_eq!((config.max_history, config.max_exclude), (7, 50));
+        assert_eq!(
+            (config.limits.max_history, config.limits.max_exclude),
+            (7, 50)
+        );
         assert_eq!(
             config.pipelines["feed"],
             PipelineConfig {
@@ -698,7 +714,7 @@ mod tests {
         assert!(text.contains("[pipelines.feed]"), "{text}");
         let defaults = parse(&["--repository", "r"]).expect("defaults");
         assert_eq!(
-            (defaults.max_history, defaults.max_exclude),
+            (defaults.limits.max_history, defaults.limits.max_exclude),
             (10_000, 10_000)
         );
         assert!(defaults.pipelines.is_empty());
