@@ -78,12 +78,7 @@ impl LoadContext {
         LoadContext {
             runtime,
             metrics,
-            session: SessionOptions {
-                intra_op_threads: config.intra_op_threads,
-                provider: config.execution_provider,
-                tensorrt: config.tensorrt(),
-                cuda_device: None,
-            },
+            session: config.session.clone(),
             placement,
             executors: config.executors,
             shards: config.shards,

@@ -25,6 +25,7 @@ use settings::{
 pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
 use crate::batching::BatchSettings;
+use crate::executor::SessionOptions;
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
 use crate::registry::RequestLimits;
 
@@ -107,7 +108,10 @@ pub struct Config {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub ort_library: PathBuf,
-    pub intra_op_threads: usize,
+    /// ONNX Runtime sessions, as every executor's takes them (`--intra-op-threads`, `--execution-provider`,
+    /// `--tensorrt-*`).
+    #[serde(flatten)]
+    pub session: SessionOptions,
     pub executors: usize,
     pub shards: usize,
     /// What one request may carry, as the models' contracts take it.
@@ -134,10 +138,6 @@ pub struct Config {
     pub slow_requests: usize,
     pub log_format: LogFormat,
     pub device: DeviceRequest,
-    pub execution_provider: ProviderRequest,
-    pub tensorrt_fp16: bool,
-    pub tensorrt_int8: bool,
-    pub tensorrt_engine_cache: Option<PathBuf>,
     pub model_control: ModelControl,
     pub repository_poll_s: u64,
     /// The token's file, never the token (`check-config` prints this configuration).
@@ -286,7 +286,12 @@ impl ServeArgs {
             http_addr,
             grpc_addr,
             ort_library,
-            intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
+            session: SessionOptions {
+                intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
+                provider: execution_provider,
+                tensorrt,
+                cuda_device: None,
+            },
             executors: EXECUTORS.resolve(self.executors)?,
             shards: SHARDS.resolve(self.shards)?,
             limits: RequestLimits {
@@ -328,10 +333,6 @@ impl ServeArgs {
             slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
             log_format: LOG_FORMAT.resolve(self.log_format),
             device,
-            execution_provider,
-            tensorrt_fp16: tensorrt.fp16,
-            tensorrt_int8: tensorrt.int8,
-            tensorrt_engine_cache: tensorrt.engine_cache,
             model_control: MODEL_CONTROL.resolve(self.model_control),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
             admin_token_file: self.admin_token_file,
@@ -420,11 +421,7 @@ fn check_device(
 impl Config {
     /// The TensorRT settings.
     pub fn tensorrt(&self) -> TensorRtOptions {
-        TensorRtOptions {
-            fp16: self.tensorrt_fp16,
-            int8: self.tensorrt_int8,
-            engine_cache: self.tensorrt_engine_cache.clone(),
-        }
+        self.session.tensorrt.clone()
     }
 
     /// The configuration as a TOML config file would hold it.
@@ -455,7 +452,7 @@ mod tests {
         assert_eq!(config.grpc_addr, "0.0.0.0:8001".parse().expect("addr"));
         assert_eq!(
             (
-                config.intra_op_threads,
+                config.session.intra_op_threads,
                 config.executors,
                 config.shards,
                 config.limits.max_candidates
@@ -574,7 +571,7 @@ mod tests {
     fn device_and_provider_flags() {
         let config = parse(&["--repository", "r"]).expect("defaults");
         assert_eq!(
-            (config.device, config.execution_provider),
+            (config.device, config.session.provider),
             (DeviceRequest::Auto, ProviderRequest::Auto)
         );
         assert_eq!(config.tensorrt(), TensorRtOptions::default());
@@ -647,7 +644,7 @@ mod tests {
         let config =
             parse(&["--config", file.to_str().expect("utf-8"), "--tensorrt-int8"]).expect("valid");
         assert_eq!(config.device, DeviceRequest::Cuda(Some(0)));
-        assert_eq!(config.execution_provider, ProviderRequest::Tensorrt);
+        assert_eq!(config.session.provider, ProviderRequest::Tensorrt);
         assert_eq!(
             config.tensorrt(),
             TensorRtOptions {
