@@ -8,6 +8,7 @@ mod settings;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,7 @@ use crate::batching::BatchSettings;
 use crate::executor::SessionOptions;
 use crate::gpu::{self, DeviceRequest, ProviderRequest, TensorRtOptions};
 use crate::registry::RequestLimits;
+use crate::server::connections::Timeouts;
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -129,11 +131,9 @@ pub struct Config {
     pub split_graph: Switch,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
-    pub header_read_timeout_ms: u64,
-    pub body_read_timeout_ms: u64,
-    pub idle_timeout_ms: u64,
-    /// 0: no pings.
-    pub http2_ping_interval_ms: u64,
+    /// How long connections may take and stay idle, as the server's connections take it.
+    #[serde(flatten)]
+    pub timeouts: Timeouts,
     pub max_connections: usize,
     pub slow_requests: usize,
     pub log_format: LogFormat,
@@ -325,10 +325,18 @@ impl ServeArgs {
             split_graph: SPLIT_GRAPH.resolve(self.split_graph),
             pin,
             shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
-            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
-            body_read_timeout_ms: BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
-            idle_timeout_ms: IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?,
-            http2_ping_interval_ms: HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?,
+            timeouts: Timeouts {
+                header_read: Duration::from_millis(
+                    HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
+                ),
+                body_read: Duration::from_millis(
+                    BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
+                ),
+                idle: Duration::from_millis(IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?),
+                http2_ping: Some(HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?)
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
+            },
             max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
             slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
             log_format: LOG_FORMAT.resolve(self.log_format),
@@ -466,12 +474,13 @@ mod tests {
     #[test]
     fn connection_settings_have_defaults_file_keys_and_ranges() {
         let config = parse(&["--repository", "r"]).expect("valid");
+        let ms = |d: Duration| d.as_millis() as u64;
         let connections = |c: &Config| {
             (
-                c.header_read_timeout_ms,
-                c.body_read_timeout_ms,
-                c.idle_timeout_ms,
-                c.http2_ping_interval_ms,
+                ms(c.timeouts.header_read),
+                ms(c.timeouts.body_read),
+                ms(c.timeouts.idle),
+                c.timeouts.http2_ping.map_or(0, ms),
                 c.max_connections,
             )
         };

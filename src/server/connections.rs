@@ -37,7 +37,6 @@ use tower_service::Service as _;
 
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
-use crate::config::Config;
 use crate::metrics::{ConnectionMetrics, Metrics, TraceSink};
 use crate::trace::{self, TraceCell};
 
@@ -49,26 +48,27 @@ pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 /// answer to a ping) once it has no request in flight; then it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// The connection settings of the configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The connection settings of the configuration. Serialized with the keys of the config file, in milliseconds
+/// (`check-config` prints them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Timeouts {
+    #[serde(rename = "header_read_timeout_ms", serialize_with = "millis")]
     pub header_read: Duration,
+    #[serde(rename = "body_read_timeout_ms", serialize_with = "millis")]
     pub body_read: Duration,
+    #[serde(rename = "idle_timeout_ms", serialize_with = "millis")]
     pub idle: Duration,
-    /// `None`: no HTTP/2 pings.
+    /// `None`: no HTTP/2 pings (0 in the file).
+    #[serde(rename = "http2_ping_interval_ms", serialize_with = "millis_or_0")]
     pub http2_ping: Option<Duration>,
 }
 
-impl Timeouts {
-    pub fn of(config: &Config) -> Timeouts {
-        Timeouts {
-            header_read: Duration::from_millis(config.header_read_timeout_ms),
-            body_read: Duration::from_millis(config.body_read_timeout_ms),
-            idle: Duration::from_millis(config.idle_timeout_ms),
-            http2_ping: (config.http2_ping_interval_ms > 0)
-                .then(|| Duration::from_millis(config.http2_ping_interval_ms)),
-        }
-    }
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn millis_or_0<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    millis(&d.unwrap_or_default(), s)
 }
 
 /// Which listener: the label of its metrics, how its request bodies time out, and whether Nagle's algorithm is
