@@ -1,7 +1,8 @@
 //! Server configuration: command-line flags, each with a `RECSERVE_*` environment variable, over an optional TOML
 //! file, over defaults. The settings are spelled once ([`ServeArgs`], in [`settings`], which clap and serde both
-//! read); [`ServeArgs::resolve`] merges the layers into a [`Config`] and validates it with messages that name the
-//! flag.
+//! read); [`ServeArgs::resolve`] merges the layers into a [`Config`], validates it with messages that name the
+//! flag, and builds the typed settings that components take whole ([`RequestLimits`], [`BatchSettings`],
+//! [`SessionOptions`], [`Timeouts`]).
 
 mod settings;
 

@@ -1,7 +1,9 @@
-//! The settings of `serve`, spelled once: [`ServeArgs`] is read by clap (flags, each with a `RECSERVE_*`
-//! environment variable) and by serde (the `--config` TOML file, whose keys are the flag names with `_` for `-`).
-//! Each numeric setting's default and range is a named [`Setting`] beside it; [`super::ServeArgs::resolve`]
-//! layers flags over the file over the defaults and checks the result.
+//! The settings of `serve`, spelled once: [`ServeArgs`] is read by clap (flags) and by serde (the `--config` TOML
+//! file, whose keys are the flag names with `_` for `-`). Each setting's default (and a numeric one's range) is a
+//! named [`Setting`] or [`Choice`] beside it. A flag's environment variable ([`env_var`]) and the default its help
+//! shows ([`shown_defaults`]) are derived from its name and its setting when clap builds the command, never
+//! written beside the flag. [`super::ServeArgs::resolve`] layers flags over the file over the defaults, checks the
+//! result and builds the typed settings each component takes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
