@@ -52,8 +52,9 @@ pub struct LoadContext {
     pub tier: TierContext,
 }
 
-/// Bounds on what one request may carry, which the models' contracts check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Bounds on what one request may carry, which the models' contracts check. Serialized with the keys of the config
+/// file (`check-config` prints it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct RequestLimits {
     /// Candidates of a ranking request, and users of a KServe recall request (`--max-candidates`).
     pub max_candidates: usize,

@@ -52,8 +52,8 @@ async fn start_demo_recserve() -> Server {
 async fn start_recserve_with(mut config: recserve::config::Config) -> Server {
     // However slow the machine (a debug build beside other work), every request waits for its answer: deadlines
     // (a minute) and the queue are long enough, so that no assertion depends on how fast anything ran.
-    config.default_deadline_ms = Some(60_000);
-    config.queue_capacity = 1 << 16;
+    config.batch.default_deadline_ms = Some(60_000);
+    config.batch.queue_capacity = 1 << 16;
     let bind = || async {
         tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

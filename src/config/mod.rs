@@ -1,26 +1,30 @@
 //! Server configuration: command-line flags, each with a `RECSERVE_*` environment variable, over an optional TOML
 //! file, over defaults. The settings are spelled once ([`ServeArgs`], in [`settings`], which clap and serde both
-//! read); [`ServeArgs::resolve`] merges the layers into a [`Config`] and validates it with messages that name the
-//! flag.
+//! read); [`ServeArgs::resolve`] merges the layers into a [`Config`], validates it with messages that name the
+//! flag, and builds the typed settings that components take whole ([`RequestLimits`], [`BatchSettings`],
+//! [`SessionOptions`], [`Timeouts`]).
 
 mod settings;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use settings::{
-    BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR,
-    EMBEDDING_CACHE_BYTES, EXECUTOR_NICENESS, EXECUTORS, HEADER_READ_TIMEOUT_MS,
-    HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, MAX_BATCH_ROWS_SETTING,
-    MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
-    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
-    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS,
+    BATCH_DELAY, BATCHING, BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEVICE,
+    EMBEDDING_CACHE_BYTES, EXECUTION_PROVIDER, EXECUTOR_NICENESS, EXECUTORS, GATHER_USER_ONCE,
+    GRPC_ADDR, HEADER_READ_TIMEOUT_MS, HTTP_ADDR, HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS,
+    INTRA_OP_THREADS, LOG_FORMAT, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
+    MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS,
+    MODEL_CONTROL, ORT_LIBRARY_FALLBACK, PRELOAD, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
+    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS, SPLIT_GRAPH, TENSORRT_FP16,
+    TENSORRT_INT8,
 };
-pub use settings::{Pin, ServeArgs, Setting, env_var};
+pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
 use recserve_core::batching::BatchSettings;
 use recserve_core::embedding::Preload;
@@ -123,48 +127,34 @@ pub struct Config {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub ort_library: PathBuf,
-    pub intra_op_threads: usize,
+    /// ONNX Runtime sessions, as every executor's takes them (`--intra-op-threads`, `--execution-provider`,
+    /// `--tensorrt-*`).
+    #[serde(flatten)]
+    pub session: SessionOptions,
     pub executors: usize,
     pub shards: usize,
-    pub max_candidates: usize,
-    pub max_history: usize,
-    pub max_exclude: usize,
-    pub max_reply_items: usize,
+    /// What one request may carry, as the models' contracts take it.
+    #[serde(flatten)]
+    pub limits: RequestLimits,
     pub max_body_bytes: usize,
-    pub queue_capacity: usize,
-    pub executor_niceness: u8,
-    pub batching: Switch,
-    pub batch_delay: BatchDelay,
+    /// Batching, as every model's batcher takes it (over the model's `[batching]`).
+    #[serde(flatten)]
+    pub batch: BatchSettings,
     /// `--gather-user-once`.
     pub gather_user_once: Switch,
     /// `--preload`.
     pub preload: Switch,
     /// `--split-graph`.
     pub split_graph: Switch,
-    /// Batching settings that override every model's `[batching]` section when set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_batch_rows: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_queue_delay_us: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch_buckets: Option<Vec<usize>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_deadline_ms: Option<u64>,
     pub pin: HashMap<String, u64>,
     pub shutdown_timeout_s: u64,
-    pub header_read_timeout_ms: u64,
-    pub body_read_timeout_ms: u64,
-    pub idle_timeout_ms: u64,
-    /// 0: no pings.
-    pub http2_ping_interval_ms: u64,
+    /// How long connections may take and stay idle, as the server's connections take it.
+    #[serde(flatten)]
+    pub timeouts: Timeouts,
     pub max_connections: usize,
     pub slow_requests: usize,
     pub log_format: LogFormat,
     pub device: DeviceRequest,
-    pub execution_provider: ProviderRequest,
-    pub tensorrt_fp16: bool,
-    pub tensorrt_int8: bool,
-    pub tensorrt_engine_cache: Option<PathBuf>,
     pub model_control: ModelControl,
     pub repository_poll_s: u64,
     /// The token's file, never the token (`check-config` prints this configuration).
@@ -187,50 +177,53 @@ impl Config {
         metrics: Metrics,
         placement: Placement,
     ) -> LoadContext {
-        let config = self;
         let tier_client_replaced = metrics.tier_client_replaced();
         LoadContext {
             runtime,
             metrics,
-            session: SessionOptions {
-                intra_op_threads: config.intra_op_threads,
-                provider: config.execution_provider,
-                tensorrt: config.tensorrt(),
-                cuda_device: None,
-            },
+            session: self.session.clone(),
             placement,
-            executors: config.executors,
-            shards: config.shards,
-            limits: RequestLimits {
-                max_candidates: config.max_candidates,
-                max_history: config.max_history,
-                max_exclude: config.max_exclude,
-                max_reply_items: config.max_reply_items,
-            },
-            batching: BatchSettings {
-                enabled: config.batching == Switch::On,
-                fixed_delay: config.batch_delay == BatchDelay::Fixed,
-                max_batch_rows: config.max_batch_rows,
-                max_queue_delay_us: config.max_queue_delay_us,
-                buckets: config.batch_buckets.clone(),
-                default_deadline_ms: config.default_deadline_ms,
-                queue_capacity: config.queue_capacity,
-                executor_niceness: config.executor_niceness,
-            },
-            gather_user_once: config.gather_user_once == Switch::On,
-            preload: match config.preload {
+            executors: self.executors,
+            shards: self.shards,
+            limits: self.limits,
+            batching: self.batch.clone(),
+            gather_user_once: self.gather_user_once == Switch::On,
+            preload: match self.preload {
                 Switch::On => Preload::Populate,
                 Switch::Off => Preload::OnDemand,
             },
-            split_graph: config.split_graph == Switch::On,
+            split_graph: self.split_graph == Switch::On,
             tier: TierContext::new(
-                config.redis_url.clone(),
-                config.embedding_cache_bytes,
-                std::time::Duration::from_millis(config.redis_fetch_timeout_ms),
+                self.redis_url.clone(),
+                self.embedding_cache_bytes,
+                std::time::Duration::from_millis(self.redis_fetch_timeout_ms),
                 tier_client_replaced,
             ),
         }
     }
+}
+
+/// The connection settings of the configuration, which the connection layer (`server/connections.rs`) takes. Serialized with the keys of the config file, in milliseconds
+/// (`check-config` prints them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Timeouts {
+    #[serde(rename = "header_read_timeout_ms", serialize_with = "millis")]
+    pub header_read: Duration,
+    #[serde(rename = "body_read_timeout_ms", serialize_with = "millis")]
+    pub body_read: Duration,
+    #[serde(rename = "idle_timeout_ms", serialize_with = "millis")]
+    pub idle: Duration,
+    /// `None`: no HTTP/2 pings (0 in the file).
+    #[serde(rename = "http2_ping_interval_ms", serialize_with = "millis_or_0")]
+    pub http2_ping: Option<Duration>,
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn millis_or_0<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    millis(&d.unwrap_or_default(), s)
 }
 
 /// A configuration that cannot be used; the message names the flag.
@@ -312,7 +305,7 @@ impl ServeArgs {
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             })
-            .unwrap_or_else(|| PathBuf::from("libonnxruntime.so"));
+            .unwrap_or_else(|| PathBuf::from(ORT_LIBRARY_FALLBACK));
         let mut pin = HashMap::new();
         for Pin { model, version } in self.pin {
             if version == 0 {
@@ -323,22 +316,18 @@ impl ServeArgs {
             pin.insert(model, version);
         }
         check_pipelines(&self.pipelines)?;
-        let http_addr = self
-            .http_addr
-            .unwrap_or_else(|| SocketAddr::from(DEFAULT_HTTP_ADDR));
-        let grpc_addr = self
-            .grpc_addr
-            .unwrap_or_else(|| SocketAddr::from(DEFAULT_GRPC_ADDR));
+        let http_addr = HTTP_ADDR.resolve(self.http_addr);
+        let grpc_addr = GRPC_ADDR.resolve(self.grpc_addr);
         if grpc_addr == http_addr && grpc_addr.port() != 0 {
             return Err(ConfigError(format!(
                 "--grpc-addr (RECSERVE_GRPC_ADDR) must differ from --http-addr (RECSERVE_HTTP_ADDR), both are {grpc_addr}"
             )));
         }
-        let device = self.device.unwrap_or_default();
-        let execution_provider = self.execution_provider.unwrap_or_default();
+        let device = DEVICE.resolve(self.device);
+        let execution_provider = EXECUTION_PROVIDER.resolve(self.execution_provider);
         let tensorrt = TensorRtOptions {
-            fp16: self.tensorrt_fp16.unwrap_or(false),
-            int8: self.tensorrt_int8.unwrap_or(false),
+            fp16: TENSORRT_FP16.resolve(self.tensorrt_fp16),
+            int8: TENSORRT_INT8.resolve(self.tensorrt_int8),
             engine_cache: self.tensorrt_engine_cache,
         };
         check_device(device, execution_provider, &tensorrt)?;
@@ -354,49 +343,62 @@ impl ServeArgs {
             http_addr,
             grpc_addr,
             ort_library,
-            intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
+            session: SessionOptions {
+                intra_op_threads: INTRA_OP_THREADS.resolve(self.intra_op_threads)?,
+                provider: execution_provider,
+                tensorrt,
+                cuda_device: None,
+            },
             executors: EXECUTORS.resolve(self.executors)?,
             shards: SHARDS.resolve(self.shards)?,
-            max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
-            max_history: MAX_HISTORY.resolve(self.max_history)?,
-            max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
-            max_reply_items: MAX_REPLY_ITEMS.resolve(self.max_reply_items)?,
+            limits: RequestLimits {
+                max_candidates: MAX_CANDIDATES.resolve(self.max_candidates)?,
+                max_history: MAX_HISTORY.resolve(self.max_history)?,
+                max_exclude: MAX_EXCLUDE.resolve(self.max_exclude)?,
+                max_reply_items: MAX_REPLY_ITEMS.resolve(self.max_reply_items)?,
+            },
             max_body_bytes: MAX_BODY_BYTES.resolve(self.max_body_bytes)?,
-            queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
-            executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
-            batching: self.batching.unwrap_or(Switch::On),
-            batch_delay: self.batch_delay.unwrap_or_default(),
-            gather_user_once: self.gather_user_once.unwrap_or(Switch::On),
-            preload: self.preload.unwrap_or(Switch::On),
-            split_graph: self.split_graph.unwrap_or(Switch::On),
-            max_batch_rows: self
-                .max_batch_rows
-                .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
-                .transpose()?,
-            max_queue_delay_us: self
-                .max_queue_delay_us
-                .map(|v| MAX_QUEUE_DELAY_US_SETTING.check(v))
-                .transpose()?,
-            batch_buckets: self.batch_buckets,
-            default_deadline_ms: self
-                .default_deadline_ms
-                .map(|v| DEFAULT_DEADLINE_MS_SETTING.check(v))
-                .transpose()?,
+            batch: BatchSettings {
+                enabled: BATCHING.resolve(self.batching) == Switch::On,
+                fixed_delay: BATCH_DELAY.resolve(self.batch_delay) == BatchDelay::Fixed,
+                max_batch_rows: self
+                    .max_batch_rows
+                    .map(|v| MAX_BATCH_ROWS_SETTING.check(v))
+                    .transpose()?,
+                max_queue_delay_us: self
+                    .max_queue_delay_us
+                    .map(|v| MAX_QUEUE_DELAY_US_SETTING.check(v))
+                    .transpose()?,
+                buckets: self.batch_buckets,
+                default_deadline_ms: self
+                    .default_deadline_ms
+                    .map(|v| DEFAULT_DEADLINE_MS_SETTING.check(v))
+                    .transpose()?,
+                queue_capacity: QUEUE_CAPACITY.resolve(self.queue_capacity)?,
+                executor_niceness: EXECUTOR_NICENESS.resolve(self.executor_niceness)?,
+            },
+            gather_user_once: GATHER_USER_ONCE.resolve(self.gather_user_once),
+            preload: PRELOAD.resolve(self.preload),
+            split_graph: SPLIT_GRAPH.resolve(self.split_graph),
             pin,
             shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
-            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
-            body_read_timeout_ms: BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
-            idle_timeout_ms: IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?,
-            http2_ping_interval_ms: HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?,
+            timeouts: Timeouts {
+                header_read: Duration::from_millis(
+                    HEADER_READ_TIMEOUT_MS.resolve(self.header_read_timeout_ms)?,
+                ),
+                body_read: Duration::from_millis(
+                    BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
+                ),
+                idle: Duration::from_millis(IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?),
+                http2_ping: Some(HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?)
+                    .filter(|&ms| ms > 0)
+                    .map(Duration::from_millis),
+            },
             max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
             slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
-            log_format: self.log_format.unwrap_or(LogFormat::Text),
+            log_format: LOG_FORMAT.resolve(self.log_format),
             device,
-            execution_provider,
-            tensorrt_fp16: tensorrt.fp16,
-            tensorrt_int8: tensorrt.int8,
-            tensorrt_engine_cache: tensorrt.engine_cache,
-            model_control: self.model_control.unwrap_or_default(),
+            model_control: MODEL_CONTROL.resolve(self.model_control),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
             admin_token_file: self.admin_token_file,
             redis_url: self.redis_url,
@@ -484,11 +486,7 @@ fn check_device(
 impl Config {
     /// The TensorRT settings.
     pub fn tensorrt(&self) -> TensorRtOptions {
-        TensorRtOptions {
-            fp16: self.tensorrt_fp16,
-            int8: self.tensorrt_int8,
-            engine_cache: self.tensorrt_engine_cache.clone(),
-        }
+        self.session.tensorrt.clone()
     }
 
     /// The configuration as a TOML config file would hold it.
@@ -520,26 +518,27 @@ mod tests {
         assert_eq!(config.grpc_addr, "0.0.0.0:8001".parse().expect("addr"));
         assert_eq!(
             (
-                config.intra_op_threads,
+                config.session.intra_op_threads,
                 config.executors,
                 config.shards,
-                config.max_candidates
+                config.limits.max_candidates
             ),
             (1, 1, 1, 1000)
         );
         assert_eq!(config.log_format, LogFormat::Text);
-        assert_eq!(config.max_reply_items, 100_000);
+        assert_eq!(config.limits.max_reply_items, 100_000);
     }
 
     #[test]
     fn connection_settings_have_defaults_file_keys_and_ranges() {
         let config = parse(&["--repository", "r"]).expect("valid");
+        let ms = |d: Duration| d.as_millis() as u64;
         let connections = |c: &Config| {
             (
-                c.header_read_timeout_ms,
-                c.body_read_timeout_ms,
-                c.idle_timeout_ms,
-                c.http2_ping_interval_ms,
+                ms(c.timeouts.header_read),
+                ms(c.timeouts.body_read),
+                ms(c.timeouts.idle),
+                c.timeouts.http2_ping.map_or(0, ms),
                 c.max_connections,
             )
         };
@@ -639,7 +638,7 @@ mod tests {
     fn device_and_provider_flags() {
         let config = parse(&["--repository", "r"]).expect("defaults");
         assert_eq!(
-            (config.device, config.execution_provider),
+            (config.device, config.session.provider),
             (DeviceRequest::Auto, ProviderRequest::Auto)
         );
         assert_eq!(config.tensorrt(), TensorRtOptions::default());
@@ -712,7 +711,7 @@ mod tests {
         let config =
             parse(&["--config", file.to_str().expect("utf-8"), "--tensorrt-int8"]).expect("valid");
         assert_eq!(config.device, DeviceRequest::Cuda(Some(0)));
-        assert_eq!(config.execution_provider, ProviderRequest::Tensorrt);
+        assert_eq!(config.session.provider, ProviderRequest::Tensorrt);
         assert_eq!(
             config.tensorrt(),
             TensorRtOptions {
@@ -762,7 +761,10 @@ mod tests {
              ranking_model = \"deepfm\"\ncandidates = 200\nk = 20\n",
         );
         let config = parse(&["--config", &path, "--max-history", "7"]).expect("valid");
-        assert_eq!((config.max_history, config.max_exclude), (7, 50));
+        assert_eq!(
+            (config.limits.max_history, config.limits.max_exclude),
+            (7, 50)
+        );
         assert_eq!(
             config.pipelines["feed"],
             PipelineConfig {
@@ -776,7 +778,7 @@ mod tests {
         assert!(text.contains("[pipelines.feed]"), "{text}");
         let defaults = parse(&["--repository", "r"]).expect("defaults");
         assert_eq!(
-            (defaults.max_history, defaults.max_exclude),
+            (defaults.limits.max_history, defaults.limits.max_exclude),
             (10_000, 10_000)
         );
         assert!(defaults.pipelines.is_empty());

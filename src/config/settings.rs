@@ -1,14 +1,17 @@
-//! The settings of `serve`, spelled once: [`ServeArgs`] is read by clap (flags, each with a `RECSERVE_*`
-//! environment variable) and by serde (the `--config` TOML file, whose keys are the flag names with `_` for `-`).
-//! Each numeric setting's default and range is a named [`Setting`] beside it; [`super::ServeArgs::resolve`]
-//! layers flags over the file over the defaults and checks the result.
+//! The settings of `serve`, spelled once: [`ServeArgs`] is read by clap (flags) and by serde (the `--config` TOML
+//! file, whose keys are the flag names with `_` for `-`). Each setting's default (and a numeric one's range) is a
+//! named [`Setting`] or [`Choice`] beside it. A flag's environment variable ([`env_var`]) and the default its help
+//! shows ([`shown_defaults`]) are derived from its name and its setting when clap builds the command, never
+//! written beside the flag. [`super::ServeArgs::resolve`] layers flags over the file over the defaults, checks the
+//! result and builds the typed settings each component takes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
-use clap::Args;
+use clap::{Arg, Args};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{BatchDelay, ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
@@ -46,14 +49,183 @@ impl<T: PartialOrd + Display + Copy> Setting<T> {
     }
 }
 
+/// A setting without a range: the flag that names it in messages and its default.
+#[derive(Clone, Copy, Debug)]
+pub struct Choice<T> {
+    pub flag: &'static str,
+    pub default: T,
+}
+
+impl<T: Copy> Choice<T> {
+    /// The value given, else the default.
+    pub fn resolve(&self, given: Option<T>) -> T {
+        given.unwrap_or(self.default)
+    }
+}
+
 /// The environment variable of a flag: `--max-batch-rows` → `RECSERVE_MAX_BATCH_ROWS`.
 pub fn env_var(flag: &str) -> String {
-    format!(
-        "RECSERVE_{}",
-        flag.trim_start_matches("--")
-            .replace('-', "_")
-            .to_uppercase()
-    )
+    format!("RECSERVE_{}", file_key(flag).to_uppercase())
+}
+
+/// The config-file key of a flag: `--max-batch-rows` → `max_batch_rows`.
+pub fn file_key(flag: &str) -> String {
+    flag.trim_start_matches("--").replace('-', "_")
+}
+
+/// A setting whose default the help of its flag shows.
+trait Shown {
+    fn flag(&self) -> &'static str;
+    /// The default as the config file would spell it (strings unquoted).
+    fn shown_default(&self) -> String;
+}
+
+impl<T: Serialize> Shown for Setting<T> {
+    fn flag(&self) -> &'static str {
+        self.flag
+    }
+    fn shown_default(&self) -> String {
+        shown(&self.default)
+    }
+}
+
+impl<T: Serialize> Shown for Choice<T> {
+    fn flag(&self) -> &'static str {
+        self.flag
+    }
+    fn shown_default(&self) -> String {
+        shown(&self.default)
+    }
+}
+
+/// A batching setting that, unset, leaves the model's `[batching]` section to decide, and else its default.
+struct ModelFirst<'a>(&'a dyn Shown);
+
+impl Shown for ModelFirst<'_> {
+    fn flag(&self) -> &'static str {
+        self.0.flag()
+    }
+    fn shown_default(&self) -> String {
+        format!(
+            "the model's [batching] {}, else {}",
+            file_key(self.0.flag()),
+            self.0.shown_default()
+        )
+    }
+}
+
+/// A value as a config file holds it, without the quotes of a string.
+fn shown(value: &impl Serialize) -> String {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(e) => format!("({e})"),
+    }
+}
+
+/// Without `--ort-library` or `ORT_DYLIB_PATH`: the library the system's loader finds by this name.
+pub const ORT_LIBRARY_FALLBACK: &str = "libonnxruntime.so";
+
+/// The default that each flag of `serve` with one shows in its help, by flag.
+pub fn shown_defaults() -> BTreeMap<&'static str, String> {
+    let settings: [&dyn Shown; 36] = [
+        &HTTP_ADDR,
+        &GRPC_ADDR,
+        &INTRA_OP_THREADS,
+        &EXECUTORS,
+        &SHARDS,
+        &MAX_CANDIDATES,
+        &MAX_HISTORY,
+        &MAX_EXCLUDE,
+        &MAX_REPLY_ITEMS,
+        &MAX_BODY_BYTES,
+        &QUEUE_CAPACITY,
+        &EXECUTOR_NICENESS,
+        &BATCHING,
+        &BATCH_DELAY,
+        &GATHER_USER_ONCE,
+        &PRELOAD,
+        &SPLIT_GRAPH,
+        &ModelFirst(&MAX_BATCH_ROWS_SETTING),
+        &ModelFirst(&MAX_QUEUE_DELAY_US_SETTING),
+        &ModelFirst(&DEFAULT_DEADLINE_MS_SETTING),
+        &SHUTDOWN_TIMEOUT_S,
+        &HEADER_READ_TIMEOUT_MS,
+        &BODY_READ_TIMEOUT_MS,
+        &IDLE_TIMEOUT_MS,
+        &HTTP2_PING_INTERVAL_MS,
+        &MAX_CONNECTIONS,
+        &SLOW_REQUESTS,
+        &LOG_FORMAT,
+        &DEVICE,
+        &EXECUTION_PROVIDER,
+        &TENSORRT_FP16,
+        &TENSORRT_INT8,
+        &MODEL_CONTROL,
+        &REPOSITORY_POLL_S,
+        &EMBEDDING_CACHE_BYTES,
+        &REDIS_FETCH_TIMEOUT_MS,
+    ];
+    let mut shown: BTreeMap<_, _> = settings
+        .iter()
+        .map(|s| (s.flag(), s.shown_default()))
+        .collect();
+    // Defaults that are a rule rather than a value.
+    shown.extend([
+        (
+            "--ort-library",
+            format!("$ORT_DYLIB_PATH, else {ORT_LIBRARY_FALLBACK} on the system library path"),
+        ),
+        (
+            "--batch-buckets",
+            "the model's [batching] buckets, else about 25% apart up to max-batch-rows".to_owned(),
+        ),
+        (
+            "--tensorrt-engine-cache",
+            "none, engines are rebuilt at every start".to_owned(),
+        ),
+        (
+            "--redis-url",
+            "none; a model with such a table then fails to load".to_owned(),
+        ),
+    ]);
+    shown
+}
+
+/// Gives an argument of `serve` its environment variable (the [`env_var`] of its flag) and ends its help with
+/// its default from [`shown_defaults`], so that neither is written by hand beside the flag.
+fn with_env_and_default(arg: Arg) -> Arg {
+    let Some(flag) = arg.get_long().map(|long| format!("--{long}")) else {
+        return arg;
+    };
+    let arg = arg.env(leaked_once(env_var(&flag)));
+    let Some(default) = shown_defaults().remove(flag.as_str()) else {
+        return arg;
+    };
+    let with_default = |help: Option<&clap::builder::StyledStr>| match help {
+        Some(help) => format!("{help} [default: {default}]"),
+        None => format!("[default: {default}]"),
+    };
+    let help = with_default(arg.get_help());
+    let long_help = arg.get_long_help().map(|h| with_default(Some(h)));
+    let arg = arg.help(help);
+    match long_help {
+        Some(long_help) => arg.long_help(long_help),
+        None => arg,
+    }
+}
+
+/// `name` as a `&'static str`, which clap takes environment variable names as (its `string` feature is off);
+/// each distinct name is leaked once, however many times the command is built.
+fn leaked_once(name: String) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = names.get(name.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(leaked);
+    leaked
 }
 
 pub const INTRA_OP_THREADS: Setting<usize> = Setting {
@@ -207,134 +379,177 @@ pub const MAX_CONNECTIONS: Setting<usize> = Setting {
     min: 1,
     max: 1_000_000,
 };
-pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8000);
-pub const DEFAULT_GRPC_ADDR: ([u8; 4], u16) = ([0, 0, 0, 0], 8001);
+pub const HTTP_ADDR: Choice<SocketAddr> = Choice {
+    flag: "--http-addr",
+    default: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8000)),
+};
+pub const GRPC_ADDR: Choice<SocketAddr> = Choice {
+    flag: "--grpc-addr",
+    default: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8001)),
+};
+pub const BATCHING: Choice<Switch> = Choice {
+    flag: "--batching",
+    default: Switch::On,
+};
+pub const BATCH_DELAY: Choice<BatchDelay> = Choice {
+    flag: "--batch-delay",
+    default: BatchDelay::Adaptive,
+};
+pub const GATHER_USER_ONCE: Choice<Switch> = Choice {
+    flag: "--gather-user-once",
+    default: Switch::On,
+};
+pub const PRELOAD: Choice<Switch> = Choice {
+    flag: "--preload",
+    default: Switch::On,
+};
+pub const SPLIT_GRAPH: Choice<Switch> = Choice {
+    flag: "--split-graph",
+    default: Switch::On,
+};
+pub const LOG_FORMAT: Choice<LogFormat> = Choice {
+    flag: "--log-format",
+    default: LogFormat::Text,
+};
+pub const DEVICE: Choice<DeviceRequest> = Choice {
+    flag: "--device",
+    default: DeviceRequest::Auto,
+};
+pub const EXECUTION_PROVIDER: Choice<ProviderRequest> = Choice {
+    flag: "--execution-provider",
+    default: ProviderRequest::Auto,
+};
+pub const TENSORRT_FP16: Choice<bool> = Choice {
+    flag: "--tensorrt-fp16",
+    default: false,
+};
+pub const TENSORRT_INT8: Choice<bool> = Choice {
+    flag: "--tensorrt-int8",
+    default: false,
+};
+pub const MODEL_CONTROL: Choice<ModelControl> = Choice {
+    flag: "--model-control",
+    default: ModelControl::None,
+};
 
 /// Flags of `serve`, and keys of its config file. Every setting is optional here so that the file can supply what
 /// the flags do not; [`super::ServeArgs::resolve`] applies the defaults (shown in each flag's help).
 #[derive(Clone, Debug, Default, Args, Deserialize, Serialize)]
+#[command(mut_args = with_env_and_default)]
 #[serde(deny_unknown_fields)]
 pub struct ServeArgs {
     /// TOML file with any of the settings below (keys are the flag names with '_' for '-'); flags and
     /// environment variables override it.
-    #[arg(long, env = "RECSERVE_CONFIG")]
+    #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
 
     /// Model repository: <repository>/<model>/<version>/model.toml. Required.
-    #[arg(long, env = "RECSERVE_REPOSITORY")]
+    #[arg(long)]
     pub repository: Option<PathBuf>,
 
-    /// Address of the HTTP API and /metrics [default: 0.0.0.0:8000].
-    #[arg(long, env = "RECSERVE_HTTP_ADDR")]
+    /// Address of the HTTP API and /metrics.
+    #[arg(long)]
     pub http_addr: Option<SocketAddr>,
 
-    /// Address of the KServe v2 gRPC API (inference.GRPCInferenceService, grpc.health.v1, reflection) [default:
-    /// 0.0.0.0:8001].
-    #[arg(long, env = "RECSERVE_GRPC_ADDR")]
+    /// Address of the KServe v2 gRPC API (inference.GRPCInferenceService, grpc.health.v1, reflection).
+    #[arg(long)]
     pub grpc_addr: Option<SocketAddr>,
 
-    /// ONNX Runtime shared library (libonnxruntime.so, version 1.17 or newer) [default: $ORT_DYLIB_PATH, else
-    /// libonnxruntime.so on the system library path].
-    #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
+    /// ONNX Runtime shared library (libonnxruntime.so, version 1.17 or newer).
+    #[arg(long)]
     pub ort_library: Option<PathBuf>,
 
-    /// Threads ONNX Runtime uses inside one operator, per executor [default: 1].
-    #[arg(long, env = "RECSERVE_INTRA_OP_THREADS")]
+    /// Threads ONNX Runtime uses inside one operator, per executor.
+    #[arg(long)]
     pub intra_op_threads: Option<usize>,
 
-    /// Executor threads per model, each with its own ONNX Runtime session [default: 1].
-    #[arg(long, env = "RECSERVE_EXECUTORS")]
+    /// Executor threads per model, each with its own ONNX Runtime session.
+    #[arg(long)]
     pub executors: Option<usize>,
 
-    /// Shards per embedding table (contiguous row ranges) [default: 1].
-    #[arg(long, env = "RECSERVE_SHARDS")]
+    /// Shards per embedding table (contiguous row ranges).
+    #[arg(long)]
     pub shards: Option<usize>,
 
-    /// Most candidates one ranking request may carry [default: 1000].
-    #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
+    /// Most candidates one ranking request may carry.
+    #[arg(long)]
     pub max_candidates: Option<usize>,
 
-    /// Most item ids in a recall request's `history` [default: 10000].
-    #[arg(long, env = "RECSERVE_MAX_HISTORY")]
+    /// Most item ids in a recall request's `history`.
+    #[arg(long)]
     pub max_history: Option<usize>,
 
-    /// Most item ids in a recall or recommend request's `exclude` [default: 10000].
-    #[arg(long, env = "RECSERVE_MAX_EXCLUDE")]
+    /// Most item ids in a recall or recommend request's `exclude`.
+    #[arg(long)]
     pub max_exclude: Option<usize>,
 
     /// Most items one reply may hold: users × k of a recall request (k for /v1 recall), k of a recommend request;
-    /// larger requests are refused with 400 [default: 100000].
-    #[arg(long, env = "RECSERVE_MAX_REPLY_ITEMS")]
+    /// larger requests are refused with 400.
+    #[arg(long)]
     pub max_reply_items: Option<usize>,
 
-    /// Largest request body accepted, in bytes [default: 4194304].
-    #[arg(long, env = "RECSERVE_MAX_BODY_BYTES")]
+    /// Largest request body accepted, in bytes.
+    #[arg(long)]
     pub max_body_bytes: Option<usize>,
 
-    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429 [default: 256].
-    #[arg(long, env = "RECSERVE_QUEUE_CAPACITY")]
+    /// Requests (or chunks of large ones) that may wait per model; more are refused with 429.
+    #[arg(long)]
     pub queue_capacity: Option<usize>,
 
     /// Nice value (0-19) of the executor threads, above the HTTP/gRPC threads' 0: under overload, decoding,
-    /// admission and 429s keep the CPU they need and inference takes the rest [default: 5].
-    #[arg(long, env = "RECSERVE_EXECUTOR_NICENESS")]
+    /// admission and 429s keep the CPU they need and inference takes the rest.
+    #[arg(long)]
     pub executor_niceness: Option<u8>,
 
-    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone
-    /// [default: on].
-    #[arg(long, value_enum, env = "RECSERVE_BATCHING")]
+    /// Dynamic batching: `on` groups queued requests into batches; `off` executes each request alone.
+    #[arg(long, value_enum)]
     pub batching: Option<Switch>,
 
     /// When a free executor waits up to the queue delay for more requests to share its batch: `adaptive` only
     /// when the model's measured batch times predict that saves more than the wait (never on a CPU); `fixed`
-    /// always, as Triton's dynamic batcher does (throughput on a GPU at the price of latency at low load)
-    /// [default: adaptive].
-    #[arg(long, value_enum, env = "RECSERVE_BATCH_DELAY")]
+    /// always, as Triton's dynamic batcher does (throughput on a GPU at the price of latency at low load).
+    #[arg(long, value_enum)]
     pub batch_delay: Option<BatchDelay>,
 
     /// Ranking: `on` gathers each request's user-side embedding rows once and copies them to its candidates;
-    /// `off` gathers them once per candidate, as the device gather does (the scores are the same) [default: on].
-    #[arg(long, value_enum, env = "RECSERVE_GATHER_USER_ONCE")]
+    /// `off` gathers them once per candidate, as the device gather does (the scores are the same).
+    #[arg(long, value_enum)]
     pub gather_user_once: Option<Switch>,
 
     /// Embedding tables and indexes: `on` reads every page of their files in before a version is ready, so the
     /// first requests pay no page faults; `off` maps them and reads each page in when a request first touches it
-    /// (ready sooner, less memory resident, slower first requests) [default: on].
-    #[arg(long, value_enum, env = "RECSERVE_PRELOAD")]
+    /// (ready sooner, less memory resident, slower first requests).
+    #[arg(long, value_enum)]
     pub preload: Option<Switch>,
 
     /// Ranking: `on` runs a model whose `model.toml` has `[dense_graph.split]` as its user graph once per request
     /// and its item graph per candidate; `off` runs its whole graph (`[dense_graph] file`) on every row. CPU
-    /// executors only [default: on].
-    #[arg(long, value_enum, env = "RECSERVE_SPLIT_GRAPH")]
+    /// executors only.
+    #[arg(long, value_enum)]
     pub split_graph: Option<Switch>,
 
-    /// A batch closes when it holds this many rows; larger requests are split [default: the model's
-    /// [batching] max_batch_rows, else 1024].
-    #[arg(long, env = "RECSERVE_MAX_BATCH_ROWS")]
+    /// A batch closes when it holds this many rows; larger requests are split.
+    #[arg(long)]
     pub max_batch_rows: Option<usize>,
 
-    /// A batch closes when its oldest request has waited this many microseconds [default: the model's
-    /// [batching] max_queue_delay_us, else 500].
-    #[arg(long, env = "RECSERVE_MAX_QUEUE_DELAY_US")]
+    /// A batch closes when its oldest request has waited this many microseconds.
+    #[arg(long)]
     pub max_queue_delay_us: Option<u64>,
 
     /// Batch sizes, ascending: each is warmed up before ready and estimates the batches up to it; executors on a
-    /// GPU pad a batch up to the next one [default: the model's [batching] buckets, else about 25% apart up to max-batch-rows].
-    #[arg(long, env = "RECSERVE_BATCH_BUCKETS", value_delimiter = ',')]
+    /// GPU pad a batch up to the next one.
+    #[arg(long, value_delimiter = ',')]
     pub batch_buckets: Option<Vec<usize>>,
 
-    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds
-    /// [default: the model's [batching] default_deadline_ms, else 1000].
-    #[arg(long, env = "RECSERVE_DEFAULT_DEADLINE_MS")]
+    /// Deadline of requests that do not set x-recserve-deadline-ms (or grpc-timeout), in milliseconds.
+    #[arg(long)]
     pub default_deadline_ms: Option<u64>,
 
     /// Serve this version of a model instead of its highest, as MODEL=VERSION; repeat or comma-separate. In the
     /// file: a `[pin]` table of versions by model.
     #[arg(
         long = "pin",
-        env = "RECSERVE_PIN",
         value_delimiter = ',',
         value_name = "MODEL=VERSION",
         value_parser = parse_pin
@@ -342,99 +557,98 @@ pub struct ServeArgs {
     #[serde(default, with = "pin_table", skip_serializing_if = "Vec::is_empty")]
     pub pin: Vec<Pin>,
 
-    /// Seconds to wait for in-flight requests after SIGTERM/SIGINT before exiting anyway [default: 30].
-    #[arg(long, env = "RECSERVE_SHUTDOWN_TIMEOUT_S")]
+    /// Seconds to wait for in-flight requests after SIGTERM/SIGINT before exiting anyway.
+    #[arg(long)]
     pub shutdown_timeout_s: Option<u64>,
 
     /// Milliseconds a connection may take to send a request's head (request line and headers), counted from its
-    /// opening or from its first byte after an idle spell; slower connections are closed [default: 10000].
-    #[arg(long, env = "RECSERVE_HEADER_READ_TIMEOUT_MS")]
+    /// opening or from its first byte after an idle spell; slower connections are closed.
+    #[arg(long)]
     pub header_read_timeout_ms: Option<u64>,
 
     /// Milliseconds a request's body (a gRPC request's messages) may take to arrive whole after its head; slower
-    /// requests are answered 408 (gRPC: DEADLINE_EXCEEDED) [default: 30000].
-    #[arg(long, env = "RECSERVE_BODY_READ_TIMEOUT_MS")]
+    /// requests are answered 408 (gRPC: DEADLINE_EXCEEDED).
+    #[arg(long)]
     pub body_read_timeout_ms: Option<u64>,
 
     /// Milliseconds a connection (HTTP/1 keep-alive, or HTTP/2 without an open stream) may stay idle before it is
-    /// closed (HTTP/2 with GOAWAY) [default: 75000].
-    #[arg(long, env = "RECSERVE_IDLE_TIMEOUT_MS")]
+    /// closed (HTTP/2 with GOAWAY).
+    #[arg(long)]
     pub idle_timeout_ms: Option<u64>,
 
     /// HTTP/2 (gRPC) connections are pinged after this many milliseconds without a frame from the client, and
-    /// closed when the ping is not answered within as long again; 0 turns pings off [default: 20000].
-    #[arg(long, env = "RECSERVE_HTTP2_PING_INTERVAL_MS")]
+    /// closed when the ping is not answered within as long again; 0 turns pings off.
+    #[arg(long)]
     pub http2_ping_interval_ms: Option<u64>,
 
     /// Most open client connections, HTTP and gRPC together; one more is closed as soon as it is accepted, and
-    /// counted in recserve_connections_refused_total [default: 10000].
-    #[arg(long, env = "RECSERVE_MAX_CONNECTIONS")]
+    /// counted in recserve_connections_refused_total.
+    #[arg(long)]
     pub max_connections: Option<usize>,
 
     /// How many of each minute's slowest requests `GET /debug/slow-requests` keeps, with their stages; 0 keeps
-    /// none [default: 32].
-    #[arg(long, env = "RECSERVE_SLOW_REQUESTS")]
+    /// none.
+    #[arg(long)]
     pub slow_requests: Option<usize>,
 
-    /// Log format on stderr; the level comes from RUST_LOG (default info) [default: text].
-    #[arg(long, value_enum, env = "RECSERVE_LOG_FORMAT")]
+    /// Log format on stderr; the level comes from RUST_LOG (default info).
+    #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
 
     /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
-    /// visible GPU, or refuse to start) or cuda:N (GPU N only) [default: auto].
-    #[arg(long, env = "RECSERVE_DEVICE", value_name = "auto|cpu|cuda[:N]")]
+    /// visible GPU, or refuse to start) or cuda:N (GPU N only).
+    #[arg(long, value_name = "auto|cpu|cuda[:N]")]
     pub device: Option<DeviceRequest>,
 
     /// ONNX Runtime execution provider for executors that gather on a GPU: auto (CUDA when the ONNX Runtime
-    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable) [default: auto].
-    #[arg(long, value_enum, env = "RECSERVE_EXECUTION_PROVIDER")]
+    /// library has it, else the CPU), cpu, cuda or tensorrt (refuse to start when unavailable).
+    #[arg(long, value_enum)]
     pub execution_provider: Option<ProviderRequest>,
 
-    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt) [default: false].
-    #[arg(long, env = "RECSERVE_TENSORRT_FP16", num_args = 0..=1, default_missing_value = "true")]
+    /// TensorRT may use fp16 kernels (only with --execution-provider tensorrt).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub tensorrt_fp16: Option<bool>,
 
     /// TensorRT may use int8 kernels, with the scales of the graph's QDQ nodes (only with --execution-provider
-    /// tensorrt) [default: false].
-    #[arg(long, env = "RECSERVE_TENSORRT_INT8", num_args = 0..=1, default_missing_value = "true")]
+    /// tensorrt).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub tensorrt_int8: Option<bool>,
 
     /// Directory where TensorRT keeps built engines and timing caches, so restarts skip the build (only with
-    /// --execution-provider tensorrt) [default: none, engines are rebuilt at every start].
-    #[arg(long, env = "RECSERVE_TENSORRT_ENGINE_CACHE")]
+    /// --execution-provider tensorrt).
+    #[arg(long)]
     pub tensorrt_engine_cache: Option<PathBuf>,
 
     /// How model versions change while serving: none (loaded once at start), poll (watch the repository every
     /// --repository-poll-s: new highest or pinned versions are swapped in, removed models unloaded) or explicit
-    /// (only the repository API loads and unloads: POST /v2/repository/models/NAME/load) [default: none].
-    #[arg(long, value_enum, env = "RECSERVE_MODEL_CONTROL")]
+    /// (only the repository API loads and unloads: POST /v2/repository/models/NAME/load).
+    #[arg(long, value_enum)]
     pub model_control: Option<ModelControl>,
 
-    /// Seconds between two looks at the repository with --model-control poll [default: 15].
-    #[arg(long, env = "RECSERVE_REPOSITORY_POLL_S")]
+    /// Seconds between two looks at the repository with --model-control poll.
+    #[arg(long)]
     pub repository_poll_s: Option<u64>,
 
     /// File holding the bearer token that the repository API (/v2/repository/..., gRPC Repository*) requires in
     /// `Authorization: Bearer TOKEN`; without it those calls are refused. Inference calls never need it.
-    #[arg(long, env = "RECSERVE_ADMIN_TOKEN_FILE")]
+    #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
 
     /// Nodes of the Redis Cluster that tables with `tier = "redis"` live in, as redis://HOST:PORT (or
-    /// HOST:PORT); comma-separate several, any one of them is enough to find the rest [default: none; a model
-    /// with such a table then fails to load].
-    #[arg(long, env = "RECSERVE_REDIS_URL", value_delimiter = ',')]
+    /// HOST:PORT); comma-separate several, any one of them is enough to find the rest.
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redis_url: Vec<String>,
 
     /// Bytes of hot rows each model keeps in memory from its tables with `tier = "redis"` (rows as stored plus
-    /// 64 bytes each) [default: 268435456].
-    #[arg(long, env = "RECSERVE_EMBEDDING_CACHE_BYTES")]
+    /// 64 bytes each).
+    #[arg(long)]
     pub embedding_cache_bytes: Option<u64>,
 
     /// Longest a batch waits for the rows it fetches from the Redis tier, in milliseconds, within its deadline;
     /// rows not fetched by then follow their table's `unfetched` policy. Bounds how long a dead or slow node holds
-    /// an executor [default: 50].
-    #[arg(long, env = "RECSERVE_REDIS_FETCH_TIMEOUT_MS")]
+    /// an executor.
+    #[arg(long)]
     pub redis_fetch_timeout_ms: Option<u64>,
 
     /// `[pipelines.NAME]`: only in the file (a pipeline is a table, not a flag).
@@ -481,5 +695,77 @@ pub(super) mod pin_table {
             .into_iter()
             .map(|(model, version)| Pin { model, version })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::config::Cli;
+
+    /// Every flag of `serve` and `check-config` reads the environment variable its name derives, shows at most one
+    /// default, from its setting, and that default is the one `resolve` applies when nothing is given.
+    #[test]
+    fn flags_show_their_env_and_their_settings_default() {
+        let defaults = shown_defaults();
+        let nothing_given = ServeArgs {
+            repository: Some("r".into()),
+            ..ServeArgs::default()
+        };
+        let applied: toml::Table =
+            toml::from_str(&nothing_given.resolve().expect("defaults").to_toml()).expect("TOML");
+        assert!(
+            defaults["--max-batch-rows"]
+                .ends_with(&format!("else {}", MAX_BATCH_ROWS_SETTING.default))
+        );
+
+        let cli = Cli::command();
+        for name in ["serve", "check-config"] {
+            let command = cli.find_subcommand(name).expect(name);
+            let mut flags = BTreeSet::new();
+            for arg in command.get_arguments() {
+                let flag = format!("--{}", arg.get_long().expect("settings are long flags"));
+                assert_eq!(
+                    arg.get_env(),
+                    Some(OsStr::new(&env_var(&flag))),
+                    "{name} {flag}"
+                );
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                assert!(
+                    help.matches("[default: ").count() <= 1,
+                    "{flag}: a default written by hand as well: {help}"
+                );
+                match defaults.get(flag.as_str()) {
+                    Some(default) => assert!(
+                        help.ends_with(&format!(" [default: {default}]")),
+                        "{flag}: {help}"
+                    ),
+                    None => assert!(
+                        !help.contains("[default: "),
+                        "{flag} shows a default of no setting: {help}"
+                    ),
+                }
+                // The repository is given above, the library's default depends on ORT_DYLIB_PATH (a rule), and a
+                // table (`[pin]`) is empty.
+                if let Some(value) = applied.get(&file_key(&flag))
+                    && !value.is_table()
+                    && !["--repository", "--ort-library"].contains(&flag.as_str())
+                {
+                    assert_eq!(
+                        defaults.get(flag.as_str()),
+                        Some(&shown(value)),
+                        "{flag}: the default shown is not the one applied"
+                    );
+                }
+                flags.insert(flag);
+            }
+            for flag in defaults.keys() {
+                assert!(flags.contains(*flag), "{flag} is no flag of {name}");
+            }
+        }
     }
 }

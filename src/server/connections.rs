@@ -37,7 +37,7 @@ use tower_service::Service as _;
 
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
-use crate::config::Config;
+use crate::config::Timeouts;
 use recserve_core::metrics::{ConnectionMetrics, Metrics, TraceSink};
 use recserve_core::trace::{self, TraceCell};
 
@@ -48,28 +48,6 @@ pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 /// How long a connection the server chose to close may take to go (an HTTP/2 GOAWAY waits for the client's
 /// answer to a ping) once it has no request in flight; then it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// The connection settings of the configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timeouts {
-    pub header_read: Duration,
-    pub body_read: Duration,
-    pub idle: Duration,
-    /// `None`: no HTTP/2 pings.
-    pub http2_ping: Option<Duration>,
-}
-
-impl Timeouts {
-    pub fn of(config: &Config) -> Timeouts {
-        Timeouts {
-            header_read: Duration::from_millis(config.header_read_timeout_ms),
-            body_read: Duration::from_millis(config.body_read_timeout_ms),
-            idle: Duration::from_millis(config.idle_timeout_ms),
-            http2_ping: (config.http2_ping_interval_ms > 0)
-                .then(|| Duration::from_millis(config.http2_ping_interval_ms)),
-        }
-    }
-}
 
 /// Which listener: the label of its metrics, how its request bodies time out, and whether Nagle's algorithm is
 /// turned off.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use connections::{Connections, Listener, Timeouts};
+use connections::{Connections, Listener};
 
 use crate::api;
 use crate::config::Config;
@@ -80,7 +80,7 @@ pub async fn run(
 
     let connections = Arc::new(Connections::new(
         config.max_connections,
-        Timeouts::of(&config),
+        config.timeouts,
         service.metrics.clone(),
     ));
     // Readiness turns false first, then both listeners stop accepting and drain their connections.

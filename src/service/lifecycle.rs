@@ -394,7 +394,10 @@ mod tests {
                 reason: String::new()
             }
         );
-        let loading = IndexEntry::of("a", Some(&status(Some(3), ModelState::Loading { version: 4 })));
+        let loading = IndexEntry::of(
+            "a",
+            Some(&status(Some(3), ModelState::Loading { version: 4 })),
+        );
         assert_eq!((loading.version.as_str(), loading.state), ("4", "LOADING"));
         let failed = IndexEntry::of(
             "a",

@@ -54,14 +54,35 @@ pub fn default_buckets(max: usize) -> Vec<usize> {
 
 /// Batching settings of the server (flags, environment, config file): each one that is set overrides the
 /// model's `[batching]` section.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A [`BatchSettings::enabled`] as the config file spells it (`--batching on|off`).
+fn serialize_on_off<S: serde::Serializer>(on: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *on { "on" } else { "off" })
+}
+
+/// A [`BatchSettings::fixed_delay`] as the config file spells it (`--batch-delay fixed|adaptive`).
+fn serialize_fixed_or_adaptive<S: serde::Serializer>(
+    fixed: &bool,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *fixed { "fixed" } else { "adaptive" })
+}
+
+/// Serialized with the keys of the config file (`check-config` prints it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BatchSettings {
+    /// `--batching on`.
+    #[serde(rename = "batching", serialize_with = "serialize_on_off")]
     pub enabled: bool,
     /// `--batch-delay fixed`: a free executor always waits for company.
+    #[serde(rename = "batch_delay", serialize_with = "serialize_fixed_or_adaptive")]
     pub fixed_delay: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_batch_rows: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_queue_delay_us: Option<u64>,
+    #[serde(rename = "batch_buckets", skip_serializing_if = "Option::is_none")]
     pub buckets: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_deadline_ms: Option<u64>,
     pub queue_capacity: usize,
     pub executor_niceness: u8,

@@ -32,15 +32,18 @@ pub enum RuntimeError {
     Environment(ort::Error),
 }
 
-/// Per-session settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Per-session settings. Serialized with the keys of the config file (`check-config` prints them).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SessionOptions {
     /// Threads ONNX Runtime may use inside one operator for one session.
     pub intra_op_threads: usize,
     /// The execution provider for sessions on a GPU.
+    #[serde(rename = "execution_provider")]
     pub provider: ProviderRequest,
+    #[serde(flatten)]
     pub tensorrt: TensorRtOptions,
     /// The CUDA device of the executor that owns the session (its gather lane's), or `None` on the CPU.
+    #[serde(skip)]
     pub cuda_device: Option<usize>,
 }
 

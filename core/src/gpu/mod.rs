@@ -130,14 +130,21 @@ impl GpuProvider {
     }
 }
 
-/// TensorRT settings (`--tensorrt-*`), used with `--execution-provider tensorrt`.
+/// TensorRT settings (`--tensorrt-*`), used with `--execution-provider tensorrt`. Serialized with the keys of the
+/// config file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TensorRtOptions {
     /// Let TensorRT pick fp16 kernels.
+    #[serde(rename = "tensorrt_fp16")]
     pub fp16: bool,
     /// Let TensorRT pick int8 kernels (the graph's QDQ nodes give the scales).
+    #[serde(rename = "tensorrt_int8")]
     pub int8: bool,
     /// Directory where built engines are kept, so a restart does not rebuild them (minutes per shape profile).
+    #[serde(
+        rename = "tensorrt_engine_cache",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub engine_cache: Option<PathBuf>,
 }
 
