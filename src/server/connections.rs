@@ -278,7 +278,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// What a connection has been doing, as [`next_step`] needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct State {
+pub struct ConnectionState {
     pub accepted: Instant,
     /// Requests whose head has arrived.
     pub requests: u64,
@@ -318,7 +318,7 @@ pub enum Step {
 
 /// The rules of the module's documentation, in one place.
 pub fn next_step(
-    state: &State,
+    state: &ConnectionState,
     timeouts: &Timeouts,
     drain_started: Option<Instant>,
     closing_since: Option<Instant>,
@@ -366,10 +366,10 @@ pub fn next_step(
     }
 }
 
-/// A connection's [`State`], updated by its service (requests) and its socket (bytes read).
+/// A connection's [`ConnectionState`], updated by its service (requests) and its socket (bytes read).
 #[derive(Debug)]
 struct Activity {
-    state: Mutex<State>,
+    state: Mutex<ConnectionState>,
     /// Whether the next byte read starts a request head: checked on every read without taking the lock.
     awaiting_head: AtomicBool,
     /// The connection's first bytes, until there are enough to tell HTTP/2's preface from an HTTP/1 request
@@ -382,7 +382,7 @@ struct Activity {
 impl Activity {
     fn new(now: Instant) -> Activity {
         Activity {
-            state: Mutex::new(State {
+            state: Mutex::new(ConnectionState {
                 accepted: now,
                 requests: 0,
                 in_flight: 0,
@@ -396,11 +396,11 @@ impl Activity {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnectionState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn state(&self) -> State {
+    fn state(&self) -> ConnectionState {
         *self.lock()
     }
 
@@ -693,8 +693,8 @@ mod tests {
         }
     }
 
-    fn fresh(t0: Instant) -> State {
-        State {
+    fn fresh(t0: Instant) -> ConnectionState {
+        ConnectionState {
             accepted: t0,
             requests: 0,
             in_flight: 0,
@@ -713,7 +713,7 @@ mod tests {
             Step::WaitUntil(Some(t0 + 200 * MS))
         );
         // Bytes of a head do not extend it: the head must be whole by then.
-        let dripping = State {
+        let dripping = ConnectionState {
             head_started: Some(t0 + 150 * MS),
             ..s
         };
@@ -722,7 +722,7 @@ mod tests {
             Step::Close(Reason::HeaderTimeout)
         );
         // Once its head has arrived, the request is in flight: its body has a timeout of its own.
-        let busy = State {
+        let busy = ConnectionState {
             requests: 1,
             in_flight: 1,
             ..s
@@ -737,7 +737,7 @@ mod tests {
     fn a_keep_alive_connection_idles_for_the_idle_timeout_but_a_begun_head_has_the_header_timeout()
     {
         let t0 = Instant::now();
-        let idle = State {
+        let idle = ConnectionState {
             requests: 1,
             idle_since: t0 + 50 * MS,
             ..fresh(t0)
@@ -750,7 +750,7 @@ mod tests {
             next_step(&idle, &timeouts(), None, None, t0 + 1050 * MS),
             Step::Close(Reason::IdleTimeout)
         );
-        let heading = State {
+        let heading = ConnectionState {
             head_started: Some(t0 + 500 * MS),
             ..idle
         };
@@ -759,7 +759,7 @@ mod tests {
             Step::WaitUntil(Some(t0 + 700 * MS))
         );
         // HTTP/2 reads pings and window updates between requests: only the idle timeout applies.
-        let h2 = State {
+        let h2 = ConnectionState {
             http2: true,
             ..heading
         };
@@ -773,7 +773,7 @@ mod tests {
     fn draining_closes_http2_at_once_and_idle_http1_after_the_grace() {
         let t0 = Instant::now();
         let drain = Some(t0 + 100 * MS);
-        let h2 = State {
+        let h2 = ConnectionState {
             requests: 3,
             in_flight: 2,
             http2: true,
@@ -783,7 +783,7 @@ mod tests {
             next_step(&h2, &timeouts(), drain, None, t0 + 100 * MS),
             Step::Close(Reason::Drain)
         );
-        let idle = State {
+        let idle = ConnectionState {
             requests: 1,
             idle_since: t0,
             ..fresh(t0)
@@ -811,7 +811,7 @@ mod tests {
             next_step(&fresh(t0), &timeouts(), drain, None, t0 + 150 * MS),
             Step::WaitUntil(Some(t0 + 200 * MS))
         );
-        let busy = State {
+        let busy = ConnectionState {
             requests: 1,
             in_flight: 1,
             ..fresh(t0)
@@ -821,7 +821,7 @@ mod tests {
             Step::Wait
         );
         // A head on its way is let arrive.
-        let heading = State {
+        let heading = ConnectionState {
             head_started: Some(t0 + 50 * MS),
             ..idle
         };
@@ -845,7 +845,7 @@ mod tests {
     fn a_closed_connection_is_dropped_a_grace_after_its_last_request() {
         let t0 = Instant::now();
         let closing = Some(t0);
-        let busy = State {
+        let busy = ConnectionState {
             requests: 1,
             in_flight: 1,
             http2: true,
@@ -855,7 +855,7 @@ mod tests {
             next_step(&busy, &timeouts(), None, closing, t0 + 5000 * MS),
             Step::Wait
         );
-        let done = State {
+        let done = ConnectionState {
             in_flight: 0,
             idle_since: t0 + 5000 * MS,
             ..busy

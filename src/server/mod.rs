@@ -105,7 +105,7 @@ pub async fn run(
     let http = connections::serve(
         listeners.http,
         Listener::Http,
-        api::http::router(Arc::clone(&service)),
+        api::router::router(Arc::clone(&service)),
         Arc::clone(&connections),
     );
     let grpc = connections::serve(

@@ -25,7 +25,7 @@ use recserve_core::error::ServiceError;
 /// The header giving the length of the JSON part of a body that carries binary tensors after it.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
-/// The `/v2` routes, for [`crate::api::http::router`] to mount.
+/// The `/v2` routes, for [`crate::api::router::router`] to mount.
 pub fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v2", get(server_metadata))

@@ -19,7 +19,7 @@ use crate::api::envelope::{body_bytes, error_response, parse_json};
 use crate::service::Service;
 use recserve_core::error::ServiceError;
 
-/// The routes, for [`crate::api::http::router`] to mount.
+/// The routes, for [`crate::api::router::router`] to mount.
 pub fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v2/repository/index", post(index))

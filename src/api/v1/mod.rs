@@ -23,7 +23,7 @@ use crate::service::{ServedModel, Service};
 use recserve_core::registry::{self, Status};
 use recserve_core::repository::Side;
 
-/// The `/v1` routes, for [`super::http::router`] to mount.
+/// The `/v1` routes, for [`super::router::router`] to mount.
 pub fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/models", get(list_models))
