@@ -1,5 +1,5 @@
 //! Which version of each model serves now. The registry loads the models of a repository (each through its
-//! kind's loader, [`Model::load`], which the service implements above it), keeps them as one [`Snapshot`] behind
+//! kind's loader, [`Loadable::load`], which `models` implements above it), keeps them as one [`Snapshot`] behind
 //! an `Arc`, and hands that snapshot to every request, which keeps it to its end: a request finishes on the
 //! versions it started on, and a recommend call uses one snapshot for both of its models. What loading needs
 //! besides the model itself (the server's settings, ONNX Runtime, the metrics) is a [`LoadContext`].
@@ -15,147 +15,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::batching::BatchSettings;
-use crate::embedding::Preload;
-use crate::embedding::remote::TierContext;
-use crate::error::{LoadError, ServiceError};
-use crate::executor::{Runtime, SessionOptions};
-use crate::gpu::Placement;
+use crate::error::LoadError;
 use crate::metrics::Metrics;
-use crate::repository::{self, ModelSpec, ModelVersion};
+use crate::repository::{self, ModelVersion};
 
-/// What loading a model needs besides the model itself.
-#[derive(Debug, Clone)]
-pub struct LoadContext {
-    pub runtime: Runtime,
-    pub metrics: Metrics,
-    pub session: SessionOptions,
-    /// Where embedding tables go (`--device`, resolved against the machine once at start-up).
-    pub placement: Placement,
-    pub executors: usize,
-    pub shards: usize,
-    pub limits: RequestLimits,
-    pub batching: BatchSettings,
-    /// `--gather-user-once`: ranking executors gather each request's user columns once.
-    pub gather_user_once: bool,
-    /// `--preload`: when the pages of table and index files are read in.
-    pub preload: Preload,
-    /// `--split-graph`: models with `[dense_graph.split]` run their user part once per request.
-    pub split_graph: bool,
-    /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`,
-    /// `--redis-fetch-timeout-ms`).
-    pub tier: TierContext,
-}
+mod context;
+mod releaser;
+mod snapshot;
 
-/// Bounds on what one request may carry, which the models' contracts check. Serialized with the keys of the config
-/// file (`check-config` prints it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct RequestLimits {
-    /// Candidates of a ranking request, and users of a KServe recall request (`--max-candidates`).
-    pub max_candidates: usize,
-    /// Item ids in a recall request's `history` (`--max-history`).
-    pub max_history: usize,
-    /// Item ids in a recall request's `exclude` (`--max-exclude`).
-    pub max_exclude: usize,
-    /// Items of one reply: users × `k` of a recall request, `k` of a recommend request (`--max-reply-items`).
-    pub max_reply_items: usize,
-}
-
-/// A loaded model of any kind, as the registry holds it.
-pub trait Loadable: Send + Sync + Sized + 'static {
-    /// Loads, checks and warms up the version in `version.dir`, whose `model.toml` reads as `spec`.
-    fn load(
-        ctx: &LoadContext,
-        version: &ModelVersion,
-        spec: Arc<ModelSpec>,
-    ) -> Result<Self, LoadError>;
-    /// Where its tables live (`cpu`, `cuda:0`), for logs and `recserve_model_info`.
-    fn device(&self) -> &str;
-}
-
-/// One served version of a model.
-#[derive(Debug)]
-pub struct Served<M> {
-    pub name: String,
-    pub version: u64,
-    /// Versions present in the repository, ascending.
-    pub available: Vec<u64>,
-    pub spec: Arc<ModelSpec>,
-    pub model: M,
-}
-
-/// The models serving at one moment, by name. Requests hold it for their whole life.
-#[derive(Debug)]
-pub struct Snapshot<M> {
-    models: BTreeMap<String, Arc<Served<M>>>,
-}
-
-impl<M> Clone for Snapshot<M> {
-    fn clone(&self) -> Self {
-        Snapshot {
-            models: self.models.clone(),
-        }
-    }
-}
-
-impl<M> Snapshot<M> {
-    pub fn new(models: impl IntoIterator<Item = Served<M>>) -> Snapshot<M> {
-        Snapshot {
-            models: models
-                .into_iter()
-                .map(|m| (m.name.clone(), Arc::new(m)))
-                .collect(),
-        }
-    }
-
-    /// The model `name`, when it serves `version` (if one is asked for).
-    pub fn get(&self, name: &str, version: Option<u64>) -> Result<&Arc<Served<M>>, ServiceError> {
-        let model = self
-            .models
-            .get(name)
-            .ok_or_else(|| ServiceError::ModelNotFound {
-                model: name.to_owned(),
-                served: self.names(),
-            })?;
-        match version {
-            Some(v) if v != model.version => Err(ServiceError::VersionNotFound {
-                model: name.to_owned(),
-                version: v,
-                serving: model.version,
-            }),
-            _ => Ok(model),
-        }
-    }
-
-    /// Every served model, by name.
-    pub fn models(&self) -> impl Iterator<Item = &Arc<Served<M>>> {
-        self.models.values()
-    }
-
-    /// The served models' names, comma-separated, for messages.
-    pub fn names(&self) -> String {
-        self.models.keys().cloned().collect::<Vec<_>>().join(", ")
-    }
-
-    /// This snapshot with `model` in place of the version of its name (or added); returns the one it replaces.
-    fn with(&self, model: Arc<Served<M>>) -> (Snapshot<M>, Option<Arc<Served<M>>>) {
-        let mut next = self.clone();
-        let replaced = next.models.insert(model.name.clone(), model);
-        (next, replaced)
-    }
-
-    /// This snapshot without the model `name`, and the version removed.
-    fn without(&self, name: &str) -> (Snapshot<M>, Option<Arc<Served<M>>>) {
-        let mut next = self.clone();
-        let removed = next.models.remove(name);
-        (next, removed)
-    }
-}
+pub use context::{LoadContext, Loadable, RequestLimits};
+use releaser::Releaser;
+pub use snapshot::{Served, Snapshot};
 
 /// Where a model of the repository stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -437,128 +310,18 @@ fn load_version<M: Loadable>(ctx: &LoadContext, mv: ModelVersion) -> Result<Serv
     })
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update under these locks is a single insert or swap: a panic cannot leave them half done.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How often the releaser looks for drained versions.
-const RELEASE_EVERY: Duration = Duration::from_millis(50);
-
-/// Releases replaced versions once no request holds them any more, on a thread of its own: dropping a version
-/// joins its batcher and executor threads and unmaps its tables, which must not happen on a request's thread.
-#[derive(Debug)]
-struct Releaser<M: Send + Sync + 'static> {
-    draining: Arc<Mutex<Vec<Arc<Served<M>>>>>,
-    metrics: Metrics,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl<M: Send + Sync + 'static> Releaser<M> {
-    fn start(metrics: Metrics) -> Releaser<M> {
-        let draining: Arc<Mutex<Vec<Arc<Served<M>>>>> = Arc::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (draining, stop, metrics) =
-                (Arc::clone(&draining), Arc::clone(&stop), metrics.clone());
-            std::thread::Builder::new()
-                .name("model-releaser".to_owned())
-                .spawn(move || {
-                    crate::threads::register_current_thread(
-                        crate::threads::ThreadRole::Other,
-                        "model-releaser",
-                    );
-                    while !stop.load(Ordering::Acquire) {
-                        std::thread::park_timeout(RELEASE_EVERY);
-                        release_drained(&draining, &metrics);
-                    }
-                })
-                .map_err(|e| tracing::error!("cannot start the model releaser thread: {e}"))
-                .ok()
-        };
-        Releaser {
-            draining,
-            metrics,
-            stop,
-            thread,
-        }
-    }
-
-    /// Drains `version`: counted in the gauge now, released once no request holds it.
-    fn push(&self, version: Arc<Served<M>>) {
-        {
-            let mut held = lock(&self.draining);
-            let model = version.name.clone();
-            held.push(version);
-            let count = held.iter().filter(|v| v.name == model).count();
-            self.metrics.set_versions_draining(&model, count);
-        }
-        if let Some(thread) = &self.thread {
-            thread.thread().unpark();
-        }
-    }
-
-    fn len(&self) -> usize {
-        lock(&self.draining).len()
-    }
-}
-
-/// Drops the versions only `draining` still holds, outside its lock, gives the memory they freed back to the
-/// system, then updates the draining gauge (so that a gauge at 0 means released).
-fn release_drained<M>(draining: &Mutex<Vec<Arc<Served<M>>>>, metrics: &Metrics) {
-    let released: Vec<Arc<Served<M>>> = {
-        let mut held = lock(draining);
-        let (done, still): (Vec<_>, Vec<_>) =
-            held.drain(..).partition(|v| Arc::strong_count(v) == 1);
-        *held = still;
-        done
-    };
-    if released.is_empty() {
-        return;
-    }
-    let mut models: Vec<String> = Vec::with_capacity(released.len());
-    for version in released {
-        let (name, number) = (version.name.clone(), version.version);
-        let started = Instant::now();
-        drop(version);
-        tracing::info!(model = %name, version = number, seconds = started.elapsed().as_secs_f64(), "replaced version released");
-        models.push(name);
-    }
-    return_freed_memory();
-    let held = lock(draining);
-    for model in models {
-        let count = held.iter().filter(|v| v.name == model).count();
-        metrics.set_versions_draining(&model, count);
-    }
-}
-
-/// Asks the allocator to give freed memory back to the system: a released version frees its sessions' and
-/// buffers' heap memory, which glibc's malloc would otherwise keep, so that resident memory after many swaps
-/// stays that of the versions serving.
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes a plain integer and only touches the allocator's own state, under its locks.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-impl<M: Send + Sync + 'static> Drop for Releaser<M> {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            if thread.join().is_err() {
-                tracing::error!("the model releaser thread panicked");
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::releaser::RELEASE_EVERY;
     use super::*;
+    use crate::repository::ModelSpec;
 
     fn served(name: &str, version: u64) -> Served<()> {
         let spec = r#"
