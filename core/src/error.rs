@@ -10,15 +10,15 @@ use std::time::Duration;
 
 /// Most characters of one piece of client text (a model name, a key, a header value, a string value) that an error
 /// message repeats; longer text is cut there, and the message says so and how long it was.
-pub const ECHO_CHARS: usize = 100;
+pub(crate) const ECHO_CHARS: usize = 100;
 
 /// Most characters of a client error's field path or problem: the last guard, for client text that no quoting
 /// delimits.
-pub const MESSAGE_CHARS: usize = 1000;
+pub(crate) const MESSAGE_CHARS: usize = 1000;
 
 /// A duration in milliseconds with microsecond resolution, as messages give them: `3.214 ms`.
 #[derive(Clone, Copy, Debug)]
-pub struct Millis(pub Duration);
+pub(crate) struct Millis(pub Duration);
 
 impl fmt::Display for Millis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -67,7 +67,7 @@ impl fmt::Debug for Echo<'_> {
 /// `message` with every quoted run longer than [`ECHO_CHARS`] characters cut as [`Echo`] cuts it: the client text
 /// that messages of serde and of this server repeat is quoted (`"…"`, with backslash escapes, or `` `…` ``). Then
 /// the whole is cut to `limit` characters, for client text that is not quoted.
-pub fn elide(message: &str, limit: usize) -> Cow<'_, str> {
+pub(crate) fn elide(message: &str, limit: usize) -> Cow<'_, str> {
     if message.len() <= ECHO_CHARS.min(limit) {
         return Cow::Borrowed(message);
     }

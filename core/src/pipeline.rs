@@ -89,11 +89,11 @@ pub struct Pipeline {
 }
 
 /// The stage label values of `recserve_pipeline_stage_duration_seconds`.
-pub const STAGES: [&str; 3] = ["recall", "features", "rank"];
+pub(crate) const STAGES: [&str; 3] = ["recall", "features", "rank"];
 
 impl Pipeline {
     /// A pipeline checked against its models ([`Pipeline::check`]).
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         config: &PipelineConfig,
         recall: &RecallModel,
@@ -110,7 +110,7 @@ impl Pipeline {
 
     /// Checks `config` against its models: a ranking model with `[item_features]` of exactly one row per
     /// catalogue item of the recall model, and no more candidates than items.
-    pub fn check(
+    pub(crate) fn check(
         config: &PipelineConfig,
         recall: &RecallModel,
         ranking: &RankingModel,

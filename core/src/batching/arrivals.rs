@@ -6,20 +6,20 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How far back the rate looks.
-pub const WINDOW: Duration = Duration::from_millis(100);
+pub(crate) const WINDOW: Duration = Duration::from_millis(100);
 
 /// Most admissions remembered: at higher rates the rate is measured over the last `KEEP` of them.
-pub const KEEP: usize = 256;
+pub(crate) const KEEP: usize = 256;
 
 /// When requests were admitted lately.
 #[derive(Debug, Default)]
-pub struct Arrivals {
+pub(crate) struct Arrivals {
     recent: VecDeque<Instant>,
 }
 
 impl Arrivals {
     /// Notes a request admitted at `now`.
-    pub fn admitted(&mut self, now: Instant) {
+    pub(crate) fn admitted(&mut self, now: Instant) {
         self.forget(now);
         if self.recent.len() == KEEP {
             self.recent.pop_front();
@@ -37,7 +37,7 @@ impl Arrivals {
     }
 
     /// Requests per second over the last [`WINDOW`], or `None` when none came.
-    pub fn rate(&mut self, now: Instant) -> Option<f64> {
+    pub(crate) fn rate(&mut self, now: Instant) -> Option<f64> {
         self.forget(now);
         let (&oldest, count) = (self.recent.front()?, self.recent.len());
         // A full memory spans less than the window: measure over what it spans (at least a microsecond).
@@ -51,7 +51,7 @@ impl Arrivals {
     }
 
     /// The chance that at least one request arrives within `wait`, for Poisson arrivals at the recent rate.
-    pub fn chance_within(&mut self, now: Instant, wait: Duration) -> Option<f64> {
+    pub(crate) fn chance_within(&mut self, now: Instant, wait: Duration) -> Option<f64> {
         let rate = self.rate(now)?;
         Some(1.0 - (-rate * wait.as_secs_f64()).exp())
     }

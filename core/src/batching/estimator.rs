@@ -20,7 +20,7 @@ pub struct Estimator {
 
 impl Estimator {
     /// `buckets`: the ascending batch sizes that will be executed.
-    pub fn new(buckets: &[usize]) -> Estimator {
+    pub(crate) fn new(buckets: &[usize]) -> Estimator {
         Estimator {
             buckets: buckets.to_vec(),
             nanos: buckets.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -35,7 +35,7 @@ impl Estimator {
     }
 
     /// Records that a batch padded to `bucket` rows took `took`.
-    pub fn observe(&self, bucket: usize, took: Duration) {
+    pub(crate) fn observe(&self, bucket: usize, took: Duration) {
         let Some(slot) = self.nanos.get(self.index(bucket)) else {
             return;
         };
@@ -54,13 +54,13 @@ impl Estimator {
     /// through the measured buckets' times against their rows (zero when fewer than two buckets are measured, never
     /// negative). Running two batches as one saves about this much: next to nothing on a CPU, where a batch costs
     /// the same per row at any size; about a whole batch's time on a GPU.
-    pub fn fixed_cost(&self) -> Duration {
+    pub(crate) fn fixed_cost(&self) -> Duration {
         self.line().0
     }
 
     /// The line through the measured buckets' times against their rows: its intercept (at least zero, see
     /// [`Self::fixed_cost`]) and its slope, the time one more row adds (at least zero).
-    pub fn line(&self) -> (Duration, Duration) {
+    pub(crate) fn line(&self) -> (Duration, Duration) {
         let points: Vec<(f64, f64)> = self
             .buckets
             .iter()
@@ -90,7 +90,7 @@ impl Estimator {
 
     /// The expected execution time of a batch padded to `bucket` rows. An unmeasured bucket is estimated from the
     /// nearest measured one, in proportion to rows.
-    pub fn estimate(&self, bucket: usize) -> Duration {
+    pub(crate) fn estimate(&self, bucket: usize) -> Duration {
         let i = self.index(bucket);
         let measured = |j: usize| match self.nanos[j].load(Ordering::Relaxed) {
             0 => None,

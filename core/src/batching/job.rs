@@ -22,8 +22,8 @@ pub trait Work: Send + 'static {
 /// down).
 #[derive(Debug)]
 pub struct Answered<O> {
-    pub result: Result<O, ExecError>,
-    pub batch: Option<Arc<BatchTrace>>,
+    pub(crate) result: Result<O, ExecError>,
+    pub(crate) batch: Option<Arc<BatchTrace>>,
 }
 
 /// The answer of a job, as its request waits for it.
@@ -33,14 +33,14 @@ pub type Answer<W> = oneshot::Receiver<Answered<<W as Work>::Output>>;
 /// it, and how long its gather and inference took (set by the executor before it answers).
 #[derive(Debug)]
 pub struct BatchTrace {
-    pub info: BatchInfo,
-    pub closed: Instant,
-    pub started: Instant,
+    pub(crate) info: BatchInfo,
+    pub(crate) closed: Instant,
+    pub(crate) started: Instant,
     phases: OnceLock<(Duration, Duration)>,
 }
 
 impl BatchTrace {
-    pub fn new(info: BatchInfo, closed: Instant, started: Instant) -> BatchTrace {
+    pub(crate) fn new(info: BatchInfo, closed: Instant, started: Instant) -> BatchTrace {
         BatchTrace {
             info,
             closed,
@@ -50,12 +50,12 @@ impl BatchTrace {
     }
 
     /// Notes how long the batch's gather and inference took (the first call wins).
-    pub fn set_phases(&self, gather: Duration, inference: Duration) {
+    pub(crate) fn set_phases(&self, gather: Duration, inference: Duration) {
         let _ = self.phases.set((gather, inference));
     }
 
     /// The gather and inference times, when the executor set them.
-    pub fn phases(&self) -> Option<(Duration, Duration)> {
+    pub(crate) fn phases(&self) -> Option<(Duration, Duration)> {
         self.phases.get().copied()
     }
 }
@@ -63,7 +63,7 @@ impl BatchTrace {
 /// Queued work and where its answer goes.
 #[derive(Debug)]
 pub struct Job<W: Work> {
-    pub work: W,
+    pub(crate) work: W,
     reply: oneshot::Sender<Answered<W::Output>>,
     /// The batch it is executed in, set when its batch is handed to an executor.
     batch: Option<Arc<BatchTrace>>,
@@ -71,7 +71,7 @@ pub struct Job<W: Work> {
 
 impl<W: Work> Job<W> {
     /// A job, and the receiver its answer arrives on.
-    pub fn new(work: W) -> (Job<W>, Answer<W>) {
+    pub(crate) fn new(work: W) -> (Job<W>, Answer<W>) {
         let (reply, answer) = oneshot::channel();
         (
             Job {
@@ -84,12 +84,12 @@ impl<W: Work> Job<W> {
     }
 
     /// Notes the batch the job is executed in: its answer carries it back.
-    pub fn executed_in(&mut self, batch: &Arc<BatchTrace>) {
+    pub(crate) fn executed_in(&mut self, batch: &Arc<BatchTrace>) {
         self.batch = Some(Arc::clone(batch));
     }
 
     /// Sends the job's answer; a request that has gone (its receiver dropped) is not waiting for it.
-    pub fn answer(self, result: Result<W::Output, ExecError>) {
+    pub(crate) fn answer(self, result: Result<W::Output, ExecError>) {
         let _ = self.reply.send(Answered {
             result,
             batch: self.batch,
@@ -97,7 +97,7 @@ impl<W: Work> Job<W> {
     }
 
     /// Whether the request has gone, so that its answer would be thrown away.
-    pub fn is_abandoned(&self) -> bool {
+    pub(crate) fn is_abandoned(&self) -> bool {
         self.reply.is_closed()
     }
 }
@@ -127,7 +127,7 @@ pub enum ExecError {
 impl ExecError {
     /// What the client of a request on `model` gets for this failure; internal detail stays in the error for the
     /// log.
-    pub fn into_service_error(self, model: &str) -> ServiceError {
+    pub(crate) fn into_service_error(self, model: &str) -> ServiceError {
         match self {
             ExecError::DeadlineExceeded => ServiceError::DeadlineExceeded {
                 model: model.to_owned(),

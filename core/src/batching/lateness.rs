@@ -21,7 +21,7 @@ const RECOMPUTE_EVERY: usize = 32;
 
 /// Lateness of the recent answers and the margin derived from it.
 #[derive(Debug)]
-pub struct Lateness {
+pub(crate) struct Lateness {
     /// Answer time minus predicted answer time, in nanoseconds; negative when early. A ring of `WINDOW`.
     samples: Vec<i64>,
     next: usize,
@@ -44,7 +44,7 @@ impl Default for Lateness {
 
 impl Lateness {
     /// Records one answer, predicted for `promised`, that came at `answered`.
-    pub fn observe(&mut self, promised: Instant, answered: Instant) {
+    pub(crate) fn observe(&mut self, promised: Instant, answered: Instant) {
         let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
         let sample = nanos(answered.saturating_duration_since(promised))
             .saturating_sub(nanos(promised.saturating_duration_since(answered)));
@@ -76,7 +76,7 @@ impl Lateness {
     }
 
     /// The high quantile of recent lateness (zero when answers come early, or too few have been seen).
-    pub fn margin(&self) -> Duration {
+    pub(crate) fn margin(&self) -> Duration {
         self.margin
     }
 }

@@ -9,10 +9,10 @@
 //! microseconds (a condition variable with a timeout, then a short spin).
 
 mod arrivals;
-pub mod estimator;
+pub(crate) mod estimator;
 mod job;
-pub mod lateness;
-pub mod policy;
+pub(crate) mod lateness;
+pub(crate) mod policy;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -40,7 +40,7 @@ pub const DEFAULT_DEADLINE_MS: u64 = 1000;
 
 /// Batch sizes about 25% apart up to `max` (1, 2, 4, …, 64, 80, 96, 112, 128, 160, …), so padding wastes at most
 /// about a fifth of a batch.
-pub fn default_buckets(max: usize) -> Vec<usize> {
+pub(crate) fn default_buckets(max: usize) -> Vec<usize> {
     let mut out = vec![1, 2, 4, 8, 16, 32, 48];
     let mut base = 64;
     while base < max {
@@ -130,7 +130,7 @@ impl BatchSettings {
 
 /// Executes batches on an executor thread. Must answer every job of the batch, after noting its gather and
 /// inference times in `trace` ([`BatchTrace::set_phases`]).
-pub trait BatchExecutor: Send + 'static {
+pub(crate) trait BatchExecutor: Send + 'static {
     type Work: Work;
     fn execute(&mut self, batch: Batch<Job<Self::Work>>, trace: &BatchTrace);
 }
@@ -140,23 +140,23 @@ static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
 
 /// The batching metrics of one model.
 #[derive(Debug, Clone)]
-pub struct BatchMetrics {
-    pub queue_duration: Histogram,
-    pub batch_rows: Histogram,
-    pub padding_rows: IntCounter,
+pub(crate) struct BatchMetrics {
+    pub(crate) queue_duration: Histogram,
+    pub(crate) batch_rows: Histogram,
+    pub(crate) padding_rows: IntCounter,
     /// By close reason, in [`CloseReason::ALL`] order.
-    pub batches: [IntCounter; CloseReason::ALL.len()],
-    pub queue_depth: IntGauge,
-    pub execution: Histogram,
-    pub estimate_ratio: Histogram,
-    pub expired: IntCounter,
-    pub abandoned: IntCounter,
-    pub admission_margin: Gauge,
+    pub(crate) batches: [IntCounter; CloseReason::ALL.len()],
+    pub(crate) queue_depth: IntGauge,
+    pub(crate) execution: Histogram,
+    pub(crate) estimate_ratio: Histogram,
+    pub(crate) expired: IntCounter,
+    pub(crate) abandoned: IntCounter,
+    pub(crate) admission_margin: Gauge,
     /// `recserve_batch_cost_seconds`: the estimator's line, which taking and waiting decide by.
-    pub fixed_cost: Gauge,
-    pub row_cost: Gauge,
+    pub(crate) fixed_cost: Gauge,
+    pub(crate) row_cost: Gauge,
     /// `recserve_rejected_total` by model and reason.
-    pub rejected: IntCounterVec,
+    pub(crate) rejected: IntCounterVec,
 }
 
 impl BatchMetrics {
@@ -192,7 +192,7 @@ impl<J> Shared<J> {
 }
 
 /// The batcher of one model: its queue and its executor threads.
-pub struct Batcher<W: Work> {
+pub(crate) struct Batcher<W: Work> {
     /// The model's name, for the errors clients get and the refusal counts.
     model: String,
     shared: Arc<Shared<Job<W>>>,
@@ -209,7 +209,7 @@ impl<W: Work> std::fmt::Debug for Batcher<W> {
 
 impl<W: Work> Batcher<W> {
     /// Starts one thread per executor. `estimator` should already hold warm-up measurements of every bucket.
-    pub fn start<E: BatchExecutor<Work = W>>(
+    pub(crate) fn start<E: BatchExecutor<Work = W>>(
         model: &str,
         config: BatchConfig,
         estimator: Estimator,
@@ -292,7 +292,7 @@ impl<W: Work> Batcher<W> {
     /// shutting down, [`Refusal::into_error`]); a failed chunk
     /// fails the request. Once every answer is in hand, how late it is against admission's prediction teaches
     /// admission its margin.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         chunks: Vec<(W, usize)>,
         deadline: Instant,
@@ -352,7 +352,7 @@ impl<W: Work> Batcher<W> {
 
     /// Refuses at once, before the request is even decoded, when it would be refused whatever its size
     /// ([`Policy::precheck`]): under overload, refusals then cost the transport almost nothing.
-    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+    pub(crate) fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
         let checked = {
             let state = self.shared.lock();
             if state.closing {
@@ -364,11 +364,6 @@ impl<W: Work> Batcher<W> {
             }
         };
         checked.map_err(|refusal| self.refused(refusal))
-    }
-
-    /// The execution-time estimate, for tests and the admission of callers.
-    pub fn estimator(&self) -> &Estimator {
-        &self.shared.estimator
     }
 }
 

@@ -25,48 +25,48 @@ use super::lateness::Lateness;
 use crate::error::ServiceError;
 
 /// How long before a batch must start the batcher closes it: covers waking up and handing the batch over.
-pub const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
+pub(crate) const DISPATCH_MARGIN: Duration = Duration::from_micros(100);
 
 /// Share of a request's remaining time budget that admission may plan to fill with queueing, execution and the
 /// measured lateness of recent answers ([`Lateness`]): the rest is for the time the transport takes before the
 /// request reaches admission and after its answer leaves, which the server cannot time.
-pub const ADMISSION_SHARE: f64 = 0.9;
+pub(crate) const ADMISSION_SHARE: f64 = 0.9;
 
 /// Most of a request's remaining budget the lateness margin may take. The margin is learned only from admitted
 /// requests: unbounded, one bad spell (a stall, the first second of a sudden overload) could make it refuse
 /// everything, after which nothing would teach it otherwise. Bounded, a queue predicted to clear within
 /// `ADMISSION_SHARE - MAX_MARGIN_SHARE` of the budget is always admitted, and keeps the margin learning.
-pub const MAX_MARGIN_SHARE: f64 = 0.5;
+pub(crate) const MAX_MARGIN_SHARE: f64 = 0.5;
 
 /// The knobs of one model's batching. Documented with their defaults in `docs/batching.md`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchConfig {
     /// `false`: every request (or chunk of `max_batch_rows`) is executed alone, as soon as an executor is free.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// A free executor always waits up to `max_queue_delay` for company (`--batch-delay fixed`), instead of only
     /// when that is predicted to pay.
-    pub fixed_delay: bool,
+    pub(crate) fixed_delay: bool,
     /// A batch closes when it holds this many rows; larger requests are split into chunks of at most this size.
     pub max_batch_rows: usize,
     /// The longest a free executor waits for company for the oldest request, when waiting is predicted to pay.
-    pub max_queue_delay: Duration,
+    pub(crate) max_queue_delay: Duration,
     /// Batch sizes warmed up and estimated: a batch's execution time is predicted from the smallest bucket that
     /// holds it (and, with `pad`, it is padded up to that bucket). Ascending; the last is `max_batch_rows`.
     pub buckets: Vec<usize>,
     /// Pad each batch up to its bucket. On for executors on a GPU, whose kernels and engines are chosen per shape;
     /// off on the CPU, where ONNX Runtime runs any batch size at the same cost per row, so padding rows would be
     /// computed for nothing.
-    pub pad: bool,
+    pub(crate) pad: bool,
     /// Requests (chunks) that may wait; more are refused at once.
-    pub queue_capacity: usize,
+    pub(crate) queue_capacity: usize,
     /// Nice value of the executor threads (0 to 19): above the transport's 0, so that decoding, admission and
     /// refusals keep the CPU they need while inference takes the rest.
-    pub executor_niceness: u8,
+    pub(crate) executor_niceness: u8,
 }
 
 impl BatchConfig {
     /// How many rows of one request the queue can ever hold.
-    pub fn fit(&self) -> QueueFit {
+    pub(crate) fn fit(&self) -> QueueFit {
         QueueFit {
             max_batch_rows: self.max_batch_rows,
             queue_capacity: self.queue_capacity,
@@ -74,7 +74,7 @@ impl BatchConfig {
     }
 
     /// The smallest bucket that holds a batch of `rows` rows: the one its execution time is estimated by.
-    pub fn bucket(&self, rows: usize) -> usize {
+    pub(crate) fn bucket(&self, rows: usize) -> usize {
         self.buckets
             .iter()
             .copied()
@@ -100,12 +100,12 @@ pub struct QueueFit {
 
 impl QueueFit {
     /// No bound: for contracts built without a queue (tests, tools).
-    pub const UNBOUNDED: QueueFit = QueueFit {
+    pub(crate) const UNBOUNDED: QueueFit = QueueFit {
         max_batch_rows: usize::MAX,
         queue_capacity: 1,
     };
 
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.max_batch_rows.saturating_mul(self.queue_capacity)
     }
 
@@ -152,7 +152,7 @@ pub enum CloseReason {
 
 impl CloseReason {
     /// Every reason: the `reason` label values of `recserve_batches_total`.
-    pub const ALL: [CloseReason; 6] = [
+    pub(crate) const ALL: [CloseReason; 6] = [
         CloseReason::Full,
         CloseReason::ExecutorFree,
         CloseReason::Delay,
@@ -161,7 +161,7 @@ impl CloseReason {
         CloseReason::Drain,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CloseReason::Full => "full",
             CloseReason::ExecutorFree => "executor_free",
@@ -203,9 +203,9 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every value of [`Refusal::reason`], the `reason` label of `recserve_rejected_total`.
-    pub const REASONS: [&'static str; 3] = ["queue_full", "predicted_late", "shutting_down"];
+    pub(crate) const REASONS: [&'static str; 3] = ["queue_full", "predicted_late", "shutting_down"];
 
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Refusal::QueueFull { .. } => "queue_full",
             Refusal::PredictedLate { .. } => "predicted_late",
@@ -218,7 +218,7 @@ impl Refusal {
     /// The error the client gets: 429 (with `retry_after`) when overloaded, 400 for a request that would be
     /// refused again however idle the server (a deadline shorter than its own execution, more chunks than the
     /// queue holds), 503 while shutting down.
-    pub fn into_error(self, model: &str) -> ServiceError {
+    pub(crate) fn into_error(self, model: &str) -> ServiceError {
         match self {
             Refusal::ShuttingDown => ServiceError::Unavailable("shutting down"),
             Refusal::QueueFull { .. } | Refusal::PredictedLate { .. } => ServiceError::Overloaded {
@@ -246,7 +246,7 @@ impl Refusal {
     }
 
     /// When retrying has a chance (for the refusals that are answered 429).
-    pub fn retry_after(&self) -> Duration {
+    pub(crate) fn retry_after(&self) -> Duration {
         match *self {
             Refusal::QueueFull { retry_after } => retry_after,
             Refusal::PredictedLate {
@@ -263,29 +263,29 @@ impl Refusal {
 /// A queued request (or chunk of one).
 #[derive(Debug)]
 pub struct Entry<J> {
-    pub job: J,
-    pub rows: usize,
-    pub enqueued: Instant,
-    pub deadline: Instant,
+    pub(crate) job: J,
+    pub(crate) rows: usize,
+    pub(crate) enqueued: Instant,
+    pub(crate) deadline: Instant,
     /// When admission predicted it would be answered; lateness is measured against this.
-    pub promised: Instant,
+    pub(crate) promised: Instant,
     /// The request's admission number, shared by its chunks.
-    pub request: u64,
+    pub(crate) request: u64,
 }
 
 /// A closed batch, to hand to an executor.
 #[derive(Debug)]
 pub struct Batch<J> {
-    pub entries: Vec<Entry<J>>,
-    pub rows: usize,
+    pub(crate) entries: Vec<Entry<J>>,
+    pub(crate) rows: usize,
     /// The rows it executes at: `rows`, or its bucket when batches are padded ([`BatchConfig::executed_rows`]).
-    pub bucket: usize,
-    pub reason: CloseReason,
+    pub(crate) bucket: usize,
+    pub(crate) reason: CloseReason,
     /// The execution time predicted for `bucket`, for comparison with the actual one.
-    pub estimate: Duration,
+    pub(crate) estimate: Duration,
     /// When the batcher closed it. The estimator learns from this to completion, so a batch that waits for its
     /// executor thread to get a core (busy transport threads, other processes) counts that wait too.
-    pub closed_at: Instant,
+    pub(crate) closed_at: Instant,
 }
 
 /// The batch a free executor would take now ([`Policy::first_batch`]).
@@ -301,7 +301,7 @@ struct FirstBatch {
 
 /// What a free executor should do now.
 #[derive(Debug)]
-pub enum Decision<J> {
+pub(crate) enum Decision<J> {
     /// Execute this batch.
     Dispatch(Batch<J>),
     /// Wait for company: look again at this instant (or when a request arrives).
@@ -312,15 +312,15 @@ pub enum Decision<J> {
 
 /// Requests (chunks) dropped from the queue without execution.
 #[derive(Debug)]
-pub struct Dropped<J> {
+pub(crate) struct Dropped<J> {
     /// Their deadline has passed, or cannot be met even if executed at once.
-    pub expired: Vec<Entry<J>>,
+    pub(crate) expired: Vec<Entry<J>>,
     /// Their client has gone.
-    pub abandoned: Vec<Entry<J>>,
+    pub(crate) abandoned: Vec<Entry<J>>,
     /// Requests these chunks belong to, each counted once and only the first time any of its chunks is dropped:
     /// the expired ones and the abandoned ones.
-    pub expired_requests: u64,
-    pub abandoned_requests: u64,
+    pub(crate) expired_requests: u64,
+    pub(crate) abandoned_requests: u64,
 }
 
 impl<J> Default for Dropped<J> {
@@ -336,7 +336,7 @@ impl<J> Default for Dropped<J> {
 
 /// One model's queue and batching rule.
 #[derive(Debug)]
-pub struct Policy<J> {
+pub(crate) struct Policy<J> {
     config: BatchConfig,
     queue: VecDeque<Entry<J>>,
     queued_rows: usize,
@@ -355,7 +355,7 @@ pub struct Policy<J> {
 }
 
 impl<J> Policy<J> {
-    pub fn new(config: BatchConfig, executors: usize) -> Policy<J> {
+    pub(crate) fn new(config: BatchConfig, executors: usize) -> Policy<J> {
         Policy {
             config,
             queue: VecDeque::new(),
@@ -370,29 +370,26 @@ impl<J> Policy<J> {
         }
     }
 
-    pub fn config(&self) -> &BatchConfig {
-        &self.config
-    }
-
     /// Requests (chunks) waiting.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.queue.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// The wait predicted for a request of `rows` rows arriving now: the running batches and the full batches
     /// queued ahead of its last chunk (its own earlier chunks too), spread over the executors at the speed of
     /// full batches, plus the execution of the batch its last chunk will be in.
-    pub fn predicted_wait(&self, rows: usize, estimator: &Estimator) -> Duration {
+    pub(crate) fn predicted_wait(&self, rows: usize, estimator: &Estimator) -> Duration {
         self.wait_behind(self.queued_rows, self.in_flight_rows, rows, estimator)
     }
 
     /// The wait predicted for a request of `rows` rows with nothing queued or running ahead of it: what its own
     /// execution takes.
-    pub fn predicted_alone(&self, rows: usize, estimator: &Estimator) -> Duration {
+    pub(crate) fn predicted_alone(&self, rows: usize, estimator: &Estimator) -> Duration {
         self.wait_behind(0, 0, rows, estimator)
     }
 
@@ -453,7 +450,7 @@ impl<J> Policy<J> {
     /// batch on an idle queue would miss, a full queue, or the work already queued and running ahead of it plus
     /// the smallest batch would end after the deadline. Cheap, so a transport can ask before it decodes the body;
     /// anything refused here, `admit` refuses too.
-    pub fn precheck(
+    pub(crate) fn precheck(
         &self,
         deadline: Instant,
         now: Instant,
@@ -481,7 +478,7 @@ impl<J> Policy<J> {
     /// the server is refused as such (more chunks than the queue holds, a deadline shorter than its own
     /// execution), before what waiting could change (a full queue, the work ahead). Admitted, it returns when
     /// the request is predicted to be answered: report the answer's time with [`Self::answered`].
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         chunks: Vec<(J, usize)>,
         deadline: Instant,
@@ -537,12 +534,12 @@ impl<J> Policy<J> {
     }
 
     /// A request admitted with the prediction `promised` was answered at `at`: teaches admission's margin.
-    pub fn answered(&mut self, promised: Instant, at: Instant) {
+    pub(crate) fn answered(&mut self, promised: Instant, at: Instant) {
         self.lateness.observe(promised, at);
     }
 
     /// The margin admission currently adds to predicted waits: the high quantile of recent lateness.
-    pub fn margin(&self) -> Duration {
+    pub(crate) fn margin(&self) -> Duration {
         self.lateness.margin()
     }
 
@@ -593,7 +590,7 @@ impl<J> Policy<J> {
 
     /// Removes requests that can no longer be served usefully: past (or certain to miss) their deadline, or
     /// abandoned by their client.
-    pub fn drop_dead(
+    pub(crate) fn drop_dead(
         &mut self,
         now: Instant,
         estimator: &Estimator,
@@ -653,7 +650,12 @@ impl<J> Policy<J> {
     /// first out, as many as fit), or wait for company when that is predicted to pay ([`Self::worth_waiting`]),
     /// at most until the oldest request has waited `max_queue_delay` or waiting longer would miss the tightest
     /// deadline in the batch. `draining`: the server is shutting down and everything queued goes now.
-    pub fn decide(&mut self, now: Instant, draining: bool, estimator: &Estimator) -> Decision<J> {
+    pub(crate) fn decide(
+        &mut self,
+        now: Instant,
+        draining: bool,
+        estimator: &Estimator,
+    ) -> Decision<J> {
         let Some(oldest) = self.queue.front() else {
             self.waiting = false;
             return Decision::Idle;
@@ -732,14 +734,8 @@ impl<J> Policy<J> {
     }
 
     /// An executor finished a batch of `rows` rows.
-    pub fn finished(&mut self, rows: usize) {
+    pub(crate) fn finished(&mut self, rows: usize) {
         self.in_flight_rows = self.in_flight_rows.saturating_sub(rows);
-    }
-
-    /// Takes every queued request out (when the batcher cannot run them any more).
-    pub fn take_all(&mut self) -> Vec<Entry<J>> {
-        self.queued_rows = 0;
-        self.queue.drain(..).collect()
     }
 }
 

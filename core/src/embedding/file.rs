@@ -40,7 +40,7 @@ impl TableBytes {
     }
 
     /// A sub-range, relative to this view.
-    pub fn slice(&self, range: Range<usize>) -> TableBytes {
+    pub(crate) fn slice(&self, range: Range<usize>) -> TableBytes {
         debug_assert!(range.end <= self.range.len());
         TableBytes {
             map: Arc::clone(&self.map),
@@ -158,7 +158,7 @@ pub fn open_tables(
 }
 
 /// Files at least this large are read in with progress lines.
-pub const PROGRESS_BYTES: u64 = 1 << 30;
+pub(crate) const PROGRESS_BYTES: u64 = 1 << 30;
 /// Bytes read in per step of a large file.
 const STEP_BYTES: usize = 256 << 20;
 /// The least time between two progress lines of one file.

@@ -22,21 +22,21 @@ use crate::repository::TableSpec;
 
 pub use cpu::CpuStore;
 pub use file::{Preload, TableBytes, map_file, open_tables, read_i64_tensor};
-pub use shared::SharedGather;
+pub(crate) use shared::SharedGather;
 
 /// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,
 /// `row_in_shard = id % rows_per_shard`. Identical on every device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardLayout {
-    pub rows_per_shard: u64,
-    pub shards: usize,
+    pub(crate) rows_per_shard: u64,
+    pub(crate) shards: usize,
 }
 
 impl ShardLayout {
     /// Splits `rows` rows into at most `requested` shards (at least one row each). Because ranges are equal
     /// (`ceil(rows / requested)` rows, the last one shorter), fewer shards than requested can result, e.g.
     /// 10 rows in 6 shards of 2.
-    pub fn new(rows: u64, requested: usize) -> ShardLayout {
+    pub(crate) fn new(rows: u64, requested: usize) -> ShardLayout {
         let requested = (requested.max(1) as u64).min(rows.max(1));
         let rows_per_shard = rows.div_ceil(requested).max(1);
         let shards = rows.div_ceil(rows_per_shard).max(1) as usize;
@@ -47,7 +47,7 @@ impl ShardLayout {
     }
 
     #[inline]
-    pub fn locate(&self, row: u64) -> (usize, u64) {
+    pub(crate) fn locate(&self, row: u64) -> (usize, u64) {
         (
             (row / self.rows_per_shard) as usize,
             row % self.rows_per_shard,
@@ -55,7 +55,7 @@ impl ShardLayout {
     }
 
     /// The global row range held by `shard`.
-    pub fn range(&self, shard: usize, rows: u64) -> std::ops::Range<u64> {
+    pub(crate) fn range(&self, shard: usize, rows: u64) -> std::ops::Range<u64> {
         let start = shard as u64 * self.rows_per_shard;
         start..(start + self.rows_per_shard).min(rows)
     }
@@ -156,7 +156,7 @@ pub trait GatherLane: Send + fmt::Debug {
 }
 
 /// The lane of executor `executor`: the store's own, or one that gathers through the shared store.
-pub fn lane(
+pub(crate) fn lane(
     store: &Arc<dyn EmbeddingStore>,
     executor: usize,
 ) -> Result<Box<dyn GatherLane>, GatherError> {
@@ -213,21 +213,21 @@ impl GatherLane for HostLane {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceOutput {
     /// CUDA device address.
-    pub ptr: u64,
+    pub(crate) ptr: u64,
     /// Capacity in f32 values.
-    pub len: usize,
+    pub(crate) len: usize,
     /// CUDA device ordinal.
-    pub device: usize,
+    pub(crate) device: usize,
 }
 
 /// Bytes of device memory that one shard of one table occupies, for `recserve_gpu_memory_bytes`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardMemory {
-    pub table: String,
-    pub shard: usize,
+    pub(crate) table: String,
+    pub(crate) shard: usize,
     /// `cuda:N`.
-    pub device: String,
-    pub bytes: u64,
+    pub(crate) device: String,
+    pub(crate) bytes: u64,
 }
 
 /// Checks `ids`/`out` against `fields` and returns the shared `dim`.

@@ -11,7 +11,7 @@ use crate::repository::{Storage, TableSpec};
 
 /// Gathers `ids` (`[rows, fields]`) from tables that all live in the safetensors file `file` into `out`
 /// (`[rows, fields, dim]`), applying each table's OOV policy.
-pub fn gather(
+pub(crate) fn gather(
     file: &Path,
     specs: &[TableSpec],
     fields: &[usize],

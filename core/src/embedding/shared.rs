@@ -15,7 +15,7 @@ use super::{GatherError, GatherLane};
 
 /// Which columns are user side, and the scratch buffers of the two gathers; owned by one executor thread.
 #[derive(Debug)]
-pub struct SharedGather {
+pub(crate) struct SharedGather {
     /// Table of every column, in graph order.
     fields: Vec<usize>,
     /// For every column: `Some(i)` when it is the `i`-th user column, `None` when it is an item column.
@@ -34,7 +34,7 @@ pub struct SharedGather {
 
 impl SharedGather {
     /// `fields[f]` is the table column `f` reads; `user_columns` the columns that are one value per request.
-    pub fn new(fields: &[usize], user_columns: &[usize]) -> SharedGather {
+    pub(crate) fn new(fields: &[usize], user_columns: &[usize]) -> SharedGather {
         let mut user_index = vec![None; fields.len()];
         for (i, &c) in user_columns.iter().enumerate() {
             user_index[c] = Some(i);
@@ -60,7 +60,7 @@ impl SharedGather {
     /// Gathers `ids` (`[rows, fields]`) into `out` (`[rows, fields, dim]`) through `lane`, each run's user rows
     /// once, waiting for rows of a remote tier until `deadline` at most. Errors as the lane's gather, with rows
     /// numbered as in `ids`.
-    pub fn gather(
+    pub(crate) fn gather(
         &mut self,
         lane: &mut dyn GatherLane,
         ids: &[i64],

@@ -22,13 +22,13 @@ pub struct GraphShape {
     /// `F`: categorical fields.
     pub fields: usize,
     /// `D`: values per embedding row.
-    pub dim: usize,
+    pub(crate) dim: usize,
     /// `N`: dense features (0: the graph has no dense input).
     pub dense: usize,
 }
 
 /// A validated session of a dense graph. `Session::run` takes `&mut self`, so each executor thread owns one.
-pub struct DenseGraph {
+pub(crate) struct DenseGraph {
     session: Session,
     embeddings_input: String,
     dense_input: Option<String>,
@@ -47,7 +47,7 @@ struct GpuSession {
 /// An embeddings input `[rows, F, D]` in the GPU memory of a session, to gather into before
 /// [`DenseGraph::run_device`].
 #[derive(Debug)]
-pub struct DeviceInput {
+pub(crate) struct DeviceInput {
     tensor: Tensor<f32>,
     rows: usize,
     output: DeviceOutput,
@@ -55,7 +55,7 @@ pub struct DeviceInput {
 
 impl DeviceInput {
     /// Where the gather writes.
-    pub fn output(&self) -> DeviceOutput {
+    pub(crate) fn output(&self) -> DeviceOutput {
         self.output
     }
 }
@@ -152,7 +152,7 @@ pub(super) fn check_outlet(
 
 impl DenseGraph {
     /// Opens `<dir>/<spec.file>` and checks it against `spec` and `shape`.
-    pub fn open(
+    pub(crate) fn open(
         runtime: &Runtime,
         dir: &Path,
         spec: &DenseGraphSpec,
@@ -258,17 +258,17 @@ impl DenseGraph {
         })
     }
 
-    pub fn shape(&self) -> GraphShape {
+    pub(crate) fn shape(&self) -> GraphShape {
         self.shape
     }
 
     /// The CUDA device whose memory the session reads its embeddings from, or `None` when it runs on the CPU.
-    pub fn cuda_device(&self) -> Option<usize> {
+    pub(crate) fn cuda_device(&self) -> Option<usize> {
         self.gpu.as_ref().map(|g| g.device)
     }
 
     /// Allocates the embeddings input for `rows` rows in the session's GPU memory.
-    pub fn device_input(&self, rows: usize) -> Result<DeviceInput, ort::Error> {
+    pub(crate) fn device_input(&self, rows: usize) -> Result<DeviceInput, ort::Error> {
         let Some(gpu) = &self.gpu else {
             return Err(ort::Error::new(
                 "the session runs on the CPU; it takes host input",
@@ -290,7 +290,7 @@ impl DenseGraph {
 
     /// Runs the rows of `input` (filled by a gather) with `dense` (`[rows, N]`, host memory), through the
     /// session's binding. Replaces `scores` with one score per row.
-    pub fn run_device(
+    pub(crate) fn run_device(
         &mut self,
         input: DeviceInput,
         dense: &[f32],
@@ -324,7 +324,7 @@ impl DenseGraph {
 
     /// Runs `rows` rows: `embeddings` is `[rows, F, D]`, `dense` is `[rows, N]`. Replaces `scores` with one
     /// score per row.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         rows: usize,
         embeddings: &[f32],

@@ -7,7 +7,7 @@ mod runtime;
 mod split;
 mod worker;
 
-pub use graph::{DenseGraph, DeviceInput, GraphShape};
+pub(crate) use graph::{DenseGraph, GraphShape};
 pub use runtime::{Runtime, RuntimeError, SessionOptions};
 pub use split::SplitGraph;
 pub use worker::{Executed, Worker};

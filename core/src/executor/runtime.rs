@@ -49,7 +49,7 @@ pub struct SessionOptions {
 
 impl SessionOptions {
     /// These options for an executor whose gather lane is on `cuda_device`.
-    pub fn on_device(&self, cuda_device: Option<usize>) -> SessionOptions {
+    pub(crate) fn on_device(&self, cuda_device: Option<usize>) -> SessionOptions {
         SessionOptions {
             cuda_device,
             ..self.clone()
@@ -113,7 +113,7 @@ impl Runtime {
 
     /// Opens `path` as a session with `options`. Errors name the file. Returns the session and the CUDA device
     /// its inputs are read from (`None`: host memory, the CPU provider).
-    pub fn session(
+    pub(crate) fn session(
         &self,
         path: &Path,
         options: &SessionOptions,

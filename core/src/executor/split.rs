@@ -62,7 +62,7 @@ fn width_of(path: &Path, role: &str, outlet: &Outlet) -> Result<usize, LoadError
 
 impl SplitGraph {
     /// Opens the user and item graphs of `split` in `dir` and checks their interfaces against `spec` and `shape`.
-    pub fn open(
+    pub(crate) fn open(
         runtime: &Runtime,
         dir: &Path,
         spec: &DenseGraphSpec,
@@ -160,7 +160,7 @@ impl SplitGraph {
     /// Scores `rows` rows (`embeddings` `[rows, F, D]`, `dense` `[rows, N]`) that are consecutive runs of
     /// `requests[i]` rows sharing a user side, then padding up to `rows` (whose scores are discarded): the user
     /// graph on the first row of each run, the item graph on all rows. Replaces `scores` with one score per row.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         rows: usize,
         embeddings: &[f32],

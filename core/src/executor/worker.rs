@@ -16,9 +16,9 @@ const WARM_UP_BUDGET: Duration = Duration::from_secs(10);
 /// A batch's scores and how long its two phases took.
 #[derive(Debug)]
 pub struct Executed {
-    pub scores: Vec<f32>,
-    pub gather: Duration,
-    pub inference: Duration,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) gather: Duration,
+    pub(crate) inference: Duration,
 }
 
 /// What one executor thread owns: a session, the lane it gathers through, and a reusable gather buffer.
@@ -49,7 +49,7 @@ struct Split {
 
 impl Worker {
     /// `lane` comes from [`crate::embedding::lane`]; a graph on a GPU must be on the lane's GPU.
-    pub fn new(
+    pub(crate) fn new(
         graph: DenseGraph,
         lane: Box<dyn GatherLane>,
         fields: Arc<[usize]>,
@@ -69,7 +69,7 @@ impl Worker {
     /// Host batches are scored by `split` (the user graph on one row per run of rows whose `user_columns` ids and
     /// dense features are equal, the item graph on every row) instead of the whole graph; device batches are
     /// unchanged.
-    pub fn with_split(mut self, split: SplitGraph, user_columns: &[usize]) -> Worker {
+    pub(crate) fn with_split(mut self, split: SplitGraph, user_columns: &[usize]) -> Worker {
         self.split = Some(Split {
             graph: split,
             user_columns: user_columns.to_vec(),
@@ -81,7 +81,7 @@ impl Worker {
     /// Host gathers read `user_columns` (columns that are one value per request, in graph order) once per run of
     /// rows with equal user ids ([`SharedGather`]; the same values as the plain gather). Device gathers are
     /// unchanged.
-    pub fn with_user_columns(mut self, user_columns: &[usize]) -> Worker {
+    pub(crate) fn with_user_columns(mut self, user_columns: &[usize]) -> Worker {
         self.shared = Some(SharedGather::new(&self.fields, user_columns));
         self
     }
@@ -141,14 +141,9 @@ impl Worker {
         Ok(())
     }
 
-    /// The graph's input sizes.
-    pub fn shape(&self) -> super::GraphShape {
-        self.graph.shape()
-    }
-
     /// Gather, then inference, of `rows` rows (`requests` as for [`Worker::execute`]) into `scores`; returns
     /// their durations in seconds. Records no metrics (the in-process benchmark calls this).
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         rows: usize,
         ids: &[i64],

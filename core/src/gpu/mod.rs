@@ -29,9 +29,6 @@ use crate::embedding::{CpuStore, EmbeddingStore, TableBytes};
 
 use crate::repository::TableSpec;
 
-#[cfg(feature = "cuda")]
-pub use cuda::{CudaLane, CudaStore, kernels, peak_memory_bandwidth};
-
 /// Whether this binary was built with `--features cuda`.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
 
@@ -116,13 +113,13 @@ impl ProviderRequest {
 
 /// A GPU execution provider to register on a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuProvider {
+pub(crate) enum GpuProvider {
     Cuda,
     TensorRt,
 }
 
 impl GpuProvider {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             GpuProvider::Cuda => "CUDA",
             GpuProvider::TensorRt => "TensorRT",
@@ -152,16 +149,16 @@ pub struct TensorRtOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
     /// CUDA device ordinal (as `CUDA_VISIBLE_DEVICES` numbers them).
-    pub ordinal: usize,
-    pub name: String,
+    pub(crate) ordinal: usize,
+    pub(crate) name: String,
     /// (major, minor), e.g. (7, 5) for a T4, (8, 0) for an A100, (9, 0) for an H100.
-    pub compute_capability: (i32, i32),
-    pub total_memory: usize,
+    pub(crate) compute_capability: (i32, i32),
+    pub(crate) total_memory: usize,
 }
 
 impl GpuInfo {
     /// The label of this device in metrics and logs: `cuda:N`.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("cuda:{}", self.ordinal)
     }
 }
@@ -233,7 +230,7 @@ pub enum GpuError {
 }
 
 /// The GPUs this process can use, or why it cannot use any. Never panics.
-pub fn probe() -> Result<Vec<GpuInfo>, GpuError> {
+pub(crate) fn probe() -> Result<Vec<GpuInfo>, GpuError> {
     backend::probe()
 }
 
@@ -284,7 +281,7 @@ fn log_devices(gpus: &[GpuInfo]) {
 }
 
 /// Opens the embedding store for `placement`: the CPU store, or the tables uploaded to the GPUs.
-pub fn open_store(
+pub(crate) fn open_store(
     placement: &Placement,
     specs: Vec<TableSpec>,
     bytes: Vec<TableBytes>,
@@ -298,7 +295,7 @@ pub fn open_store(
 }
 
 /// The execution providers to register, in order, for `provider` on CUDA device `device`.
-pub fn execution_providers(
+pub(crate) fn execution_providers(
     provider: GpuProvider,
     device: usize,
     tensorrt: &TensorRtOptions,

@@ -125,16 +125,8 @@ impl Batching {
 }
 
 impl Metrics {
-    /// Counts a request refused before queueing, by reason.
-    pub fn rejected(&self, model: &str, reason: &str) {
-        self.batching
-            .rejected
-            .with_label_values(&[model, reason])
-            .inc();
-    }
-
     /// The batcher's handles for one model.
-    pub fn batching(&self, model: &str) -> crate::batching::BatchMetrics {
+    pub(crate) fn batching(&self, model: &str) -> crate::batching::BatchMetrics {
         let b = &self.batching;
         let reason = |r: &str| b.batches.with_label_values(&[model, r]);
         // Every refusal reason starts at 0: a counter whose first sample is already above 0 loses that increase

@@ -155,11 +155,11 @@ impl Embedding {
 }
 
 impl Metrics {
-    pub fn oov_counter(&self, model: &str, table: &str) -> IntCounter {
+    pub(crate) fn oov_counter(&self, model: &str, table: &str) -> IntCounter {
         self.embedding.oov.with_label_values(&[model, table])
     }
 
-    pub fn set_table_bytes(
+    pub(crate) fn set_table_bytes(
         &self,
         model: &str,
         table: &str,
@@ -174,7 +174,7 @@ impl Metrics {
     }
 
     /// Records the device memory of one shard of a GPU-resident table.
-    pub fn set_gpu_memory_bytes(
+    pub(crate) fn set_gpu_memory_bytes(
         &self,
         model: &str,
         table: &str,
@@ -189,7 +189,7 @@ impl Metrics {
     }
 
     /// `recserve_embedding_unfetched_default_total` of one Redis-tier table.
-    pub fn unfetched_default_counter(&self, model: &str, table: &str) -> IntCounter {
+    pub(crate) fn unfetched_default_counter(&self, model: &str, table: &str) -> IntCounter {
         self.embedding
             .unfetched_default
             .with_label_values(&[model, table])

@@ -23,25 +23,26 @@ use prometheus::{
 };
 
 pub use connections::ConnectionMetrics;
-pub use recall::RecallMetrics;
+pub(crate) use recall::RecallMetrics;
 pub use requests::{ModelMetrics, TraceSink};
 
 /// Latency buckets from 10 µs to 10 s, three per decade.
-pub const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Row-count buckets: powers of two up to 8192.
-pub const ROW_BUCKETS: &[f64] = &[
+pub(crate) const ROW_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
 ];
 
 /// Ratio buckets for actual ÷ estimated execution time.
-pub const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0];
+pub(crate) const RATIO_BUCKETS: &[f64] =
+    &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0];
 
 /// Buckets for loading a model: 10 ms to 20 minutes.
-pub const LOAD_BUCKETS: &[f64] = &[
+pub(crate) const LOAD_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
 ];
 

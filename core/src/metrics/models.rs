@@ -64,7 +64,7 @@ impl Models {
 }
 
 impl Metrics {
-    pub fn set_model_info(
+    pub(crate) fn set_model_info(
         &self,
         model: &str,
         version: u64,
@@ -79,7 +79,7 @@ impl Metrics {
     }
 
     /// Drops the `recserve_model_info` series of a version that no longer serves.
-    pub fn clear_model_info(
+    pub(crate) fn clear_model_info(
         &self,
         model: &str,
         version: u64,
@@ -97,7 +97,7 @@ impl Metrics {
     }
 
     /// Counts a load of a version of `model` and its duration.
-    pub fn model_loaded(&self, model: &str, outcome: &str, seconds: f64) {
+    pub(crate) fn model_loaded(&self, model: &str, outcome: &str, seconds: f64) {
         self.models
             .model_loads
             .with_label_values(&[model, outcome])
@@ -109,7 +109,7 @@ impl Metrics {
     }
 
     /// The warm-up of a loaded version of `model`.
-    pub fn observe_warmup(&self, model: &str, seconds: f64) {
+    pub(crate) fn observe_warmup(&self, model: &str, seconds: f64) {
         self.models
             .model_warmup_duration
             .with_label_values(&[model])
@@ -117,7 +117,7 @@ impl Metrics {
     }
 
     /// How many replaced versions of `model` are still answering admitted requests.
-    pub fn set_versions_draining(&self, model: &str, versions: usize) {
+    pub(crate) fn set_versions_draining(&self, model: &str, versions: usize) {
         self.models
             .versions_draining
             .with_label_values(&[model])

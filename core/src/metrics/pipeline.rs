@@ -29,7 +29,7 @@ impl Pipeline {
 
 impl Metrics {
     /// The duration histogram of one stage of one pipeline.
-    pub fn pipeline_stage(&self, pipeline: &str, stage: &str) -> Histogram {
+    pub(crate) fn pipeline_stage(&self, pipeline: &str, stage: &str) -> Histogram {
         self.pipeline
             .stage_duration
             .with_label_values(&[pipeline, stage])

@@ -78,7 +78,7 @@ impl Recall {
 
 impl Metrics {
     /// The handles a recall model's executors use.
-    pub fn recall(&self, model: &str) -> RecallMetrics {
+    pub(crate) fn recall(&self, model: &str) -> RecallMetrics {
         let r = &self.recall;
         RecallMetrics {
             topk_duration: r.topk_duration.with_label_values(&[model]),
@@ -95,13 +95,13 @@ impl Metrics {
 
 /// Metric handles of one recall model.
 #[derive(Debug, Clone)]
-pub struct RecallMetrics {
-    pub topk_duration: Histogram,
-    pub items_scored: IntCounter,
-    pub exact_queries: IntCounter,
-    pub index_queries: IntCounter,
-    pub index_lists: IntCounter,
-    pub index_codes: IntCounter,
-    pub index_reranked: IntCounter,
-    pub index_capped: IntCounter,
+pub(crate) struct RecallMetrics {
+    pub(crate) topk_duration: Histogram,
+    pub(crate) items_scored: IntCounter,
+    pub(crate) exact_queries: IntCounter,
+    pub(crate) index_queries: IntCounter,
+    pub(crate) index_lists: IntCounter,
+    pub(crate) index_codes: IntCounter,
+    pub(crate) index_reranked: IntCounter,
+    pub(crate) index_capped: IntCounter,
 }

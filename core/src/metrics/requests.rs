@@ -110,7 +110,7 @@ impl Metrics {
     }
 
     /// The handles one model's hot path uses, resolved once so no label lookup happens per request.
-    pub fn model(&self, model: &str, device: &str) -> ModelMetrics {
+    pub(crate) fn model(&self, model: &str, device: &str) -> ModelMetrics {
         let r = &self.requests;
         ModelMetrics {
             request_rows: r.request_rows.with_label_values(&[model]),
@@ -123,9 +123,9 @@ impl Metrics {
 /// Per-model metric handles for the request path.
 #[derive(Debug, Clone)]
 pub struct ModelMetrics {
-    pub request_rows: Histogram,
-    pub gather_duration: Histogram,
-    pub inference_duration: Histogram,
+    pub(crate) request_rows: Histogram,
+    pub(crate) gather_duration: Histogram,
+    pub(crate) inference_duration: Histogram,
 }
 
 /// Where finished request traces go: the per-stage histograms (answered requests only) and the slow-request

@@ -32,9 +32,9 @@ pub struct RankContract {
     field_by_name: HashMap<String, usize>,
     /// Per field: the rows of its table when the table rejects ids outside them, `None` when it takes any id.
     id_limits: Vec<Option<u64>>,
-    pub max_candidates: usize,
+    pub(crate) max_candidates: usize,
     /// How many rows of one request the model's queue can hold (unbounded until [`RankContract::with_queue`]).
-    pub queue: QueueFit,
+    pub(crate) queue: QueueFit,
 }
 
 impl RankContract {
@@ -75,7 +75,7 @@ impl RankContract {
     }
 
     /// The contract of a model whose queue holds what `queue` says: larger requests are refused as such.
-    pub fn with_queue(mut self, queue: QueueFit) -> RankContract {
+    pub(crate) fn with_queue(mut self, queue: QueueFit) -> RankContract {
         self.queue = queue;
         self
     }

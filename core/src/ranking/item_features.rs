@@ -10,7 +10,7 @@ use crate::repository::{ModelSpec, OovPolicy};
 
 /// A ranking model's item feature table: for catalogue item `i`, the ids of its item-side fields.
 #[derive(Debug)]
-pub struct ItemFeatures {
+pub(crate) struct ItemFeatures {
     rows: usize,
     /// The ranking field each column feeds (indices into the model's fields).
     columns: Vec<usize>,
@@ -23,7 +23,7 @@ pub struct ItemFeatures {
 impl ItemFeatures {
     /// Reads and checks the `[item_features]` of a ranking model, if it has one: the tensor exists, is I64 of shape
     /// `[items, columns]`, and every id in a column whose table rejects unknown ids is inside that table.
-    pub fn open(dir: &Path, spec: &ModelSpec) -> Result<Option<ItemFeatures>, LoadError> {
+    pub(crate) fn open(dir: &Path, spec: &ModelSpec) -> Result<Option<ItemFeatures>, LoadError> {
         let Some(features) = &spec.item_features else {
             return Ok(None);
         };
@@ -77,12 +77,12 @@ impl ItemFeatures {
     }
 
     /// Items the table describes (ids `0..rows`).
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
     /// Writes item `id`'s item-side fields into `row` (one rank row, `[fields]`).
-    pub fn fill(&self, id: u32, row: &mut [i64]) {
+    pub(crate) fn fill(&self, id: u32, row: &mut [i64]) {
         let at = id as usize * self.columns.len();
         for (&field, &value) in self.columns.iter().zip(&self.values[at..]) {
             row[field] = value;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use prometheus::Histogram;
 
 pub use contract::{RankContract, RankInput, best_first};
-pub use item_features::ItemFeatures;
+pub(crate) use item_features::ItemFeatures;
 
 use crate::batching::{
     Batch, BatchConfig, BatchExecutor, BatchTrace, Batcher, Estimator, Job, Work, catch_panic,
@@ -27,7 +27,7 @@ use crate::repository::{DenseGraphSpec, ModelSpec, ModelVersion, TableEntry, Tie
 
 /// The rows of one request (or chunk of one) to score: `ids` is `[rows, fields]`, `dense` `[rows, dense]`.
 #[derive(Debug)]
-pub struct RankWork {
+pub(crate) struct RankWork {
     ids: Vec<i64>,
     dense: Vec<f32>,
 }
@@ -166,7 +166,7 @@ pub fn open_store(
 
 /// The split graph an executor scores host batches with: `[dense_graph.split]` of a model, unless `--split-graph
 /// off` or the executor runs on a GPU (which runs the whole graph). The in-process ceiling wires it here too.
-pub fn split_graph(
+pub(crate) fn split_graph(
     ctx: &LoadContext,
     mv: &ModelVersion,
     graph_spec: &DenseGraphSpec,
@@ -244,7 +244,7 @@ pub struct RankingModel {
 impl RankingModel {
     /// Opens the tables and the dense graph (one session per executor), checks them against `spec`, runs every
     /// batch bucket on every session (which also seeds the execution-time estimate), and starts the batcher.
-    pub fn load(
+    pub(crate) fn load(
         ctx: &LoadContext,
         mv: &ModelVersion,
         spec: Arc<ModelSpec>,
@@ -324,11 +324,11 @@ impl RankingModel {
         })
     }
 
-    pub fn device(&self) -> &str {
+    pub(crate) fn device(&self) -> &str {
         self.store.device()
     }
 
-    pub fn shard_counts(&self) -> Vec<usize> {
+    pub(crate) fn shard_counts(&self) -> Vec<usize> {
         self.store
             .shard_layouts()
             .iter()
@@ -336,24 +336,19 @@ impl RankingModel {
             .collect()
     }
 
-    /// The batching this model runs with.
-    pub fn batching(&self) -> &BatchConfig {
-        &self.batching
-    }
-
     /// `[item_features]` of its `model.toml`, read and checked at load.
-    pub fn item_features(&self) -> Option<&Arc<ItemFeatures>> {
+    pub(crate) fn item_features(&self) -> Option<&Arc<ItemFeatures>> {
         self.item_features.as_ref()
     }
 
     /// The deadline of requests that come without one.
-    pub fn default_deadline(&self) -> Duration {
+    pub(crate) fn default_deadline(&self) -> Duration {
         self.default_deadline
     }
 
     /// Refuses a request before it is decoded when admission would refuse it whatever its size (the queue is
     /// full, or the work ahead alone would miss `deadline`).
-    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+    pub(crate) fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
         self.batcher.precheck(deadline)
     }
 

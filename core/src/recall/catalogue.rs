@@ -49,11 +49,11 @@ pub enum Panels {
 #[derive(Debug)]
 pub struct Shard {
     /// Id of its first item.
-    pub start: u32,
+    pub(crate) start: u32,
     /// Items in it.
-    pub len: usize,
-    pub panels: usize,
-    pub data: Panels,
+    pub(crate) len: usize,
+    pub(crate) panels: usize,
+    pub(crate) data: Panels,
 }
 
 impl Shard {
@@ -90,9 +90,9 @@ pub struct SearchScratch {
 /// How long a search took, for metrics.
 #[derive(Clone, Copy, Debug)]
 pub struct SearchStats {
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// (query, item) pairs scored.
-    pub scored: u64,
+    pub(crate) scored: u64,
 }
 
 /// An item table ready for exact top-K search by inner product.
@@ -102,7 +102,6 @@ pub struct Catalogue {
     items: usize,
     /// How the panels store values: `Fp32` (from fp32 or fp16 tables) or `Int8`.
     storage: Storage,
-    layout: ShardLayout,
     shards: Vec<Shard>,
     isa: Isa,
 }
@@ -188,36 +187,31 @@ impl Catalogue {
                 Storage::Int8 => Storage::Int8,
                 Storage::Fp32 | Storage::Fp16 => Storage::Fp32,
             },
-            layout,
             shards: out,
             isa: Isa::detect(),
         })
     }
 
-    pub fn dim(&self) -> usize {
+    pub(crate) fn dim(&self) -> usize {
         self.dim
     }
 
     /// Items in the catalogue (ids `0..items`).
-    pub fn items(&self) -> usize {
+    pub(crate) fn items(&self) -> usize {
         self.items
     }
 
-    pub fn shards(&self) -> usize {
+    pub(crate) fn shards(&self) -> usize {
         self.shards.len()
     }
 
-    pub fn layout(&self) -> ShardLayout {
-        self.layout
-    }
-
     /// `Fp32` or `Int8`: how the items are scored.
-    pub fn storage(&self) -> Storage {
+    pub(crate) fn storage(&self) -> Storage {
         self.storage
     }
 
     /// The instruction set searches use.
-    pub fn isa(&self) -> Isa {
+    pub(crate) fn isa(&self) -> Isa {
         self.isa
     }
 

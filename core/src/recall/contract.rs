@@ -156,10 +156,6 @@ impl RecallContract {
         }
     }
 
-    pub fn supports_history(&self) -> bool {
-        self.history_table.is_some()
-    }
-
     /// Checks a user id against the user table's OOV policy.
     pub fn check_user_id(&self, id: i64) -> Result<(), String> {
         if self.user_table.oov == OovPolicy::Reject && !self.user_table.contains(id) {

@@ -34,10 +34,10 @@ use super::select::{Scored, TopK, answer_order};
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// Bytes that stay where they are (a mapped file, or a buffer in tests).
-pub type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub(crate) type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// The `format` an index file's metadata names, and the version of its layout.
-pub const FORMAT: &str = "recserve-ivf";
+pub(crate) const FORMAT: &str = "recserve-ivf";
 pub const FORMAT_VERSION: &str = "1";
 
 /// A lane of a panel that holds no item (the tail of a list).
@@ -58,16 +58,16 @@ pub struct Probe {
 /// What a search did, summed over its queries (for metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct IvfStats {
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Lists scanned.
-    pub lists: u64,
+    pub(crate) lists: u64,
     /// Item codes scored.
     pub codes: u64,
     /// Candidates re-ranked with the exact score.
     pub reranked: u64,
     /// Queries whose candidates were cut by `max_candidates` (their answer may differ from the exact top `k` of the
     /// probed lists).
-    pub capped: u64,
+    pub(crate) capped: u64,
 }
 
 /// Buffers one executor reuses from search to search.
@@ -178,7 +178,7 @@ impl IvfIndex {
     /// Reads an index file (`file`, the whole safetensors buffer) built for the item table `spec` (`table`, its
     /// tensor's bytes), checking what it was built from (format, item count, dim, storage, the table's checksum)
     /// and every structural invariant the search relies on. The problem names what does not match.
-    pub fn open(file: Bytes, spec: &TableSpec, table: Bytes) -> Result<IvfIndex, String> {
+    pub(crate) fn open(file: Bytes, spec: &TableSpec, table: Bytes) -> Result<IvfIndex, String> {
         let buffer = (*file).as_ref();
         let (_, metadata) = SafeTensors::read_metadata(buffer)
             .map_err(|e| format!("is not a valid safetensors file (truncated or corrupt?): {e}"))?;
@@ -413,10 +413,6 @@ impl IvfIndex {
         bytemuck::cast_slice(&(*self.file).as_ref()[range.clone()])
     }
 
-    pub fn dim(&self) -> usize {
-        self.dim
-    }
-
     pub fn items(&self) -> usize {
         self.items
     }
@@ -425,24 +421,21 @@ impl IvfIndex {
         self.sizes.len()
     }
 
-    /// Items of each list.
-    pub fn list_sizes(&self) -> &[usize] {
-        &self.sizes
-    }
-
     /// Bytes of the index file (codes, ids, per-item parameters, centroids), besides the item table.
     pub fn bytes(&self) -> u64 {
         (*self.file).as_ref().len() as u64
     }
 
+    #[cfg(test)]
     /// The ids of list `l`'s items, in lane order.
-    pub fn list_items(&self, l: usize) -> Vec<u32> {
+    pub(crate) fn list_items(&self, l: usize) -> Vec<u32> {
         let first = self.offsets[l] * LANES;
         self.ids()[first..first + self.sizes[l]].to_vec()
     }
 
+    #[cfg(test)]
     /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, ascending.
-    pub fn probed_lists(
+    pub(crate) fn probed_lists(
         &self,
         query: &[f32],
         k: usize,
@@ -509,7 +502,7 @@ impl IvfIndex {
     }
 
     /// [`IvfIndex::search`] with the kernels of `isa` (which the CPU must support).
-    pub fn search_with(
+    pub(crate) fn search_with(
         &self,
         isa: Isa,
         queries: &[SearchQuery<'_>],

@@ -77,20 +77,20 @@ impl Isa {
 }
 
 /// One shard's share of a batch: the queries, their selections and exclusions.
-pub struct ShardScan<'a> {
-    pub dim: usize,
+pub(crate) struct ShardScan<'a> {
+    pub(crate) dim: usize,
     /// One vector of `dim` values per query.
-    pub queries: &'a [&'a [f32]],
+    pub(crate) queries: &'a [&'a [f32]],
     /// `Σ_j q[j]`, summed in index order, per query (read by int8 panels only).
-    pub qsums: &'a [f32],
+    pub(crate) qsums: &'a [f32],
     /// One selection per query, reset for this shard.
-    pub topk: &'a mut [TopK],
+    pub(crate) topk: &'a mut [TopK],
     /// Per query: the excluded ids that fall inside this shard, ascending.
-    pub exclude: &'a [&'a [u32]],
+    pub(crate) exclude: &'a [&'a [u32]],
 }
 
 /// Scans `shard` for every query of `scan` with the kernels of `isa`.
-pub fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
+pub(crate) fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
     assert!(
         scan.queries.len() == scan.qsums.len()
             && scan.queries.len() == scan.topk.len()
@@ -128,7 +128,7 @@ pub fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
 ///
 /// # Panics
 /// If `codes` is not a whole number of panels, `query` does not hold `dim` values, or the CPU lacks `isa`.
-pub fn code_dots(
+pub(crate) fn code_dots(
     isa: Isa,
     codes: &[CodeRow],
     dim: usize,

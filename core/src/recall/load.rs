@@ -26,7 +26,7 @@ const WARM_UP_BUDGET: Duration = Duration::from_millis(250);
 impl RecallModel {
     /// Opens the tables, lays the item table out as a [`Catalogue`] in `--shards` shards, measures a few batch
     /// sizes for the batcher's estimate, and starts the batcher.
-    pub fn load(
+    pub(crate) fn load(
         ctx: &LoadContext,
         mv: &ModelVersion,
         spec: Arc<ModelSpec>,

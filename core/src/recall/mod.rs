@@ -42,7 +42,7 @@ pub use ivf::{IvfIndex, IvfScratch, IvfStats, Probe, exact_score, table_checksum
 pub use kernel::{BLOCK_BYTES, Isa};
 pub use load::{DEFAULT_MAX_BATCH_QUERIES, open_index};
 pub use select::{Scored, TopK, answer_order, merge};
-pub use signal::Fallback;
+pub(crate) use signal::Fallback;
 
 use crate::batching::{BatchConfig, Batcher};
 use crate::error::ServiceError;
@@ -63,35 +63,31 @@ pub struct RecallModel {
 
 impl RecallModel {
     /// Recall always runs on the CPU (see docs/gpu.md).
-    pub fn device(&self) -> &str {
+    pub(crate) fn device(&self) -> &str {
         "cpu"
     }
 
-    pub fn shard_counts(&self) -> Vec<usize> {
+    pub(crate) fn shard_counts(&self) -> Vec<usize> {
         self.shard_counts.clone()
     }
 
-    pub fn batching(&self) -> &BatchConfig {
-        &self.batching
-    }
-
     /// Items in the catalogue.
-    pub fn items(&self) -> usize {
+    pub(crate) fn items(&self) -> usize {
         self.tables.catalogue.items()
     }
 
     /// The deadline of requests that come without one.
-    pub fn default_deadline(&self) -> Duration {
+    pub(crate) fn default_deadline(&self) -> Duration {
         self.default_deadline
     }
 
     /// Refuses a request before it is decoded when admission would refuse it whatever its size.
-    pub fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
+    pub(crate) fn precheck(&self, deadline: Instant) -> Result<(), ServiceError> {
         self.batcher.precheck(deadline)
     }
 
     /// The answer to one request, best first (equal scores: lower id first).
-    pub async fn recall(
+    pub(crate) async fn recall(
         &self,
         input: RecallInput,
         deadline: Instant,
@@ -165,11 +161,6 @@ impl RecallModel {
                 }),
             })
             .collect()
-    }
-
-    /// The index's lists, when the model has an index.
-    pub fn index_lists(&self) -> Option<usize> {
-        self.tables.index.as_ref().map(|(index, _)| index.nlist())
     }
 
     /// For a history query: how many of its items have a nonzero history vector.

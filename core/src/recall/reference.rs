@@ -42,7 +42,7 @@ fn int8_params(spec: &TableSpec, bytes: &[u8], row: usize) -> (f32, f32) {
 }
 
 /// The documented f32 score of every item of the table (`bytes`, whole, documented layout) for `query`.
-pub fn scores(spec: &TableSpec, bytes: &[u8], query: &[f32]) -> Vec<f32> {
+pub(crate) fn scores(spec: &TableSpec, bytes: &[u8], query: &[f32]) -> Vec<f32> {
     assert_eq!(query.len(), spec.dim, "query has dim values");
     let mut qsum = 0.0f32;
     for &q in query {
@@ -67,7 +67,7 @@ pub fn scores(spec: &TableSpec, bytes: &[u8], query: &[f32]) -> Vec<f32> {
 
 /// The best `k` items by `scores` (answer order: higher score, then lower id), skipping `exclude`, by sorting
 /// everything.
-pub fn top_k(scores: &[f32], k: usize, exclude: &[u32]) -> Vec<Scored> {
+pub(crate) fn top_k(scores: &[f32], k: usize, exclude: &[u32]) -> Vec<Scored> {
     let mut all: Vec<Scored> = scores
         .iter()
         .enumerate()
@@ -88,7 +88,7 @@ pub fn top_k(scores: &[f32], k: usize, exclude: &[u32]) -> Vec<Scored> {
 /// - int8: `γ_(dim+2) · (|scale|·Σ_j |q_j|·c_j + |bias|·Σ_j |q_j|)`;
 ///
 /// plus a relative 1e-12 for the f64 sum's own rounding.
-pub fn exact_scores(spec: &TableSpec, bytes: &[u8], query: &[f32]) -> Vec<(f64, f64)> {
+pub(crate) fn exact_scores(spec: &TableSpec, bytes: &[u8], query: &[f32]) -> Vec<(f64, f64)> {
     let dim = spec.dim;
     (0..spec.rows as usize)
         .map(|row| match spec.storage {

@@ -61,7 +61,7 @@ pub struct TopK {
 
 impl TopK {
     /// Starts a selection of the best `k` (≥ 1) of at most `candidates` items.
-    pub fn reset(&mut self, k: usize, candidates: usize) {
+    pub(crate) fn reset(&mut self, k: usize, candidates: usize) {
         let k = k.max(1);
         self.k = k;
         self.cap = if k >= candidates {
@@ -76,24 +76,13 @@ impl TopK {
 
     /// Whether a candidate with this score would be kept (before checking whether it is excluded).
     #[inline(always)]
-    pub fn wants(&self, score: f32) -> bool {
+    pub(crate) fn wants(&self, score: f32) -> bool {
         !self.primed || score > self.threshold
-    }
-
-    /// A score that every one of the best `k` candidates offered so far reaches: the threshold once pruned, else
-    /// −∞ (it lags the true `k`-th best, never exceeds it).
-    #[inline(always)]
-    pub fn floor(&self) -> f32 {
-        if self.primed {
-            self.threshold
-        } else {
-            f32::NEG_INFINITY
-        }
     }
 
     /// Adds a candidate that [`TopK::wants`] accepted; its id must be higher than every id offered before.
     #[inline]
-    pub fn push(&mut self, id: u32, score: f32) {
+    pub(crate) fn push(&mut self, id: u32, score: f32) {
         self.buf.push(Scored { id, score });
         if self.buf.len() >= self.cap {
             self.prune();
@@ -113,7 +102,7 @@ impl TopK {
     }
 
     /// The best `min(k, offered)` candidates, in answer order. The selection is empty afterwards.
-    pub fn finish(&mut self) -> Vec<Scored> {
+    pub(crate) fn finish(&mut self) -> Vec<Scored> {
         if self.buf.len() > self.k {
             self.buf.select_nth_unstable_by(self.k - 1, answer_order);
             self.buf.truncate(self.k);

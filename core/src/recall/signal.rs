@@ -27,13 +27,13 @@ impl Fallback {
 
 /// A recall model's catalogue ids by popularity, most popular first.
 #[derive(Debug)]
-pub struct Popularity {
+pub(crate) struct Popularity {
     order: Vec<u32>,
 }
 
 impl Popularity {
     /// Reads the I64 `[items]` tensor `tensor` of `path` (training interactions per item, none negative).
-    pub fn open(path: &Path, tensor: &str, items: usize) -> Result<Popularity, LoadError> {
+    pub(crate) fn open(path: &Path, tensor: &str, items: usize) -> Result<Popularity, LoadError> {
         let what = "recall.popularity";
         let (counts, shape) = read_i64_tensor(path, tensor, what)?;
         if shape != [items] {
@@ -58,7 +58,7 @@ impl Popularity {
     }
 
     /// The order of `counts` (one per item): more first, equal counts by lower id.
-    pub fn from_counts(counts: &[i64]) -> Popularity {
+    pub(crate) fn from_counts(counts: &[i64]) -> Popularity {
         let mut order: Vec<u32> = (0..counts.len() as u32).collect();
         order.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
         Popularity { order }
@@ -66,7 +66,7 @@ impl Popularity {
 
     /// The `k` most popular items not in `exclude` (ascending, distinct), each with the score every item has
     /// against the zero vector: 0.
-    pub fn top(&self, k: usize, exclude: &[u32]) -> Vec<Scored> {
+    pub(crate) fn top(&self, k: usize, exclude: &[u32]) -> Vec<Scored> {
         self.order
             .iter()
             .filter(|id| exclude.binary_search(id).is_err())
@@ -78,7 +78,7 @@ impl Popularity {
 
 /// The answer to a history none of whose `items` contributes: the popularity order when the model has one, else
 /// a client error that says why.
-pub fn no_signal(
+pub(crate) fn no_signal(
     popularity: Option<&Popularity>,
     items: usize,
     k: usize,

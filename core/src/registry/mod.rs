@@ -28,7 +28,7 @@ mod snapshot;
 
 pub use context::{LoadContext, Loadable, RequestLimits};
 use releaser::Releaser;
-pub use snapshot::{Served, Snapshot};
+pub(crate) use snapshot::{Served, Snapshot};
 
 /// Where a model of the repository stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub enum LoadFailure {
 
 impl LoadFailure {
     /// The `outcome` label of `recserve_model_loads_total`.
-    pub fn outcome(&self) -> &'static str {
+    pub(crate) fn outcome(&self) -> &'static str {
         match self {
             LoadFailure::Invalid(_) => "invalid_model",
             LoadFailure::Refused(_) => "refused",
@@ -78,9 +78,9 @@ impl LoadFailure {
 /// A change the registry made: `name` serves `version` now (none: unloaded) instead of `previous`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
-    pub name: String,
-    pub version: Option<u64>,
-    pub previous: Option<u64>,
+    pub(crate) name: String,
+    pub(crate) version: Option<u64>,
+    pub(crate) previous: Option<u64>,
 }
 
 /// A served version as snapshots and requests hold it.
@@ -136,8 +136,9 @@ impl<M: Send + Sync + 'static> Registry<M> {
         lock(&self.status).clone()
     }
 
+    #[cfg(test)]
     /// Versions replaced or unloaded that still answer requests admitted before the switch.
-    pub fn draining(&self) -> usize {
+    pub(crate) fn draining(&self) -> usize {
         self.releaser.len()
     }
 

@@ -65,6 +65,7 @@ impl<M: Send + Sync + 'static> Releaser<M> {
         }
     }
 
+    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         lock(&self.draining).len()
     }

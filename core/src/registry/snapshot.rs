@@ -33,7 +33,7 @@ impl<M> Clone for Snapshot<M> {
 }
 
 impl<M> Snapshot<M> {
-    pub fn new(models: impl IntoIterator<Item = Served<M>>) -> Snapshot<M> {
+    pub(crate) fn new(models: impl IntoIterator<Item = Served<M>>) -> Snapshot<M> {
         Snapshot {
             models: models
                 .into_iter()

@@ -14,10 +14,10 @@ pub const MAX_DEFAULT_DEADLINE_MS: u64 = 3_600_000;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchingSpec {
-    pub max_batch_rows: Option<usize>,
-    pub max_queue_delay_us: Option<u64>,
-    pub buckets: Option<Vec<usize>>,
-    pub default_deadline_ms: Option<u64>,
+    pub(crate) max_batch_rows: Option<usize>,
+    pub(crate) max_queue_delay_us: Option<u64>,
+    pub(crate) buckets: Option<Vec<usize>>,
+    pub(crate) default_deadline_ms: Option<u64>,
 }
 
 impl BatchingSpec {

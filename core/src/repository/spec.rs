@@ -72,7 +72,7 @@ pub struct ModelSpec {
     pub dense_graph: Option<DenseGraphSpec>,
     pub recall: Option<RecallSpec>,
     /// DeepFM only: the item feature table that recommend pipelines read the item side from.
-    pub item_features: Option<ItemFeaturesSpec>,
+    pub(crate) item_features: Option<ItemFeaturesSpec>,
     /// The model author's batching defaults; server settings override them.
     pub batching: BatchingSpec,
 }
@@ -82,9 +82,9 @@ pub struct ModelSpec {
 pub struct TableEntry {
     pub spec: TableSpec,
     /// Relative to the version directory.
-    pub file: String,
+    pub(crate) file: String,
     /// Where the server reads the rows from.
-    pub tier: Tier,
+    pub(crate) tier: Tier,
 }
 
 #[derive(Clone, Debug)]
@@ -104,13 +104,13 @@ pub struct RankingSpec {
 
 #[derive(Clone, Debug)]
 pub struct DenseGraphSpec {
-    pub file: String,
-    pub precision: Precision,
-    pub embeddings_input: String,
-    pub dense_input: String,
+    pub(crate) file: String,
+    pub(crate) precision: Precision,
+    pub(crate) embeddings_input: String,
+    pub(crate) dense_input: String,
     pub output: String,
     /// `[dense_graph.split]`: the graph also comes cut into a user part and an item part.
-    pub split: Option<SplitSpec>,
+    pub(crate) split: Option<SplitSpec>,
 }
 
 /// `[dense_graph.split]`: `file` cut at the tensor `state` into a user graph (the inputs of `file` → `state`
@@ -118,9 +118,9 @@ pub struct DenseGraphSpec {
 /// on every candidate with its request's state (docs/model-repository.md, "Split graphs").
 #[derive(Clone, Debug)]
 pub struct SplitSpec {
-    pub user_file: String,
-    pub item_file: String,
-    pub state: String,
+    pub(crate) user_file: String,
+    pub(crate) item_file: String,
+    pub(crate) state: String,
 }
 
 #[derive(Clone, Debug)]
@@ -128,13 +128,13 @@ pub struct RecallSpec {
     /// Indices into `ModelSpec::tables`.
     pub user_table: usize,
     pub item_table: usize,
-    pub history_table: Option<usize>,
+    pub(crate) history_table: Option<usize>,
     /// The I64 `[items]` tensor, in the item table's file, counting each item's training interactions: the
     /// popularity order a history without signal falls back on.
-    pub popularity: Option<String>,
+    pub(crate) popularity: Option<String>,
     /// Items per query when a request gives no `k`: `default_k` of the file (1 to the catalogue size), else
     /// [`DEFAULT_K`] or the whole catalogue when it is smaller.
-    pub default_k: usize,
+    pub(crate) default_k: usize,
     /// `[recall.index]`: the IVF index recall serves from (exact top-K when absent).
     pub index: Option<IndexSpec>,
 }
@@ -144,11 +144,11 @@ pub struct RecallSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexSpec {
     /// Safetensors file, relative to the version directory.
-    pub file: String,
+    pub(crate) file: String,
     /// Lists a query scans (1 to the index's `nlist`, checked at load).
-    pub nprobe: usize,
+    pub(crate) nprobe: usize,
     /// The most candidates a query re-ranks with the exact score.
-    pub max_candidates: usize,
+    pub(crate) max_candidates: usize,
 }
 
 /// `[recall.index] max_candidates` unless the file says otherwise.
@@ -156,17 +156,17 @@ pub const DEFAULT_MAX_CANDIDATES: usize = 10_000;
 
 /// The `k` of a recall request that gives none, unless `[recall] default_k` says otherwise: generic Open
 /// Inference Protocol clients send only what the model metadata lists, and need an answer without it.
-pub const DEFAULT_K: usize = 100;
+pub(crate) const DEFAULT_K: usize = 100;
 
 /// `[item_features]`: one row per catalogue item, one column per item-side field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ItemFeaturesSpec {
     /// Safetensors file, relative to the version directory.
-    pub file: String,
+    pub(crate) file: String,
     /// Name of the I64 tensor `[items, fields.len()]` in it.
-    pub tensor: String,
+    pub(crate) tensor: String,
     /// Indices into `ModelSpec::fields` of the columns, in column order.
-    pub fields: Vec<usize>,
+    pub(crate) fields: Vec<usize>,
 }
 
 impl ModelSpec {
@@ -187,10 +187,6 @@ impl ModelSpec {
             },
             (None, None) => Precision::Fp32,
         }
-    }
-
-    pub fn table_index(&self, name: &str) -> Option<usize> {
-        self.tables.iter().position(|t| t.spec.name == name)
     }
 
     /// Parses and checks `model.toml` text. Errors are sentences about the file's content; the caller adds the

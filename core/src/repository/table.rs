@@ -61,14 +61,7 @@ pub enum Tier {
     Redis { unfetched: Unfetched },
 }
 
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::File => "file",
-            Tier::Redis { .. } => "redis",
-        }
-    }
-}
+impl Tier {}
 
 /// What a row of a Redis-tier table that could not be fetched within its batch's budget does (`unfetched`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,14 +72,7 @@ pub enum Unfetched {
     Unavailable,
 }
 
-impl Unfetched {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unfetched::DefaultRow => "default_row",
-            Unfetched::Unavailable => "unavailable",
-        }
-    }
-}
+impl Unfetched {}
 
 /// One table as `model.toml` declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +87,7 @@ pub struct TableSpec {
 impl TableSpec {
     /// The row an id reads under this table's policy, or `None` when the policy rejects it.
     #[inline]
-    pub fn resolve(&self, id: i64) -> Option<u64> {
+    pub(crate) fn resolve(&self, id: i64) -> Option<u64> {
         match u64::try_from(id) {
             Ok(row) if row < self.rows => Some(row),
             _ => match self.oov {
@@ -111,13 +97,13 @@ impl TableSpec {
         }
     }
 
-    pub fn contains(&self, id: i64) -> bool {
+    pub(crate) fn contains(&self, id: i64) -> bool {
         u64::try_from(id).is_ok_and(|row| row < self.rows)
     }
 
     /// The ids the table holds, as messages print them: `ids 0 to 1879` (not `0..1880`, which reads as if
     /// 1880 were one of them).
-    pub fn id_range(&self) -> String {
+    pub(crate) fn id_range(&self) -> String {
         match self.rows {
             0 => "no ids".to_owned(),
             1 => "id 0 only".to_owned(),

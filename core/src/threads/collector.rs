@@ -18,7 +18,7 @@ const LABELS: &[&str] = &["role", "model"];
 /// Reads the threads and the machine at each scrape; register one in each [`prometheus::Registry`] that serves
 /// `/metrics` (every one reads the same process-wide accounts).
 #[derive(Debug)]
-pub struct ThreadCollector {
+pub(crate) struct ThreadCollector {
     proc: Proc,
     accounts: &'static Mutex<Accounts>,
     /// Made once for their descriptions; each scrape fills fresh ones.
@@ -81,7 +81,7 @@ impl Families {
 
 impl ThreadCollector {
     /// Reads the real `/proc` and this process's registered threads.
-    pub fn new() -> ThreadCollector {
+    pub(crate) fn new() -> ThreadCollector {
         ThreadCollector::reading(Proc::system(), &ACCOUNTS)
     }
 

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-pub use collector::ThreadCollector;
+pub(crate) use collector::ThreadCollector;
 use procfs::{Proc, SchedStat, Tid};
 
 /// What a registered thread does for the server: the `role` label. Fixed, so the label stays bounded.
@@ -36,7 +36,7 @@ pub enum ThreadRole {
 }
 
 impl ThreadRole {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             ThreadRole::Executor => "executor",
             ThreadRole::Io => "io",
@@ -48,7 +48,7 @@ impl ThreadRole {
 
 /// The `role` of the threads that never registered: ONNX Runtime's own pool threads (with more than one
 /// intra-op thread), the test harness's, a library's.
-pub const UNREGISTERED: &str = "unregistered";
+pub(crate) const UNREGISTERED: &str = "unregistered";
 
 /// Records the calling thread as one of the server's, with `role` and `model` (`""` when it serves no single
 /// model; for [`ThreadRole::Other`] the thread's name). Call it at the thread's start: its CPU time counts under

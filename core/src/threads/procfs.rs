@@ -7,22 +7,22 @@ use std::io;
 use std::path::PathBuf;
 
 /// A kernel thread id (`gettid`).
-pub type Tid = libc::pid_t;
+pub(crate) type Tid = libc::pid_t;
 
 /// One thread's scheduler statistics, as `/proc/<pid>/task/<tid>/schedstat` gives them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SchedStat {
+pub(crate) struct SchedStat {
     /// Time on a CPU, in nanoseconds.
-    pub cpu_ns: u64,
+    pub(crate) cpu_ns: u64,
     /// Time runnable but waiting on a run queue for a CPU, in nanoseconds.
-    pub wait_ns: u64,
+    pub(crate) wait_ns: u64,
     /// Time slices run (times the thread was put on a CPU).
-    pub slices: u64,
+    pub(crate) slices: u64,
 }
 
 impl SchedStat {
     /// What was added since `earlier` (0 where a value went down).
-    pub fn since(self, earlier: SchedStat) -> SchedStat {
+    pub(crate) fn since(self, earlier: SchedStat) -> SchedStat {
         SchedStat {
             cpu_ns: self.cpu_ns.saturating_sub(earlier.cpu_ns),
             wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
@@ -31,7 +31,7 @@ impl SchedStat {
     }
 
     /// The larger of each value: the later of two readings of one thread, whichever arrived first.
-    pub fn latest(self, other: SchedStat) -> SchedStat {
+    pub(crate) fn latest(self, other: SchedStat) -> SchedStat {
         SchedStat {
             cpu_ns: self.cpu_ns.max(other.cpu_ns),
             wait_ns: self.wait_ns.max(other.wait_ns),
@@ -41,13 +41,13 @@ impl SchedStat {
 
     /// Whether every value is at least `earlier`'s: a later reading of the same thread. A thread id that was
     /// reused by a new thread reads lower.
-    pub fn follows(self, earlier: SchedStat) -> bool {
+    pub(crate) fn follows(self, earlier: SchedStat) -> bool {
         self.cpu_ns >= earlier.cpu_ns
             && self.wait_ns >= earlier.wait_ns
             && self.slices >= earlier.slices
     }
 
-    pub fn add(&mut self, other: SchedStat) {
+    pub(crate) fn add(&mut self, other: SchedStat) {
         self.cpu_ns = self.cpu_ns.saturating_add(other.cpu_ns);
         self.wait_ns = self.wait_ns.saturating_add(other.wait_ns);
         self.slices = self.slices.saturating_add(other.slices);
@@ -56,7 +56,7 @@ impl SchedStat {
 
 /// Parses a `schedstat` file: three numbers (ns on a CPU, ns waiting on a run queue, time slices). `None` when
 /// any of the three is missing or not a number; anything after the third is ignored.
-pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
+pub(crate) fn parse_schedstat(text: &str) -> Option<SchedStat> {
     let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
     let mut next = || fields.next()?.ok();
     Some(SchedStat {
@@ -69,20 +69,20 @@ pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
 /// Parses `/proc/stat`: the steal column of its `cpu` line (all CPUs), the 8th value after the label (user, nice,
 /// system, idle, iowait, irq, softirq, steal), in clock ticks. `None` without a `cpu` line holding a steal column
 /// (a kernel before 2.6.11, or not a `/proc/stat`). Per-CPU steal is `scripts/lib/steal.py`'s.
-pub fn parse_steal(stat: &str) -> Option<u64> {
+pub(crate) fn parse_steal(stat: &str) -> Option<u64> {
     let values = stat.lines().find_map(|line| line.strip_prefix("cpu "))?;
     values.split_ascii_whitespace().nth(7)?.parse().ok()
 }
 
 /// The kernel's clock tick (`USER_HZ`), in which `/proc/stat` counts: `sysconf(_SC_CLK_TCK)`, 100 if unknown.
-pub fn ticks_per_second() -> u64 {
+pub(crate) fn ticks_per_second() -> u64 {
     // SAFETY: sysconf takes an integer and touches no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     u64::try_from(hz).ok().filter(|&hz| hz > 0).unwrap_or(100)
 }
 
 /// The CPUs this process may run on (`sched_getaffinity`), `None` if the kernel would not say.
-pub fn allowed_cpus() -> Option<usize> {
+pub(crate) fn allowed_cpus() -> Option<usize> {
     // SAFETY: cpu_set_t is a plain bit array for which all zeroes is a valid (empty) value.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: the kernel writes at most `size_of::<cpu_set_t>()` bytes into `set`, which we own; pid 0 is this
@@ -98,23 +98,23 @@ pub fn allowed_cpus() -> Option<usize> {
 }
 
 /// The calling thread's kernel id.
-pub fn current_tid() -> Tid {
+pub(crate) fn current_tid() -> Tid {
     // SAFETY: gettid takes nothing and cannot fail.
     unsafe { libc::gettid() }
 }
 
 /// A `/proc` to read: the real one, or a directory shaped like it (tests).
 #[derive(Debug, Clone)]
-pub struct Proc {
+pub(crate) struct Proc {
     root: PathBuf,
 }
 
 impl Proc {
-    pub fn system() -> Proc {
+    pub(crate) fn system() -> Proc {
         Proc::at("/proc")
     }
 
-    pub fn at(root: impl Into<PathBuf>) -> Proc {
+    pub(crate) fn at(root: impl Into<PathBuf>) -> Proc {
         Proc { root: root.into() }
     }
 
@@ -123,7 +123,7 @@ impl Proc {
     }
 
     /// One thread of this process; `None` when it has ended or its statistics cannot be read.
-    pub fn thread(&self, tid: Tid) -> Option<SchedStat> {
+    pub(crate) fn thread(&self, tid: Tid) -> Option<SchedStat> {
         let path = self.tasks().join(tid.to_string()).join("schedstat");
         parse_schedstat(&std::fs::read_to_string(path).ok()?)
     }
@@ -132,7 +132,7 @@ impl Proc {
     /// read, or its file is not in a shape we know). An error when the task directory cannot be listed, or when no
     /// thread's statistics can be read (a kernel without `CONFIG_SCHED_INFO`): the caller itself is a thread, so
     /// nothing readable means the files are not there.
-    pub fn threads(&self) -> io::Result<Vec<(Tid, Option<SchedStat>)>> {
+    pub(crate) fn threads(&self) -> io::Result<Vec<(Tid, Option<SchedStat>)>> {
         let dir = self.tasks();
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
@@ -151,7 +151,7 @@ impl Proc {
     }
 
     /// The steal of all CPUs since boot, in clock ticks.
-    pub fn steal_ticks(&self) -> io::Result<u64> {
+    pub(crate) fn steal_ticks(&self) -> io::Result<u64> {
         let path = self.root.join("stat");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;

@@ -44,7 +44,7 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in request order; their names are the `stage` label values.
-    pub const ALL: [Stage; 10] = [
+    pub(crate) const ALL: [Stage; 10] = [
         Stage::Read,
         Stage::Decode,
         Stage::Admit,
@@ -116,12 +116,12 @@ pub struct Finished {
     pub batch: Option<BatchInfo>,
     /// When the response was handed over.
     pub at: Instant,
-    pub wall: SystemTime,
+    pub(crate) wall: SystemTime,
 }
 
 impl Trace {
     /// A trace whose first byte arrived at `first_byte`.
-    pub fn new(first_byte: Instant) -> Trace {
+    pub(crate) fn new(first_byte: Instant) -> Trace {
         Trace {
             first_byte,
             marks: Vec::with_capacity(16),
@@ -130,7 +130,7 @@ impl Trace {
         }
     }
 
-    pub fn first_byte(&self) -> Instant {
+    pub(crate) fn first_byte(&self) -> Instant {
         self.first_byte
     }
 
@@ -142,7 +142,7 @@ impl Trace {
     }
 
     /// Notes the batch the request's last model stage rode in.
-    pub fn batch(&mut self, batch: BatchInfo) {
+    pub(crate) fn batch(&mut self, batch: BatchInfo) {
         self.batch = Some(batch);
     }
 
@@ -152,7 +152,7 @@ impl Trace {
     }
 
     /// Ends the trace at `at` (the [`Stage::Write`] mark), or `None` when it has no outcome.
-    pub fn finish(mut self, at: Instant) -> Option<Finished> {
+    pub(crate) fn finish(mut self, at: Instant) -> Option<Finished> {
         let outcome = self.outcome.take()?;
         self.mark_at(Stage::Write, at);
         let mut stages: Vec<(Stage, Duration)> = Vec::with_capacity(self.marks.len());

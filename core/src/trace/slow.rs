@@ -56,7 +56,7 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl SlowRequests {
-    pub fn new(now: Instant) -> SlowRequests {
+    pub(crate) fn new(now: Instant) -> SlowRequests {
         SlowRequests {
             windows: Mutex::new(Windows {
                 began: now,
@@ -80,7 +80,7 @@ impl SlowRequests {
     }
 
     /// Keeps `request` if it is among the slowest of the current window (its `at` is its time).
-    pub fn offer(&self, request: Finished) {
+    pub(crate) fn offer(&self, request: Finished) {
         let keep = self.keep();
         if keep == 0 {
             return;
@@ -173,7 +173,7 @@ impl Ord for ByTotal {
 }
 
 /// `read 0.12 decode 0.30 …`, in milliseconds.
-pub fn stages_line(f: &Finished) -> String {
+pub(crate) fn stages_line(f: &Finished) -> String {
     f.stages
         .iter()
         .map(|(stage, d)| format!("{} {:.3}", stage.as_str(), d.as_secs_f64() * 1e3))

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use prometheus::IntGauge;
 
 /// The first backoff of a group that opens.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest backoff: a group that came back is used again at most this long after.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What a batch does with one group's missing rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     /// Closed: fetch them and wait for them.
     Fetch,
     /// Open, and its backoff is over: send the MGET without waiting for it, report its outcome with
@@ -37,7 +37,7 @@ pub enum Admit {
 
 /// How a group's MGET went, as the breaker sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The node answered (whatever the values: a missing key is the key's problem, not the node's).
     Answered,
     /// The node did not answer: no connection, an error reply, or no answer within the whole fetch timeout.
@@ -65,7 +65,7 @@ struct Group {
 
 /// The breakers of one model version's groups.
 #[derive(Debug)]
-pub struct Breakers {
+pub(crate) struct Breakers {
     groups: Vec<Group>,
     /// Groups open now.
     open: AtomicI64,
@@ -74,7 +74,7 @@ pub struct Breakers {
 }
 
 impl Breakers {
-    pub fn new(groups: usize, gauge: IntGauge) -> Breakers {
+    pub(crate) fn new(groups: usize, gauge: IntGauge) -> Breakers {
         Breakers {
             groups: (0..groups).map(|_| Group::default()).collect(),
             open: AtomicI64::new(0),
@@ -88,7 +88,7 @@ impl Breakers {
     }
 
     /// Groups open now.
-    pub fn open_groups(&self) -> i64 {
+    pub(crate) fn open_groups(&self) -> i64 {
         self.open.load(Ordering::Relaxed)
     }
 
@@ -100,7 +100,7 @@ impl Breakers {
     }
 
     /// Whether a batch at `now` fetches `group`'s rows, probes it, or skips it.
-    pub fn admit(&self, group: usize, now: Instant) -> Admit {
+    pub(crate) fn admit(&self, group: usize, now: Instant) -> Admit {
         if !self.groups[group].open.load(Ordering::Acquire) {
             return Admit::Fetch;
         }
@@ -120,7 +120,7 @@ impl Breakers {
 
     /// The outcome of a fetch that a batch waited for (after [`Admit::Fetch`]) at `now`: a failure opens a
     /// closed group for [`MIN_BACKOFF`]; it leaves an open one (opened meanwhile by another batch) as it is.
-    pub fn fetched(&self, group: usize, outcome: Outcome, now: Instant) {
+    pub(crate) fn fetched(&self, group: usize, outcome: Outcome, now: Instant) {
         match outcome {
             Outcome::Answered | Outcome::Unknown => {}
             Outcome::Failed => {
@@ -143,7 +143,7 @@ impl Breakers {
 
     /// The outcome of a probe (after [`Admit::Probe`]) at `now`: answered closes the group; failed (or unknown)
     /// keeps it open with the backoff doubled, up to [`MAX_BACKOFF`].
-    pub fn probed(&self, group: usize, outcome: Outcome, now: Instant) {
+    pub(crate) fn probed(&self, group: usize, outcome: Outcome, now: Instant) {
         let mut state = self.lock(group);
         state.probing = false;
         if !self.groups[group].open.load(Ordering::Acquire) {

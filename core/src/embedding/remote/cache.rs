@@ -20,11 +20,11 @@ use quick_cache::sync::Cache;
 
 /// Bytes an entry costs beyond its row: key, value handle and the cache's own bookkeeping, so that the bound
 /// holds for what the process holds, not only for row bytes.
-pub const ENTRY_OVERHEAD_BYTES: u64 = 64;
+pub(crate) const ENTRY_OVERHEAD_BYTES: u64 = 64;
 
 /// The cache key of row `row` of table `table` (tables are few, rows fewer than 2^48).
 #[inline]
-pub fn key(table: usize, row: u64) -> u64 {
+pub(crate) fn key(table: usize, row: u64) -> u64 {
     ((table as u64) << 48) | row
 }
 
@@ -52,16 +52,16 @@ impl Lifecycle<u64, Bytes> for CountEvictions {
 /// What the cache reports into: evictions, and the bytes it holds.
 #[derive(Clone, Debug)]
 pub struct CacheMetrics {
-    pub evictions: IntCounter,
-    pub bytes: IntGauge,
+    pub(crate) evictions: IntCounter,
+    pub(crate) bytes: IntGauge,
 }
 
 /// Update epochs: each key belongs to stripe `hash(key) mod STRIPES`. More stripes make a fetch less likely to
 /// skip caching a row because another row of its stripe was updated meanwhile.
-pub const STRIPES: usize = 4096;
+pub(crate) const STRIPES: usize = 4096;
 
 /// Hot rows of one model's Redis-tier tables, at most `capacity` bytes (rows plus [`ENTRY_OVERHEAD_BYTES`] each).
-pub struct RowCache {
+pub(crate) struct RowCache {
     rows: Cache<u64, Bytes, RowWeighter, std::hash::RandomState, CountEvictions>,
     bytes: IntGauge,
     /// The update epoch of each stripe of keys (see the module's comment).
@@ -80,7 +80,7 @@ impl std::fmt::Debug for RowCache {
 
 impl RowCache {
     /// A cache of at most `capacity` bytes for rows of about `row_bytes` bytes.
-    pub fn new(capacity: u64, row_bytes: usize, metrics: CacheMetrics) -> RowCache {
+    pub(crate) fn new(capacity: u64, row_bytes: usize, metrics: CacheMetrics) -> RowCache {
         let per_row = row_bytes as u64 + ENTRY_OVERHEAD_BYTES;
         let estimated = (capacity / per_row).clamp(16, 1 << 28) as usize;
         RowCache {
@@ -111,13 +111,13 @@ impl RowCache {
 
     /// The update epoch of `key` now: note it before fetching the row, pass it to [`RowCache::insert_if_current`].
     #[inline]
-    pub fn epoch(&self, key: u64) -> u64 {
+    pub(crate) fn epoch(&self, key: u64) -> u64 {
         *self.lock(key)
     }
 
     /// Caches a fetched row unless an update of its stripe was applied since `epoch` was read (the row may then be
     /// the value from before the update); returns whether it was cached.
-    pub fn insert_if_current(&self, key: u64, row: Bytes, epoch: u64) -> bool {
+    pub(crate) fn insert_if_current(&self, key: u64, row: Bytes, epoch: u64) -> bool {
         let stripe = self.lock(key);
         if *stripe != epoch {
             return false;
@@ -128,7 +128,7 @@ impl RowCache {
 
     /// Drops `key` because its row was updated: fetches in flight that read its epoch before this do not cache
     /// what they get.
-    pub fn invalidate(&self, key: u64) {
+    pub(crate) fn invalidate(&self, key: u64) {
         let mut stripe = self.lock(key);
         *stripe += 1;
         self.rows.remove(&key);
@@ -136,7 +136,7 @@ impl RowCache {
 
     /// Drops every row (updates were missed, so any row may be stale), with the same guarantee as
     /// [`RowCache::invalidate`] for every key.
-    pub fn invalidate_all(&self) {
+    pub(crate) fn invalidate_all(&self) {
         let mut stripes: Vec<_> = self
             .epochs
             .iter()
@@ -149,22 +149,24 @@ impl RowCache {
     }
 
     #[inline]
-    pub fn get(&self, key: u64) -> Option<Bytes> {
+    pub(crate) fn get(&self, key: u64) -> Option<Bytes> {
         self.rows.get(&key)
     }
 
+    #[cfg(test)]
     /// Caches a row whatever the updates (for tests and the default rows read at load).
-    pub fn insert(&self, key: u64, row: Bytes) {
+    pub(crate) fn insert(&self, key: u64, row: Bytes) {
         self.rows.insert(key, row);
     }
 
     /// Publishes the bytes held now to `recserve_embedding_cache_bytes`.
-    pub fn report(&self) {
+    pub(crate) fn report(&self) {
         self.bytes.set(self.rows.weight() as i64);
     }
 
+    #[cfg(test)]
     /// Bytes held now (rows plus overhead).
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.rows.weight()
     }
 }

@@ -15,7 +15,7 @@
 //! waiting but needs the rows pinned in the cache from that fetch to the gather, and a batch would make one round
 //! trip per request instead of one per batch.
 
-pub mod breaker;
+pub(crate) mod breaker;
 pub mod cache;
 pub mod redis;
 pub mod updates;
@@ -42,8 +42,8 @@ use crate::repository::{TableSpec, Unfetched};
 #[derive(Debug, Clone)]
 pub struct TierContext {
     nodes: Vec<String>,
-    pub cache_bytes: u64,
-    pub fetch_timeout: Duration,
+    pub(crate) cache_bytes: u64,
+    pub(crate) fetch_timeout: Duration,
     cluster: Arc<Mutex<Option<Arc<RedisCluster>>>>,
     /// `recserve_embedding_tier_client_replaced_total`, which the connection counts its replacements in.
     replaced: IntCounter,
@@ -67,7 +67,7 @@ impl TierContext {
 
     /// The shared connection, connecting now if there is none yet (a failed attempt is tried again by the next
     /// load).
-    pub fn cluster(&self) -> Result<Arc<RedisCluster>, String> {
+    pub(crate) fn cluster(&self) -> Result<Arc<RedisCluster>, String> {
         if self.nodes.is_empty() {
             return Err(
                 "it has tables with tier = \"redis\", but the server has no --redis-url".to_owned(),
@@ -86,10 +86,10 @@ impl TierContext {
 /// What the tier reports into, for one model (`docs/metrics.md`).
 #[derive(Clone, Debug)]
 pub struct TierMetrics {
-    pub hits: IntCounter,
-    pub misses: IntCounter,
+    pub(crate) hits: IntCounter,
+    pub(crate) misses: IntCounter,
     /// One observation per batch that fetched.
-    pub fetch_duration: Histogram,
+    pub(crate) fetch_duration: Histogram,
     pub rows_fetched: IntCounter,
     /// Rows not fetched, by [`FetchFailure::ALL`] order.
     pub failures: [IntCounter; 6],
@@ -102,7 +102,7 @@ pub struct TierMetrics {
 
 /// A table of a [`TieredStore`], as `model.toml` places it.
 #[derive(Debug)]
-pub enum TableSource {
+pub(crate) enum TableSource {
     /// Mapped from its file (as [`super::open_tables`] returns it).
     File(TableBytes),
     /// In the cluster; `unfetched` rows read the default row (fetched at load) or fail the batch.
@@ -143,7 +143,7 @@ struct Remote {
 
 /// Tables of one model in the Redis tier (and possibly mapped files), gathered on the CPU.
 #[derive(Debug)]
-pub struct TieredStore {
+pub(crate) struct TieredStore {
     specs: Vec<TableSpec>,
     layouts: Vec<ShardLayout>,
     sources: Vec<Source>,
@@ -176,7 +176,7 @@ impl TieredStore {
         clippy::too_many_arguments,
         reason = "one store of one model version, built once at load"
     )]
-    pub fn open(
+    pub(crate) fn open(
         version_dir: &std::path::Path,
         tier: &TierContext,
         model: &str,

@@ -33,7 +33,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use super::updates::EntryId;
 
 /// The version of the key scheme; the first part of every key.
-pub const SCHEME: &str = "rs1";
+pub(crate) const SCHEME: &str = "rs1";
 
 /// The key of row `id` of `table` of `model` version `version`: `rs1:{model/version/g}:table:id` with
 /// `g = id mod groups`. The hash tag `{model/version/g}` puts every row of a version into one of `groups` slots
@@ -47,7 +47,7 @@ pub fn row_key(model: &str, version: u64, groups: u64, table: &str, id: u64) -> 
 
 /// The key of a version's completion marker, a hash that `publish` writes after every row: `groups` and, for each
 /// table, `rows:<table>`.
-pub fn marker_key(model: &str, version: u64) -> String {
+pub(crate) fn marker_key(model: &str, version: u64) -> String {
     format!("{SCHEME}:{{{model}/{version}}}:published")
 }
 
@@ -69,7 +69,7 @@ pub enum FetchFailure {
 }
 
 impl FetchFailure {
-    pub const ALL: [FetchFailure; 6] = [
+    pub(crate) const ALL: [FetchFailure; 6] = [
         FetchFailure::Timeout,
         FetchFailure::Connection,
         FetchFailure::Server,
@@ -101,10 +101,10 @@ impl FetchFailure {
 }
 
 /// One MGET: keys of one hash-tag group.
-pub type Group = Vec<String>;
+pub(crate) type Group = Vec<String>;
 
 /// The answer to one group: a value (or nil) per key, or why the group failed.
-pub type GroupAnswer = Result<Vec<Option<Vec<u8>>>, FetchFailure>;
+pub(crate) type GroupAnswer = Result<Vec<Option<Vec<u8>>>, FetchFailure>;
 
 /// A connection to a Redis Cluster, shared by every model that has tables in it.
 pub struct RedisCluster {
@@ -173,12 +173,12 @@ impl std::fmt::Debug for RedisCluster {
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long the client waits for one answer of one node (a fetch gives up sooner, at its budget); it bounds every
 /// step of the client's recovery, so that a request is always answered, if only with an error.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the watchdog sends a PING through the connection.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// How long a connection may answer nothing, neither a value nor an error, before the watchdog replaces it:
 /// longer than a healthy client takes to answer or fail a request ([`RESPONSE_TIMEOUT`], plus its retries).
-pub const WEDGED_AFTER: Duration = Duration::from_secs(3);
+pub(crate) const WEDGED_AFTER: Duration = Duration::from_secs(3);
 /// How long the start-up commands (connect, the marker, the default rows) may take.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -229,12 +229,15 @@ impl RedisCluster {
 
     /// A client of the same cluster whose connections wait `response_timeout` for an answer, for a task that
     /// needs a connection of its own ([`super::updates`]).
-    pub fn follower_client(&self, response_timeout: Duration) -> Result<ClusterClient, String> {
+    pub(crate) fn follower_client(
+        &self,
+        response_timeout: Duration,
+    ) -> Result<ClusterClient, String> {
         client(&self.nodes, response_timeout, Some(response_timeout))
     }
 
     /// Runs `task` on the client's runtime.
-    pub fn spawn(
+    pub(crate) fn spawn(
         &self,
         task: impl Future<Output = ()> + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
@@ -242,7 +245,7 @@ impl RedisCluster {
     }
 
     /// The ID of the last entry of stream `key`, [`EntryId::ZERO`] when there is none. For loading only.
-    pub fn last_entry(&self, key: &str) -> Result<EntryId, String> {
+    pub(crate) fn last_entry(&self, key: &str) -> Result<EntryId, String> {
         let live = Arc::clone(&self.live);
         let xrevrange = redis::cmd("XREVRANGE")
             .arg(key)
@@ -274,12 +277,16 @@ impl RedisCluster {
     }
 
     /// The nodes it was given, for messages.
-    pub fn nodes(&self) -> &[String] {
+    pub(crate) fn nodes(&self) -> &[String] {
         &self.nodes
     }
 
     /// The completion marker of a version (empty when there is none). For loading only: blocks the caller.
-    pub fn marker(&self, model: &str, version: u64) -> Result<HashMap<String, String>, String> {
+    pub(crate) fn marker(
+        &self,
+        model: &str,
+        version: u64,
+    ) -> Result<HashMap<String, String>, String> {
         let live = Arc::clone(&self.live);
         let key = marker_key(model, version);
         let hgetall = redis::cmd("HGETALL").arg(&key).clone();
@@ -316,7 +323,7 @@ impl RedisCluster {
 
     /// Sends one group's MGET without waiting for it: `answered` gets its answer on the client's thread, a
     /// [`FetchFailure::Timeout`] after `timeout`. A breaker's probe ([`super::breaker`]).
-    pub fn probe(
+    pub(crate) fn probe(
         &self,
         keys: Group,
         timeout: Duration,

@@ -34,16 +34,16 @@ pub fn stream_key(model: &str, version: u64) -> String {
 /// A stream entry's ID, `<ms>-<seq>`: the Redis master's clock in milliseconds when the entry was added, and a
 /// sequence number within that millisecond.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct EntryId {
-    pub ms: u64,
-    pub seq: u64,
+pub(crate) struct EntryId {
+    pub(crate) ms: u64,
+    pub(crate) seq: u64,
 }
 
 impl EntryId {
     /// Before every entry.
-    pub const ZERO: EntryId = EntryId { ms: 0, seq: 0 };
+    pub(crate) const ZERO: EntryId = EntryId { ms: 0, seq: 0 };
 
-    pub fn parse(id: &str) -> Option<EntryId> {
+    pub(crate) fn parse(id: &str) -> Option<EntryId> {
         let (ms, seq) = id.split_once('-')?;
         Some(EntryId {
             ms: ms.parse().ok()?,
@@ -60,23 +60,23 @@ impl std::fmt::Display for EntryId {
 
 /// The Redis-tier tables of a store, by name: their index in the store and their row count.
 #[derive(Clone, Debug, Default)]
-pub struct UpdatedTables(pub HashMap<String, (usize, u64)>);
+pub(crate) struct UpdatedTables(pub HashMap<String, (usize, u64)>);
 
 /// One announced update as the server applies it.
 #[derive(Debug, PartialEq)]
-pub struct Update {
+pub(crate) struct Update {
     /// When it was announced, in microseconds since the Unix epoch: the entry's `published_us` field (the
     /// publisher's clock), or else its ID's milliseconds (the Redis master's clock).
-    pub published_us: u64,
+    pub(crate) published_us: u64,
     /// `(table index, row)` of every row it names that the store has.
-    pub rows: Vec<(usize, u64)>,
+    pub(crate) rows: Vec<(usize, u64)>,
     /// What of the entry could not be read (an unknown table, an id that is not a row); those parts are skipped.
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
 }
 
 /// Reads one stream entry: `published_us` (optional) and `rows:<table>` fields whose values are row ids in
 /// decimal, separated by commas. Other fields are ignored, so a later publisher may add some.
-pub fn parse_entry(
+pub(crate) fn parse_entry(
     id: EntryId,
     fields: &HashMap<String, Vec<u8>>,
     tables: &UpdatedTables,
@@ -130,7 +130,7 @@ pub fn parse_entry(
 
 /// Why following the stream went wrong, as `recserve_embedding_update_errors_total` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FollowError {
+pub(crate) enum FollowError {
     /// Reading the stream failed (node down, failing over, partitioned); the follower retries.
     Connection,
     /// An entry, or part of one, could not be read and was skipped.
@@ -140,13 +140,13 @@ pub enum FollowError {
 }
 
 impl FollowError {
-    pub const ALL: [FollowError; 3] = [
+    pub(crate) const ALL: [FollowError; 3] = [
         FollowError::Connection,
         FollowError::BadEntry,
         FollowError::Gap,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FollowError::Connection => "connection",
             FollowError::BadEntry => "bad_entry",
@@ -159,13 +159,13 @@ impl FollowError {
 #[derive(Clone, Debug)]
 pub struct UpdateMetrics {
     /// From an entry's timestamp to its rows dropped from the cache.
-    pub visible: Histogram,
+    pub(crate) visible: Histogram,
     pub entries: IntCounter,
-    pub rows: IntCounter,
+    pub(crate) rows: IntCounter,
     /// By [`FollowError::ALL`] order.
-    pub errors: [IntCounter; 3],
+    pub(crate) errors: [IntCounter; 3],
     /// Versions whose last read of their stream succeeded (each follower adds 1 while it follows).
-    pub following: IntGauge,
+    pub(crate) following: IntGauge,
 }
 
 impl UpdateMetrics {
@@ -186,7 +186,7 @@ const RETRY: Duration = Duration::from_millis(100);
 
 /// The task following one store's update stream; stopped when dropped (the store is dropped with its version).
 #[derive(Debug)]
-pub struct Follower {
+pub(crate) struct Follower {
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -198,18 +198,18 @@ impl Drop for Follower {
 
 /// Where and from where to follow, and what to drop rows from.
 #[derive(Debug)]
-pub struct Follow {
-    pub key: String,
+pub(crate) struct Follow {
+    pub(crate) key: String,
     /// The last entry already reflected in the cache: the stream's last entry before the cache held any row.
-    pub after: EntryId,
-    pub cache: Arc<RowCache>,
-    pub tables: UpdatedTables,
-    pub metrics: UpdateMetrics,
+    pub(crate) after: EntryId,
+    pub(crate) cache: Arc<RowCache>,
+    pub(crate) tables: UpdatedTables,
+    pub(crate) metrics: UpdateMetrics,
 }
 
 /// Starts following on the cluster client's runtime, over a connection of its own (an XREAD that blocks on the
 /// shared connection would hold up the node's fetches behind it).
-pub fn follow(cluster: &RedisCluster, follow: Follow) -> Result<Follower, String> {
+pub(crate) fn follow(cluster: &RedisCluster, follow: Follow) -> Result<Follower, String> {
     let client = cluster.follower_client(RESPONSE_TIMEOUT)?;
     let task = cluster.spawn(run(client, follow));
     Ok(Follower { task })

@@ -2,19 +2,21 @@
 //! compute_75/80/90), or, at start-up, to a CUBIN for the exact GPU so the driver has nothing to JIT-compile (a
 //! driver older than the NVRTC would refuse that NVRTC's PTX, but runs its CUBINs).
 
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CString, c_char};
 
 use cudarc::nvrtc::{result, sys};
 
 use crate::gpu::GpuError;
 
 /// `kernels/embedding_gather.cu`, built into the binary.
-pub const EMBEDDING_GATHER_SRC: &str = include_str!("../../../../kernels/embedding_gather.cu");
+pub(crate) const EMBEDDING_GATHER_SRC: &str =
+    include_str!("../../../../kernels/embedding_gather.cu");
 /// The entry point in [`EMBEDDING_GATHER_SRC`].
-pub const EMBEDDING_GATHER: &str = "embedding_gather";
+pub(crate) const EMBEDDING_GATHER: &str = "embedding_gather";
 
 /// Virtual architectures the kernels must compile for: Turing (T4), Ampere (A100), Hopper (H100).
-pub const CI_ARCHES: [u32; 3] = [75, 80, 90];
+#[cfg(test)]
+pub(crate) const CI_ARCHES: [u32; 3] = [75, 80, 90];
 
 /// Options for every compilation. `--fmad=false` keeps any `a * b + c` the compiler sees from becoming an FMA (the
 /// kernel also spells its arithmetic with `__fmul_rn`/`__fadd_rn`), so results equal the CPU's bit for bit.
@@ -22,7 +24,7 @@ const OPTIONS: [&str; 1] = ["--fmad=false"];
 
 /// What NVRTC should produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// PTX for `compute_XY`, which the driver compiles for the GPU when loading it.
     Ptx(u32),
     /// Machine code for `sm_XY`.
@@ -46,7 +48,7 @@ impl Target {
 }
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use when it cannot).
-pub fn nvrtc_present() -> bool {
+pub(crate) fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library under its usual names.
     unsafe { sys::is_culib_present() }
 }
@@ -75,7 +77,7 @@ fn log_text(log: &[c_char]) -> String {
 }
 
 /// Compiles `src` for `target`; returns the PTX text (NUL-terminated) or the CUBIN bytes.
-pub fn compile(src: &str, name: &'static str, target: Target) -> Result<Vec<u8>, GpuError> {
+pub(crate) fn compile(src: &str, name: &'static str, target: Target) -> Result<Vec<u8>, GpuError> {
     if !nvrtc_present() {
         return Err(GpuError::NoNvrtc);
     }
@@ -124,17 +126,18 @@ pub fn compile(src: &str, name: &'static str, target: Target) -> Result<Vec<u8>,
     }
 }
 
-/// PTX of the embedding gather for `compute_{arch}`, as text.
-pub fn embedding_gather_ptx(arch: u32) -> Result<String, GpuError> {
+/// PTX of the embedding gather for `compute_{arch}`, as text (the compilation check of the kernels).
+#[cfg(test)]
+pub(crate) fn embedding_gather_ptx(arch: u32) -> Result<String, GpuError> {
     let bytes = compile(EMBEDDING_GATHER_SRC, EMBEDDING_GATHER, Target::Ptx(arch))?;
-    let text = CStr::from_bytes_until_nul(&bytes)
+    let text = std::ffi::CStr::from_bytes_until_nul(&bytes)
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
     Ok(text)
 }
 
 /// The architectures (`XY` of `sm_XY`) this NVRTC can compile for.
-pub fn supported_arches() -> Result<Vec<u32>, GpuError> {
+pub(crate) fn supported_arches() -> Result<Vec<u32>, GpuError> {
     if !nvrtc_present() {
         return Err(GpuError::NoNvrtc);
     }
@@ -158,7 +161,7 @@ pub fn supported_arches() -> Result<Vec<u32>, GpuError> {
 /// How to build the kernels for a GPU of compute capability `cc`: a CUBIN for it when this NVRTC knows the
 /// architecture, else PTX for the newest architecture it knows below it (the driver compiles that forward), else
 /// an error.
-pub fn target_for(cc: (i32, i32), supported: &[u32]) -> Result<Target, GpuError> {
+pub(crate) fn target_for(cc: (i32, i32), supported: &[u32]) -> Result<Target, GpuError> {
     let arch = u32::try_from(cc.0 * 10 + cc.1).unwrap_or(0);
     if supported.contains(&arch) {
         return Ok(Target::Cubin(arch));

@@ -6,7 +6,7 @@
 
 #[cfg(test)]
 mod device_tests;
-pub mod kernels;
+pub(crate) mod kernels;
 mod store;
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use prometheus::IntCounter;
 
-pub use store::{CudaLane, CudaStore};
+pub(crate) use store::CudaStore;
 
 use super::{GpuError, GpuInfo, GpuProvider, TensorRtOptions};
 use crate::embedding::{EmbeddingStore, TableBytes};
@@ -75,9 +75,10 @@ pub(super) fn probe() -> Result<Vec<GpuInfo>, GpuError> {
     Ok(gpus)
 }
 
+#[cfg(test)]
 /// Memory bandwidth the GPU's memory interface allows, in bytes per second (from the memory clock and bus width
 /// the driver reports: clock × 2 transfers per clock × bus bytes), or `None` when the driver does not say.
-pub fn peak_memory_bandwidth(ordinal: usize) -> Option<f64> {
+pub(crate) fn peak_memory_bandwidth(ordinal: usize) -> Option<f64> {
     let dev = cu::device::get(ordinal as i32).ok()?;
     // SAFETY: `dev` comes from cuDeviceGet.
     let attr = |a| unsafe { cu::device::get_attribute(dev, a) }.ok();

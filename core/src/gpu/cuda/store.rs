@@ -146,7 +146,7 @@ struct Inner {
 /// Tables in GPU memory. Cloning the handle to the tables is cheap; each executor gathers through its own
 /// [`CudaLane`].
 #[derive(Debug)]
-pub struct CudaStore {
+pub(crate) struct CudaStore {
     inner: Arc<Inner>,
     label: String,
     /// A lane for [`EmbeddingStore::gather`] calls that come without one (tests, tools).
@@ -164,7 +164,7 @@ fn device_error(call: &'static str) -> impl Fn(cu::DriverError) -> GatherError {
 impl CudaStore {
     /// Uploads every shard (`shards` per table, as the CPU store splits them) to `gpus`, compiles the gather kernel
     /// for each GPU and checks that the GPUs can reach each other's memory when there are several.
-    pub fn open(
+    pub(crate) fn open(
         gpus: &[GpuInfo],
         specs: Vec<TableSpec>,
         bytes: Vec<TableBytes>,
@@ -327,13 +327,8 @@ impl CudaStore {
     }
 
     /// A lane whose output lives on GPU `home` (an index into the store's GPUs).
-    pub fn new_lane(&self, home: usize) -> Result<CudaLane, GatherError> {
+    pub(crate) fn new_lane(&self, home: usize) -> Result<CudaLane, GatherError> {
         CudaLane::new(Arc::clone(&self.inner), home % self.inner.gpus.len())
-    }
-
-    /// The GPUs, in the order the kernel numbers them.
-    pub fn gpus(&self) -> Vec<GpuInfo> {
-        self.inner.gpus.iter().map(|g| g.info.clone()).collect()
     }
 }
 
@@ -420,7 +415,7 @@ impl EmbeddingStore for CudaStore {
 /// One executor's gather state: a stream on every GPU of the store, pinned staging for the ids, and the device
 /// buffers a batch is staged and (for host output) gathered into on the home GPU.
 #[derive(Debug)]
-pub struct CudaLane {
+pub(crate) struct CudaLane {
     inner: Arc<Inner>,
     home: usize,
     /// One per GPU of the store; `streams[home]` carries the copies.
