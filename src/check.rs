@@ -19,38 +19,38 @@ use recserve_core::registry::Loadable;
 use recserve_core::repository::{ModelSpec, ModelVersion, discover, read_spec};
 
 /// Version of the `--json` document; the model toolchain's `check` reads it.
-pub const JSON_FORMAT_VERSION: u32 = 1;
+pub(crate) const JSON_FORMAT_VERSION: u32 = 1;
 
 /// What the check found in one version directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct VersionReport {
+pub(crate) struct VersionReport {
     /// `deepfm` or `lightgcn`, once `model.toml` has been read.
-    pub kind: Option<&'static str>,
+    pub(crate) kind: Option<&'static str>,
     /// Why the server would refuse the version (the file at fault first), or `None` when it loads.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// One model directory and its versions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ModelReport {
+pub(crate) struct ModelReport {
     /// The version the server serves unless another is pinned: the highest.
-    pub served_version: u64,
-    pub versions: BTreeMap<u64, VersionReport>,
+    pub(crate) served_version: u64,
+    pub(crate) versions: BTreeMap<u64, VersionReport>,
 }
 
 /// The whole repository: a layout error (no model, a bad model directory name, a model without versions) stops
 /// the check before any version is read, as it stops the server's start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Report {
-    pub format_version: u32,
-    pub repository: PathBuf,
-    pub error: Option<String>,
-    pub models: BTreeMap<String, ModelReport>,
+pub(crate) struct Report {
+    pub(crate) format_version: u32,
+    pub(crate) repository: PathBuf,
+    pub(crate) error: Option<String>,
+    pub(crate) models: BTreeMap<String, ModelReport>,
 }
 
 impl Report {
     /// The refusals: the layout error, else every refused version's error.
-    pub fn problems(&self) -> Vec<&str> {
+    pub(crate) fn problems(&self) -> Vec<&str> {
         let versions = self
             .models
             .values()
@@ -61,7 +61,7 @@ impl Report {
 
     /// Prints the report on stdout (`json`: as one JSON document) and says how the process should exit: 0 when
     /// every version loads, 1 when one would be refused, 2 when the report cannot be written.
-    pub fn print(&self, json: bool) -> ExitCode {
+    pub(crate) fn print(&self, json: bool) -> ExitCode {
         let mut out = std::io::stdout().lock();
         let written = if json {
             serde_json::to_writer_pretty(&mut out, self)
@@ -82,7 +82,7 @@ impl Report {
 
     /// One line per version (`name/version (served) kind: ok` or `name/version: ERROR path: problem`), then a
     /// summary line.
-    pub fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+    pub(crate) fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         if let Some(error) = &self.error {
             writeln!(out, "ERROR {error}")?;
         }
@@ -158,7 +158,7 @@ pub fn run(args: &CheckRepositoryArgs) -> ExitCode {
 
 /// Checks every version of every model of `root`: its `model.toml`, then `load` (the kind's loader, which opens
 /// and warms up everything the version names and is dropped at once).
-pub fn check_repository(
+pub(crate) fn check_repository(
     root: &Path,
     mut load: impl FnMut(&ModelVersion, Arc<ModelSpec>) -> Result<(), LoadError>,
 ) -> Report {

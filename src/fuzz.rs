@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use proptest::collection::vec;
 use proptest::prelude::*;
-pub use recserve_core::testing::fuzz::{Outcome, clear, run};
+pub(crate) use recserve_core::testing::fuzz::{Outcome, clear, run};
 
 // Test code, as this whole module is; said again so that tests/module_layers.rs counts the file as test code too.
 #[cfg(test)]
@@ -24,7 +24,7 @@ mod rank;
 
 /// A JSON value that a client could send, as text: every kind of value, numbers JSON has no room for (NaN,
 /// 1e400, integers beyond 64 bits), long strings, escapes.
-pub fn json_leaf() -> BoxedStrategy<String> {
+pub(crate) fn json_leaf() -> BoxedStrategy<String> {
     prop_oneof![
         3 => (-20i64..1100).prop_map(|n| n.to_string()),
         1 => any::<i64>().prop_map(|n| n.to_string()),
@@ -44,7 +44,7 @@ pub fn json_leaf() -> BoxedStrategy<String> {
 }
 
 /// JSON text of any shape, with keys mostly from `keys`.
-pub fn json_text(keys: &'static [&'static str]) -> BoxedStrategy<String> {
+pub(crate) fn json_text(keys: &'static [&'static str]) -> BoxedStrategy<String> {
     let key = prop_oneof![
         4 => prop::sample::select(keys).prop_map(str::to_owned),
         1 => "[a-zA-Z_]{0,8}",
@@ -69,12 +69,12 @@ pub fn json_text(keys: &'static [&'static str]) -> BoxedStrategy<String> {
 }
 
 /// `value` mostly, now and then any JSON value: a valid request with a fault here and there.
-pub fn mostly(value: BoxedStrategy<String>) -> BoxedStrategy<String> {
+pub(crate) fn mostly(value: BoxedStrategy<String>) -> BoxedStrategy<String> {
     prop_oneof![40 => value, 1 => json_leaf()].boxed()
 }
 
 /// Applies, to a third of the texts, a few byte-level faults: a cut, a byte changed, a byte inserted.
-pub fn damaged(text: BoxedStrategy<String>) -> BoxedStrategy<Vec<u8>> {
+pub(crate) fn damaged(text: BoxedStrategy<String>) -> BoxedStrategy<Vec<u8>> {
     let faults = prop_oneof![
         2 => Just(Vec::new()),
         1 => vec((0usize..3, any::<usize>(), any::<u8>()), 1..3),

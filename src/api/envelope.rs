@@ -19,15 +19,15 @@ use recserve_core::trace;
 
 /// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
 #[derive(Debug, Deserialize)]
-pub struct ModelPath {
-    pub model: String,
-    pub version: Option<String>,
+pub(crate) struct ModelPath {
+    pub(crate) model: String,
+    pub(crate) version: Option<String>,
 }
 
 impl ModelPath {
     /// What the service needs of an HTTP request for this model before its body: its arrival (its first byte) and
     /// the deadline header. `deadline_in_body`: the body may set a deadline of its own (KServe's `timeout`).
-    pub fn request(
+    pub(crate) fn request(
         &self,
         protocol: Protocol,
         operation: Operation,
@@ -48,17 +48,17 @@ impl ModelPath {
 }
 
 /// The HTTP status of a service error ([`ServiceError::http_status`], the one mapping).
-pub fn status_of(error: &ServiceError) -> StatusCode {
+pub(crate) fn status_of(error: &ServiceError) -> StatusCode {
     StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// `{"error": message}` with `status`: the body of every HTTP error.
-pub fn error_body(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error_body(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
 /// `{"error": "..."}` with the mapped status; internal detail goes to the log, not to the client.
-pub fn error_response(error: &ServiceError) -> Response {
+pub(crate) fn error_response(error: &ServiceError) -> Response {
     let status = status_of(error);
     if let ServiceError::Internal(detail) = error {
         tracing::error!(%detail, "internal error");
@@ -90,7 +90,7 @@ pub fn error_response(error: &ServiceError) -> Response {
 
 /// An HTTP request's body, unread until the service admits the request.
 #[derive(Debug)]
-pub struct HttpBody {
+pub(crate) struct HttpBody {
     body: Option<Body>,
     limit: usize,
     /// The client waits for `100 Continue` before it sends the body (hyper sends it at the first read).
@@ -98,7 +98,7 @@ pub struct HttpBody {
 }
 
 impl HttpBody {
-    pub fn new(headers: &HeaderMap, body: Body, limit: usize) -> HttpBody {
+    pub(crate) fn new(headers: &HeaderMap, body: Body, limit: usize) -> HttpBody {
         HttpBody {
             body: Some(body),
             limit,
@@ -108,7 +108,7 @@ impl HttpBody {
 
     /// The response to the request: `result`'s, or its error's ([`error_response`]), saying `Connection: close`
     /// when the request was refused before a client that waits for `100 Continue` sent its body.
-    pub fn respond(&self, result: Result<Response, ServiceError>) -> Response {
+    pub(crate) fn respond(&self, result: Result<Response, ServiceError>) -> Response {
         result.unwrap_or_else(|e| {
             let mut response = error_response(&e);
             if self.body.is_none() || !self.expects_continue {
@@ -143,7 +143,7 @@ impl RequestBody for HttpBody {
 }
 
 /// Whether a request's client waits for `100 Continue` before it sends its body.
-pub fn expects_continue(headers: &HeaderMap) -> bool {
+pub(crate) fn expects_continue(headers: &HeaderMap) -> bool {
     headers
         .get(header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
@@ -152,7 +152,7 @@ pub fn expects_continue(headers: &HeaderMap) -> bool {
 /// What is done with the body of a request refused before it was read, from a client that did not wait for
 /// `100 Continue` and may be sending it now: it is read (up to `limit` bytes) and dropped while the answer goes
 /// out, so that the client reads the answer rather than a connection reset.
-pub fn refuse_unread(body: Body, limit: usize) {
+pub(crate) fn refuse_unread(body: Body, limit: usize) {
     tokio::spawn(async move {
         let mut body = body;
         let mut read = 0;
@@ -166,7 +166,7 @@ pub fn refuse_unread(body: Body, limit: usize) {
 }
 
 /// The body whole, or why it could not be read (larger than `limit`, too slow to arrive, cut short).
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ServiceError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ServiceError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) => Err(if error.downcast_ref::<LengthLimitError>().is_some() {
@@ -181,7 +181,7 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ServiceError> 
 }
 
 /// The body of a route that reads it before anything else (the repository API), or why it could not be read.
-pub fn body_bytes(
+pub(crate) fn body_bytes(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<Bytes, ServiceError> {
@@ -210,13 +210,13 @@ fn service_error_in(error: &(dyn std::error::Error + 'static)) -> Option<Service
 }
 
 /// The header carrying a request's deadline: milliseconds from its arrival.
-pub const DEADLINE_HEADER: &str = "x-recserve-deadline-ms";
+pub(crate) const DEADLINE_HEADER: &str = "x-recserve-deadline-ms";
 
 /// Most milliseconds a deadline may be set ahead.
 const MAX_DEADLINE_MS: u64 = 3_600_000;
 
 /// The request's deadline from `x-recserve-deadline-ms`, counted from `arrival`.
-pub fn deadline_header(
+pub(crate) fn deadline_header(
     headers: &HeaderMap,
     arrival: Instant,
 ) -> Result<Option<Instant>, ServiceError> {
@@ -238,7 +238,7 @@ pub fn deadline_header(
 }
 
 /// Refuses a body that is not a JSON object: serde also reads a struct from an array.
-pub fn require_object(body: &[u8]) -> Result<(), ServiceError> {
+pub(crate) fn require_object(body: &[u8]) -> Result<(), ServiceError> {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => Ok(()),
         Some(_) => Err(ServiceError::Malformed(
@@ -249,7 +249,7 @@ pub fn require_object(body: &[u8]) -> Result<(), ServiceError> {
 }
 
 /// Parses a JSON object body, naming the path of the first problem ([`json_error`]).
-pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
     require_object(body)?;
     // Valid bodies take the plain parser; only a failed parse is repeated with path tracking, which costs a
     // share of every parse, to name the field in the error.
@@ -270,7 +270,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServiceError> {
 /// or `.`: outside every field). A number that JSON cannot carry (NaN, Infinity) or that no 64-bit type holds
 /// (`1e400`, an integer beyond 64 bits) is described as that, at its field; other type errors name the field
 /// with serde's words; syntax errors and a body cut short are malformed bodies.
-pub fn json_error(body: &[u8], path: Option<String>, e: &serde_json::Error) -> ServiceError {
+pub(crate) fn json_error(body: &[u8], path: Option<String>, e: &serde_json::Error) -> ServiceError {
     let path = path.filter(|p| !p.is_empty() && p != ".");
     match path {
         Some(path) if !e.is_eof() => match number_problem(body, e) {

@@ -18,18 +18,22 @@ use super::envelope::{error_body, expects_continue, refuse_unread};
 use recserve_core::error::ServiceError;
 
 /// Longest request target (path and query) accepted, in bytes.
-pub const MAX_URI_BYTES: usize = 8 * 1024;
+pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
 /// Most header fields a request may carry.
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 /// Most bytes a request's header fields may hold, names and values.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// hyper's own limit on header fields (server/connections.rs sets it), above [`MAX_HEADERS`] so that a request
 /// with more headers than we accept still reaches [`check`], which answers with the JSON body; beyond it, hyper
 /// answers 431 with an empty body.
-pub const HYPER_MAX_HEADERS: usize = 4096;
+pub(crate) const HYPER_MAX_HEADERS: usize = 4096;
 
 /// The middleware: refuses a request that breaks one of the bounds above, else runs the route.
-pub async fn check(State(max_body_bytes): State<usize>, request: Request, next: Next) -> Response {
+pub(crate) async fn check(
+    State(max_body_bytes): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response {
     let expects_continue = expects_continue(request.headers());
     let refused = refusal(
         request.uri(),

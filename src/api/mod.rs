@@ -3,9 +3,9 @@
 //! protocol into the typed inputs of the service's envelope ([`crate::service::Service::model_call`]) and encodes
 //! the results; no logic is written twice per protocol. [`envelope`] is what the HTTP routes share.
 
-pub mod envelope;
+pub(crate) mod envelope;
 pub mod guard;
 pub mod kserve;
-pub mod router;
+pub(crate) mod router;
 pub mod timed_body;
 pub mod v1;

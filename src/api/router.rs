@@ -20,7 +20,7 @@ use recserve_core::error::ServiceError;
 use recserve_core::trace::slow::WINDOW;
 
 /// Builds the router.
-pub fn router(service: Arc<Service>) -> Router {
+pub(crate) fn router(service: Arc<Service>) -> Router {
     let max_body_bytes = service.limits.max_body_bytes;
     let routes = Router::new()
         .merge(v1::routes())

@@ -18,7 +18,7 @@ use recserve_core::error::ServiceError;
 
 /// Which transport reads the body, hence the error a timeout becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reader {
+pub(crate) enum Reader {
     Http,
     Grpc,
 }
@@ -37,7 +37,7 @@ impl Reader {
 
 /// `inner`, failing if it is still incomplete `after` its creation (the arrival of the request's head).
 #[derive(Debug)]
-pub struct TimedBody<B> {
+pub(crate) struct TimedBody<B> {
     inner: B,
     deadline: Instant,
     after: Duration,
@@ -48,7 +48,7 @@ pub struct TimedBody<B> {
 }
 
 impl<B> TimedBody<B> {
-    pub fn new(inner: B, after: Duration, reader: Reader) -> TimedBody<B> {
+    pub(crate) fn new(inner: B, after: Duration, reader: Reader) -> TimedBody<B> {
         TimedBody {
             inner,
             deadline: Instant::now() + after,

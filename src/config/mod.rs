@@ -32,7 +32,7 @@ use recserve_core::embedding::remote::TierContext;
 use recserve_core::executor::{Runtime, SessionOptions};
 use recserve_core::gpu::{self, DeviceRequest, Placement, ProviderRequest, TensorRtOptions};
 use recserve_core::metrics::Metrics;
-pub use recserve_core::pipeline::PipelineConfig;
+pub(crate) use recserve_core::pipeline::PipelineConfig;
 use recserve_core::registry::{LoadContext, RequestLimits};
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
@@ -58,24 +58,24 @@ pub enum Command {
 #[derive(Clone, Debug, Args)]
 pub struct CheckRepositoryArgs {
     /// Model repository: <repository>/<model>/<version>/model.toml.
-    pub repository: PathBuf,
+    pub(crate) repository: PathBuf,
 
     /// Print the report as one JSON document on stdout instead of one line per version.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 
     /// The server's TOML config file: the check loads with its settings (warm-up batch sizes, device, split
     /// graph), as `serve --config` would.
     #[arg(long, env = "RECSERVE_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// ONNX Runtime shared library [default: $ORT_DYLIB_PATH, else libonnxruntime.so on the system library path].
     #[arg(long, env = "RECSERVE_ORT_LIBRARY")]
-    pub ort_library: Option<PathBuf>,
+    pub(crate) ort_library: Option<PathBuf>,
 
     /// The server's --max-candidates: the largest warm-up batch [default: the server's].
     #[arg(long, env = "RECSERVE_MAX_CANDIDATES")]
-    pub max_candidates: Option<usize>,
+    pub(crate) max_candidates: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
@@ -118,7 +118,7 @@ pub enum LogFormat {
 }
 
 /// Most candidates a pipeline may rank per request.
-pub const MAX_PIPELINE_CANDIDATES: usize = 100_000;
+pub(crate) const MAX_PIPELINE_CANDIDATES: usize = 100_000;
 
 /// The resolved, validated configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -130,42 +130,42 @@ pub struct Config {
     /// ONNX Runtime sessions, as every executor's takes them (`--intra-op-threads`, `--execution-provider`,
     /// `--tensorrt-*`).
     #[serde(flatten)]
-    pub session: SessionOptions,
-    pub executors: usize,
-    pub shards: usize,
+    pub(crate) session: SessionOptions,
+    pub(crate) executors: usize,
+    pub(crate) shards: usize,
     /// What one request may carry, as the models' contracts take it.
     #[serde(flatten)]
-    pub limits: RequestLimits,
+    pub(crate) limits: RequestLimits,
     pub max_body_bytes: usize,
     /// Batching, as every model's batcher takes it (over the model's `[batching]`).
     #[serde(flatten)]
     pub batch: BatchSettings,
     /// `--gather-user-once`.
-    pub gather_user_once: Switch,
+    pub(crate) gather_user_once: Switch,
     /// `--preload`.
-    pub preload: Switch,
+    pub(crate) preload: Switch,
     /// `--split-graph`.
-    pub split_graph: Switch,
+    pub(crate) split_graph: Switch,
     pub pin: HashMap<String, u64>,
-    pub shutdown_timeout_s: u64,
+    pub(crate) shutdown_timeout_s: u64,
     /// How long connections may take and stay idle, as the server's connections take it.
     #[serde(flatten)]
-    pub timeouts: Timeouts,
-    pub max_connections: usize,
-    pub slow_requests: usize,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) max_connections: usize,
+    pub(crate) slow_requests: usize,
     pub log_format: LogFormat,
     pub device: DeviceRequest,
-    pub model_control: ModelControl,
-    pub repository_poll_s: u64,
+    pub(crate) model_control: ModelControl,
+    pub(crate) repository_poll_s: u64,
     /// The token's file, never the token (`check-config` prints this configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_token_file: Option<PathBuf>,
+    pub(crate) admin_token_file: Option<PathBuf>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub redis_url: Vec<String>,
-    pub embedding_cache_bytes: u64,
+    pub(crate) redis_url: Vec<String>,
+    pub(crate) embedding_cache_bytes: u64,
     pub redis_fetch_timeout_ms: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub pipelines: BTreeMap<String, PipelineConfig>,
+    pub(crate) pipelines: BTreeMap<String, PipelineConfig>,
 }
 
 impl Config {
@@ -206,16 +206,16 @@ impl Config {
 /// The connection settings of the configuration, which the connection layer (`server/connections.rs`) takes. Serialized with the keys of the config file, in milliseconds
 /// (`check-config` prints them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     #[serde(rename = "header_read_timeout_ms", serialize_with = "millis")]
-    pub header_read: Duration,
+    pub(crate) header_read: Duration,
     #[serde(rename = "body_read_timeout_ms", serialize_with = "millis")]
-    pub body_read: Duration,
+    pub(crate) body_read: Duration,
     #[serde(rename = "idle_timeout_ms", serialize_with = "millis")]
-    pub idle: Duration,
+    pub(crate) idle: Duration,
     /// `None`: no HTTP/2 pings (0 in the file).
     #[serde(rename = "http2_ping_interval_ms", serialize_with = "millis_or_0")]
-    pub http2_ping: Option<Duration>,
+    pub(crate) http2_ping: Option<Duration>,
 }
 
 fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -484,11 +484,6 @@ fn check_device(
 }
 
 impl Config {
-    /// The TensorRT settings.
-    pub fn tensorrt(&self) -> TensorRtOptions {
-        self.session.tensorrt.clone()
-    }
-
     /// The configuration as a TOML config file would hold it.
     pub fn to_toml(&self) -> String {
         toml::to_string(self)
@@ -641,7 +636,7 @@ mod tests {
             (config.device, config.session.provider),
             (DeviceRequest::Auto, ProviderRequest::Auto)
         );
-        assert_eq!(config.tensorrt(), TensorRtOptions::default());
+        assert_eq!(config.session.tensorrt, TensorRtOptions::default());
         let config = parse(&["--repository", "r", "--device", "cpu"]).expect("cpu");
         assert_eq!(config.device, DeviceRequest::Cpu);
 
@@ -713,7 +708,7 @@ mod tests {
         assert_eq!(config.device, DeviceRequest::Cuda(Some(0)));
         assert_eq!(config.session.provider, ProviderRequest::Tensorrt);
         assert_eq!(
-            config.tensorrt(),
+            config.session.tensorrt,
             TensorRtOptions {
                 fp16: true,
                 int8: true,

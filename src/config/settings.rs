@@ -21,20 +21,20 @@ use recserve_core::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUE
 /// A numeric setting: the flag that names it in messages, its default, and the range it must lie in.
 #[derive(Clone, Copy, Debug)]
 pub struct Setting<T> {
-    pub flag: &'static str,
-    pub default: T,
-    pub min: T,
-    pub max: T,
+    pub(crate) flag: &'static str,
+    pub(crate) default: T,
+    pub(crate) min: T,
+    pub(crate) max: T,
 }
 
 impl<T: PartialOrd + Display + Copy> Setting<T> {
     /// The value given, else the default, checked against the range.
-    pub fn resolve(&self, given: Option<T>) -> Result<T, ConfigError> {
+    pub(crate) fn resolve(&self, given: Option<T>) -> Result<T, ConfigError> {
         self.check(given.unwrap_or(self.default))
     }
 
     /// `value`, if it lies in the range; else an error that names the flag and its environment variable.
-    pub fn check(&self, value: T) -> Result<T, ConfigError> {
+    pub(crate) fn check(&self, value: T) -> Result<T, ConfigError> {
         if self.min <= value && value <= self.max {
             Ok(value)
         } else {
@@ -52,13 +52,13 @@ impl<T: PartialOrd + Display + Copy> Setting<T> {
 /// A setting without a range: the flag that names it in messages and its default.
 #[derive(Clone, Copy, Debug)]
 pub struct Choice<T> {
-    pub flag: &'static str,
-    pub default: T,
+    pub(crate) flag: &'static str,
+    pub(crate) default: T,
 }
 
 impl<T: Copy> Choice<T> {
     /// The value given, else the default.
-    pub fn resolve(&self, given: Option<T>) -> T {
+    pub(crate) fn resolve(&self, given: Option<T>) -> T {
         given.unwrap_or(self.default)
     }
 }
@@ -124,7 +124,7 @@ fn shown(value: &impl Serialize) -> String {
 }
 
 /// Without `--ort-library` or `ORT_DYLIB_PATH`: the library the system's loader finds by this name.
-pub const ORT_LIBRARY_FALLBACK: &str = "libonnxruntime.so";
+pub(crate) const ORT_LIBRARY_FALLBACK: &str = "libonnxruntime.so";
 
 /// The default that each flag of `serve` with one shows in its help, by flag.
 pub fn shown_defaults() -> BTreeMap<&'static str, String> {
@@ -228,49 +228,49 @@ fn leaked_once(name: String) -> &'static str {
     leaked
 }
 
-pub const INTRA_OP_THREADS: Setting<usize> = Setting {
+pub(crate) const INTRA_OP_THREADS: Setting<usize> = Setting {
     flag: "--intra-op-threads",
     default: 1,
     min: 1,
     max: 256,
 };
-pub const EXECUTORS: Setting<usize> = Setting {
+pub(crate) const EXECUTORS: Setting<usize> = Setting {
     flag: "--executors",
     default: 1,
     min: 1,
     max: 64,
 };
-pub const EMBEDDING_CACHE_BYTES: Setting<u64> = Setting {
+pub(crate) const EMBEDDING_CACHE_BYTES: Setting<u64> = Setting {
     flag: "--embedding-cache-bytes",
     default: 256 << 20,
     min: 1 << 16,
     max: 1 << 42,
 };
-pub const REDIS_FETCH_TIMEOUT_MS: Setting<u64> = Setting {
+pub(crate) const REDIS_FETCH_TIMEOUT_MS: Setting<u64> = Setting {
     flag: "--redis-fetch-timeout-ms",
     default: 50,
     min: 1,
     max: 60_000,
 };
-pub const SHARDS: Setting<usize> = Setting {
+pub(crate) const SHARDS: Setting<usize> = Setting {
     flag: "--shards",
     default: 1,
     min: 1,
     max: 1024,
 };
-pub const MAX_CANDIDATES: Setting<usize> = Setting {
+pub(crate) const MAX_CANDIDATES: Setting<usize> = Setting {
     flag: "--max-candidates",
     default: 1000,
     min: 1,
     max: 100_000,
 };
-pub const MAX_HISTORY: Setting<usize> = Setting {
+pub(crate) const MAX_HISTORY: Setting<usize> = Setting {
     flag: "--max-history",
     default: 10_000,
     min: 1,
     max: 1_000_000,
 };
-pub const MAX_EXCLUDE: Setting<usize> = Setting {
+pub(crate) const MAX_EXCLUDE: Setting<usize> = Setting {
     flag: "--max-exclude",
     default: 10_000,
     min: 1,
@@ -278,65 +278,65 @@ pub const MAX_EXCLUDE: Setting<usize> = Setting {
 };
 /// Users × `k` of a KServe recall request is 200 × a 40,981-item catalogue = 8.2 M items (134 MB of JSON) without
 /// it; 100,000 items is about 2.5 MB of JSON, e.g. 1,000 users × top 100.
-pub const MAX_REPLY_ITEMS: Setting<usize> = Setting {
+pub(crate) const MAX_REPLY_ITEMS: Setting<usize> = Setting {
     flag: "--max-reply-items",
     default: 100_000,
     min: 1,
     max: 100_000_000,
 };
-pub const MAX_BODY_BYTES: Setting<usize> = Setting {
+pub(crate) const MAX_BODY_BYTES: Setting<usize> = Setting {
     flag: "--max-body-bytes",
     default: 4 << 20,
     min: 1024,
     max: 1 << 30,
 };
-pub const QUEUE_CAPACITY: Setting<usize> = Setting {
+pub(crate) const QUEUE_CAPACITY: Setting<usize> = Setting {
     flag: "--queue-capacity",
     default: 256,
     min: 1,
     max: 1 << 20,
 };
-pub const EXECUTOR_NICENESS: Setting<u8> = Setting {
+pub(crate) const EXECUTOR_NICENESS: Setting<u8> = Setting {
     flag: "--executor-niceness",
     default: 5,
     min: 0,
     max: 19,
 };
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_BATCH_ROWS`).
-pub const MAX_BATCH_ROWS_SETTING: Setting<usize> = Setting {
+pub(crate) const MAX_BATCH_ROWS_SETTING: Setting<usize> = Setting {
     flag: "--max-batch-rows",
     default: recserve_core::batching::DEFAULT_MAX_BATCH_ROWS,
     min: 1,
     max: MAX_BATCH_ROWS,
 };
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_MAX_QUEUE_DELAY_US`).
-pub const MAX_QUEUE_DELAY_US_SETTING: Setting<u64> = Setting {
+pub(crate) const MAX_QUEUE_DELAY_US_SETTING: Setting<u64> = Setting {
     flag: "--max-queue-delay-us",
     default: recserve_core::batching::DEFAULT_MAX_QUEUE_DELAY_US,
     min: 0,
     max: MAX_QUEUE_DELAY_US,
 };
 /// Unset, the model's `[batching]` decides (and else `batching::DEFAULT_DEADLINE_MS`).
-pub const DEFAULT_DEADLINE_MS_SETTING: Setting<u64> = Setting {
+pub(crate) const DEFAULT_DEADLINE_MS_SETTING: Setting<u64> = Setting {
     flag: "--default-deadline-ms",
     default: recserve_core::batching::DEFAULT_DEADLINE_MS,
     min: 1,
     max: MAX_DEFAULT_DEADLINE_MS,
 };
-pub const REPOSITORY_POLL_S: Setting<u64> = Setting {
+pub(crate) const REPOSITORY_POLL_S: Setting<u64> = Setting {
     flag: "--repository-poll-s",
     default: 15,
     min: 1,
     max: 86_400,
 };
 /// The slow-request record (`GET /debug/slow-requests`, `recserve_core::trace::slow`): requests kept per minute.
-pub const SLOW_REQUESTS: Setting<usize> = Setting {
+pub(crate) const SLOW_REQUESTS: Setting<usize> = Setting {
     flag: "--slow-requests",
     default: recserve_core::trace::slow::DEFAULT_KEEP,
     min: 0,
     max: 100_000,
 };
-pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
+pub(crate) const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
     flag: "--shutdown-timeout-s",
     default: 30,
     min: 1,
@@ -344,14 +344,14 @@ pub const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
 };
 /// Connections (`server::connections`): a request head must arrive within this of the connection's opening, or of
 /// its first byte after an idle spell.
-pub const HEADER_READ_TIMEOUT_MS: Setting<u64> = Setting {
+pub(crate) const HEADER_READ_TIMEOUT_MS: Setting<u64> = Setting {
     flag: "--header-read-timeout-ms",
     default: 10_000,
     min: 10,
     max: 3_600_000,
 };
 /// A request body must arrive whole within this of its head.
-pub const BODY_READ_TIMEOUT_MS: Setting<u64> = Setting {
+pub(crate) const BODY_READ_TIMEOUT_MS: Setting<u64> = Setting {
     flag: "--body-read-timeout-ms",
     default: 30_000,
     min: 10,
@@ -359,75 +359,75 @@ pub const BODY_READ_TIMEOUT_MS: Setting<u64> = Setting {
 };
 /// A connection with no request in flight is closed after this. Longer than the 60 s that load balancers and
 /// proxies commonly keep idle upstream connections, so that they close first and never send on a closing one.
-pub const IDLE_TIMEOUT_MS: Setting<u64> = Setting {
+pub(crate) const IDLE_TIMEOUT_MS: Setting<u64> = Setting {
     flag: "--idle-timeout-ms",
     default: 75_000,
     min: 10,
     max: 86_400_000,
 };
 /// HTTP/2 pings after this long without a frame from the client; 0 turns them off.
-pub const HTTP2_PING_INTERVAL_MS: Setting<u64> = Setting {
+pub(crate) const HTTP2_PING_INTERVAL_MS: Setting<u64> = Setting {
     flag: "--http2-ping-interval-ms",
     default: 20_000,
     min: 0,
     max: 3_600_000,
 };
 /// HTTP and gRPC connections together.
-pub const MAX_CONNECTIONS: Setting<usize> = Setting {
+pub(crate) const MAX_CONNECTIONS: Setting<usize> = Setting {
     flag: "--max-connections",
     default: 10_000,
     min: 1,
     max: 1_000_000,
 };
-pub const HTTP_ADDR: Choice<SocketAddr> = Choice {
+pub(crate) const HTTP_ADDR: Choice<SocketAddr> = Choice {
     flag: "--http-addr",
     default: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8000)),
 };
-pub const GRPC_ADDR: Choice<SocketAddr> = Choice {
+pub(crate) const GRPC_ADDR: Choice<SocketAddr> = Choice {
     flag: "--grpc-addr",
     default: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8001)),
 };
-pub const BATCHING: Choice<Switch> = Choice {
+pub(crate) const BATCHING: Choice<Switch> = Choice {
     flag: "--batching",
     default: Switch::On,
 };
-pub const BATCH_DELAY: Choice<BatchDelay> = Choice {
+pub(crate) const BATCH_DELAY: Choice<BatchDelay> = Choice {
     flag: "--batch-delay",
     default: BatchDelay::Adaptive,
 };
-pub const GATHER_USER_ONCE: Choice<Switch> = Choice {
+pub(crate) const GATHER_USER_ONCE: Choice<Switch> = Choice {
     flag: "--gather-user-once",
     default: Switch::On,
 };
-pub const PRELOAD: Choice<Switch> = Choice {
+pub(crate) const PRELOAD: Choice<Switch> = Choice {
     flag: "--preload",
     default: Switch::On,
 };
-pub const SPLIT_GRAPH: Choice<Switch> = Choice {
+pub(crate) const SPLIT_GRAPH: Choice<Switch> = Choice {
     flag: "--split-graph",
     default: Switch::On,
 };
-pub const LOG_FORMAT: Choice<LogFormat> = Choice {
+pub(crate) const LOG_FORMAT: Choice<LogFormat> = Choice {
     flag: "--log-format",
     default: LogFormat::Text,
 };
-pub const DEVICE: Choice<DeviceRequest> = Choice {
+pub(crate) const DEVICE: Choice<DeviceRequest> = Choice {
     flag: "--device",
     default: DeviceRequest::Auto,
 };
-pub const EXECUTION_PROVIDER: Choice<ProviderRequest> = Choice {
+pub(crate) const EXECUTION_PROVIDER: Choice<ProviderRequest> = Choice {
     flag: "--execution-provider",
     default: ProviderRequest::Auto,
 };
-pub const TENSORRT_FP16: Choice<bool> = Choice {
+pub(crate) const TENSORRT_FP16: Choice<bool> = Choice {
     flag: "--tensorrt-fp16",
     default: false,
 };
-pub const TENSORRT_INT8: Choice<bool> = Choice {
+pub(crate) const TENSORRT_INT8: Choice<bool> = Choice {
     flag: "--tensorrt-int8",
     default: false,
 };
-pub const MODEL_CONTROL: Choice<ModelControl> = Choice {
+pub(crate) const MODEL_CONTROL: Choice<ModelControl> = Choice {
     flag: "--model-control",
     default: ModelControl::None,
 };
@@ -683,13 +683,15 @@ fn parse_pin(pin: &str) -> Result<Pin, String> {
 pub(super) mod pin_table {
     use super::*;
 
-    pub fn serialize<S: Serializer>(pins: &[Pin], serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(pins: &[Pin], serializer: S) -> Result<S::Ok, S::Error> {
         let table: BTreeMap<&str, u64> =
             pins.iter().map(|p| (p.model.as_str(), p.version)).collect();
         table.serialize(serializer)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Pin>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Pin>, D::Error> {
         let table = BTreeMap::<String, u64>::deserialize(deserializer)?;
         Ok(table
             .into_iter()

@@ -43,22 +43,22 @@ use recserve_core::trace::{self, TraceCell};
 
 /// How long an idle connection stays open once the drain begins, answering a request that was already on its way
 /// (with `Connection: close`) instead of closing under it.
-pub const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a connection the server chose to close may take to go (an HTTP/2 GOAWAY waits for the client's
 /// answer to a ping) once it has no request in flight; then it is dropped.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Which listener: the label of its metrics, how its request bodies time out, and whether Nagle's algorithm is
 /// turned off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Listener {
+pub(crate) enum Listener {
     Http,
     Grpc,
 }
 
 impl Listener {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Listener::Http => "http",
             Listener::Grpc => "grpc",
@@ -75,7 +75,7 @@ impl Listener {
 
 /// What both listeners share: the connection cap, the timeouts, and the drain signal.
 #[derive(Debug)]
-pub struct Connections {
+pub(crate) struct Connections {
     permits: Arc<Semaphore>,
     max: usize,
     timeouts: Timeouts,
@@ -87,7 +87,7 @@ pub struct Connections {
 }
 
 impl Connections {
-    pub fn new(max: usize, timeouts: Timeouts, metrics: Metrics) -> Connections {
+    pub(crate) fn new(max: usize, timeouts: Timeouts, metrics: Metrics) -> Connections {
         Connections {
             permits: Arc::new(Semaphore::new(max)),
             max,
@@ -100,14 +100,14 @@ impl Connections {
     }
 
     /// Stops accepting on every listener and drains their connections ([`serve`] returns once they are closed).
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.draining.store(true, Ordering::Release);
         self.drain.send_replace(true);
     }
 }
 
 /// Serves `listener` with `app` until the drain has closed its last connection.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     kind: Listener,
     app: Router,
@@ -278,23 +278,23 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// What a connection has been doing, as [`next_step`] needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionState {
-    pub accepted: Instant,
+pub(crate) struct ConnectionState {
+    pub(crate) accepted: Instant,
     /// Requests whose head has arrived.
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Requests whose response has not been sent whole.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// When `in_flight` last fell to 0 (or the connection opened).
-    pub idle_since: Instant,
+    pub(crate) idle_since: Instant,
     /// The first byte read since `idle_since`: a request head has begun (HTTP/1).
-    pub head_started: Option<Instant>,
+    pub(crate) head_started: Option<Instant>,
     /// The connection began with HTTP/2's preface (or carried an HTTP/2 request).
-    pub http2: bool,
+    pub(crate) http2: bool,
 }
 
 /// Why a connection is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// No complete request head within `--header-read-timeout-ms`.
     HeaderTimeout,
     /// No request within `--idle-timeout-ms`.
@@ -307,7 +307,7 @@ pub enum Reason {
 
 /// What the connection's task does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Close it now, gracefully (HTTP/2: GOAWAY; HTTP/1: at once when idle), or drop it (`Reason::Gone`).
     Close(Reason),
     /// Nothing before this time, unless the activity changes.
@@ -317,7 +317,7 @@ pub enum Step {
 }
 
 /// The rules of the module's documentation, in one place.
-pub fn next_step(
+pub(crate) fn next_step(
     state: &ConnectionState,
     timeouts: &Timeouts,
     drain_started: Option<Instant>,

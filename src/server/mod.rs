@@ -2,7 +2,7 @@
 //! from one process at once so `/health/live` answers while models load on a thread of their own, and drain both
 //! on the shutdown future. [`connections`] serves each connection, with its timeouts and the connection cap.
 
-pub mod connections;
+pub(crate) mod connections;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -35,7 +35,7 @@ use recserve_core::trace::{self, Outcome, Stage};
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     /// recserve's own JSON API (`/v1/...`).
     V1,
     /// KServe v2 over HTTP (`/v2/...`).
@@ -45,7 +45,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Protocol::V1 => "v1",
             Protocol::V2Http => "v2_http",
@@ -55,7 +55,7 @@ impl Protocol {
 }
 
 /// Parses a model version as requests carry it (a string); absent or empty means "the one serving".
-pub fn parse_version(version: Option<&str>) -> Result<Option<u64>, ServiceError> {
+pub(crate) fn parse_version(version: Option<&str>) -> Result<Option<u64>, ServiceError> {
     match version {
         None | Some("") => Ok(None),
         Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
@@ -66,7 +66,7 @@ pub fn parse_version(version: Option<&str>) -> Result<Option<u64>, ServiceError>
 
 /// A request's body as its transport holds it when the service admits the request: read only if the request is
 /// admitted ([`Service::model_call`]'s step 3).
-pub trait RequestBody: Send {
+pub(crate) trait RequestBody: Send {
     /// What reading it gives: the bytes of an HTTP body, or the message tonic has already decoded.
     type Read: Send;
     /// Reads it whole, within the transport's limit.
@@ -77,10 +77,10 @@ pub trait RequestBody: Send {
 
 /// A body its transport has already read (a gRPC message: its model's name is inside it).
 #[derive(Debug)]
-pub struct Received<T>(Option<T>);
+pub(crate) struct Received<T>(Option<T>);
 
 impl<T> Received<T> {
-    pub fn new(message: T) -> Received<T> {
+    pub(crate) fn new(message: T) -> Received<T> {
         Received(Some(message))
     }
 }
@@ -99,28 +99,28 @@ impl<T: Send> RequestBody for Received<T> {
 
 /// A request for one model, as its transport read it before the body.
 #[derive(Debug)]
-pub struct ModelRequest<'a> {
-    pub protocol: Protocol,
-    pub operation: Operation,
-    pub model: &'a str,
+pub(crate) struct ModelRequest<'a> {
+    pub(crate) protocol: Protocol,
+    pub(crate) operation: Operation,
+    pub(crate) model: &'a str,
     /// The version the request names, unparsed; `None` or empty: the one serving.
-    pub version: Option<&'a str>,
+    pub(crate) version: Option<&'a str>,
     /// When the request arrived; deadlines count from here.
-    pub arrival: Instant,
+    pub(crate) arrival: Instant,
     /// The deadline the transport carries (`x-recserve-deadline-ms`, `grpc-timeout`), or why it is unreadable.
-    pub deadline: Result<Option<Instant>, ServiceError>,
+    pub(crate) deadline: Result<Option<Instant>, ServiceError>,
     /// Whether the body may set a deadline of its own (KServe's `timeout` parameter): without a transport
     /// deadline, the queue is then not checked before the body is read.
-    pub deadline_in_body: bool,
+    pub(crate) deadline_in_body: bool,
 }
 
 /// A request for a pipeline, as its transport read it before the body.
 #[derive(Debug)]
-pub struct PipelineRequest<'a> {
-    pub protocol: Protocol,
-    pub pipeline: &'a str,
-    pub arrival: Instant,
-    pub deadline: Result<Option<Instant>, ServiceError>,
+pub(crate) struct PipelineRequest<'a> {
+    pub(crate) protocol: Protocol,
+    pub(crate) pipeline: &'a str,
+    pub(crate) arrival: Instant,
+    pub(crate) deadline: Result<Option<Instant>, ServiceError>,
 }
 
 /// A request's deadline, resolved once.
@@ -156,38 +156,36 @@ impl Deadline {
 
 /// An admitted request for one model: the model (of the snapshot it was resolved in) and the deadline.
 #[derive(Debug)]
-pub struct ModelCall {
-    pub model: Arc<ServedModel>,
+pub(crate) struct ModelCall {
+    pub(crate) model: Arc<ServedModel>,
     deadline: Deadline,
 }
 
 impl ModelCall {
-    /// When the client stops waiting: work for the request is dropped once it has passed.
-    pub fn deadline(&self) -> Instant {
-        self.deadline.at
-    }
-
     /// Applies a deadline read from the body (KServe's `timeout` parameter).
-    pub fn set_body_deadline(&mut self, body: Option<Instant>) {
+    pub(crate) fn set_body_deadline(&mut self, body: Option<Instant>) {
         self.deadline.with_body(body);
     }
 
-    pub fn ranking(&self) -> Result<&RankingModel, ServiceError> {
+    pub(crate) fn ranking(&self) -> Result<&RankingModel, ServiceError> {
         self.model.ranking()
     }
 
-    pub fn recall_model(&self) -> Result<&RecallModel, ServiceError> {
+    pub(crate) fn recall_model(&self) -> Result<&RecallModel, ServiceError> {
         self.model.recall()
     }
 
     /// Scores validated rows on the ranking model.
-    pub async fn rank(&self, input: RankInput) -> Result<Vec<f32>, ServiceError> {
+    pub(crate) async fn rank(&self, input: RankInput) -> Result<Vec<f32>, ServiceError> {
         trace::mark(Stage::Decode);
         self.ranking()?.score(input, self.deadline.at).await
     }
 
     /// The answers of a request's recall queries, queued together, in input order.
-    pub async fn recall(&self, inputs: Vec<RecallInput>) -> Result<Vec<Recalled>, ServiceError> {
+    pub(crate) async fn recall(
+        &self,
+        inputs: Vec<RecallInput>,
+    ) -> Result<Vec<Recalled>, ServiceError> {
         trace::mark(Stage::Decode);
         self.recall_model()?
             .recall_many(inputs, self.deadline.at)
@@ -197,14 +195,17 @@ impl ModelCall {
 
 /// An admitted recommend request: the pipeline with its two models, and the deadline both stages share.
 #[derive(Debug)]
-pub struct PipelineCall {
-    pub pipeline: ResolvedPipeline,
+pub(crate) struct PipelineCall {
+    pub(crate) pipeline: ResolvedPipeline,
     deadline: Deadline,
 }
 
 impl PipelineCall {
     /// Recall then rank.
-    pub async fn recommend(&self, input: RecommendInput) -> Result<Recommendation, ServiceError> {
+    pub(crate) async fn recommend(
+        &self,
+        input: RecommendInput,
+    ) -> Result<Recommendation, ServiceError> {
         trace::mark(Stage::Decode);
         let p = &self.pipeline;
         p.pipeline
@@ -221,7 +222,7 @@ impl PipelineCall {
 impl Service {
     /// The life of a request for one model (the module's steps 1 to 5): resolve, admit, read the body, run
     /// `handle` (decode and validate, run, answer), record.
-    pub async fn model_call<B, T, F, Fut>(
+    pub(crate) async fn model_call<B, T, F, Fut>(
         &self,
         request: ModelRequest<'_>,
         body: &mut B,
@@ -248,7 +249,7 @@ impl Service {
 
     /// The life of a recommend request, as [`Service::model_call`]'s: both models resolved from one snapshot, one
     /// deadline for both stages (without one from the transport, the ranking model's default).
-    pub async fn pipeline_call<B, T, F, Fut>(
+    pub(crate) async fn pipeline_call<B, T, F, Fut>(
         &self,
         request: PipelineRequest<'_>,
         body: &mut B,

@@ -73,14 +73,14 @@ impl Lifecycle {
 
 /// One line of the repository index: a model of the repository and where it stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub name: String,
+pub(crate) struct IndexEntry {
+    pub(crate) name: String,
     /// The version serving (or, while loading, the one being loaded); empty when there is none.
-    pub version: String,
+    pub(crate) version: String,
     /// `READY`, `LOADING` or `UNAVAILABLE`, as Triton names them.
-    pub state: &'static str,
+    pub(crate) state: &'static str,
     /// Why it is not ready, or what the last failed load said.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl IndexEntry {
@@ -146,7 +146,7 @@ impl Service {
 
     /// Lets a repository API call through only with the admin token: `authorization` is the request's
     /// `Authorization` header. Compared in constant time.
-    pub fn authorize_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
+    pub(crate) fn authorize_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
         let life = self.lifecycle()?;
         let Some(token) = &life.token else {
             return Err(ServiceError::PermissionDenied(
@@ -199,14 +199,17 @@ impl Service {
 
     /// Loads the version of `name` the repository offers now (`--pin`, else the highest) and swaps it in; the
     /// version it replaces finishes the requests it holds. Also when that version already serves (a reload).
-    pub async fn load_model(self: &Arc<Self>, name: &str) -> Result<Option<Change>, ServiceError> {
+    pub(crate) async fn load_model(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<Option<Change>, ServiceError> {
         self.require_explicit()?;
         let (service, model) = (Arc::clone(self), name.to_owned());
         on_loader_thread(move || service.reload(&model, false)).await?
     }
 
     /// Takes `name` out of service; the requests it holds finish on it. Refused for a model a pipeline needs.
-    pub async fn unload_model(self: &Arc<Self>, name: &str) -> Result<Change, ServiceError> {
+    pub(crate) async fn unload_model(self: &Arc<Self>, name: &str) -> Result<Change, ServiceError> {
         self.require_explicit()?;
         let (service, model) = (Arc::clone(self), name.to_owned());
         on_loader_thread(move || service.unload(&model)).await?
@@ -256,7 +259,10 @@ impl Service {
 
     /// The repository's models and where each stands: those in the repository directory and those loaded
     /// (a served model whose directory went away is still listed). `ready_only`: only the `READY` ones.
-    pub fn repository_index(&self, ready_only: bool) -> Result<Vec<IndexEntry>, ServiceError> {
+    pub(crate) fn repository_index(
+        &self,
+        ready_only: bool,
+    ) -> Result<Vec<IndexEntry>, ServiceError> {
         let life = self.lifecycle()?;
         let status = self.registry.status();
         let mut names: Vec<String> = model_dirs(&life.repository);
@@ -271,13 +277,13 @@ impl Service {
     }
 
     /// Every model's lifecycle status, by name.
-    pub fn model_status(&self) -> BTreeMap<String, Status> {
+    pub(crate) fn model_status(&self) -> BTreeMap<String, Status> {
         self.registry.status()
     }
 
     /// Starts watching the repository every `--repository-poll-s`, when the server polls; the thread ends with
     /// the service or when it drains.
-    pub fn start_polling(self: &Arc<Self>) -> std::io::Result<()> {
+    pub(crate) fn start_polling(self: &Arc<Self>) -> std::io::Result<()> {
         let Ok(life) = self.lifecycle() else {
             return Ok(());
         };
@@ -310,7 +316,7 @@ impl Service {
 
     /// One look at the repository: swaps in each model's new version (a version whose load failed is tried again
     /// only once its directory changes), loads new models, unloads models whose directory is gone.
-    pub fn poll_once(&self) {
+    pub(crate) fn poll_once(&self) {
         let Ok(life) = self.lifecycle() else {
             return;
         };

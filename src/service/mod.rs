@@ -11,12 +11,10 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::sync::watch;
 
-pub use call::{
-    ModelCall, ModelRequest, PipelineCall, PipelineRequest, Protocol, Received, RequestBody,
-    parse_version,
+pub(crate) use call::{
+    ModelCall, ModelRequest, PipelineRequest, Protocol, Received, RequestBody, parse_version,
 };
-pub use lifecycle::IndexEntry;
-pub use recserve_core::models::{Model, Models, Operation, ResolvedPipeline, ServedModel};
+pub(crate) use recserve_core::models::{Model, Models, Operation, ResolvedPipeline, ServedModel};
 
 use crate::config::Config;
 use recserve_core::error::{LoadError, ServiceError};
@@ -44,7 +42,7 @@ pub enum StartError {
 
 /// Loading, ready, or draining.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Readiness {
+pub(crate) enum Readiness {
     Loading,
     Ready,
     ShuttingDown,
@@ -67,8 +65,8 @@ pub struct Service {
     shutting_down: AtomicBool,
     /// Follows [`Service::readiness`], for transports that push it (gRPC health) instead of being asked.
     readiness_changes: watch::Sender<Readiness>,
-    pub metrics: Metrics,
-    pub limits: Limits,
+    pub(crate) metrics: Metrics,
+    pub(crate) limits: Limits,
 }
 
 impl Service {
@@ -121,11 +119,11 @@ impl Service {
     }
 
     /// A receiver that sees every change of [`Service::readiness`].
-    pub fn watch_readiness(&self) -> watch::Receiver<Readiness> {
+    pub(crate) fn watch_readiness(&self) -> watch::Receiver<Readiness> {
         self.readiness_changes.subscribe()
     }
 
-    pub fn readiness(&self) -> Readiness {
+    pub(crate) fn readiness(&self) -> Readiness {
         if self.shutting_down.load(Ordering::Acquire) {
             Readiness::ShuttingDown
         } else if self.registry.snapshot().is_some() {
@@ -136,20 +134,20 @@ impl Service {
     }
 
     /// From now on `/health/ready` fails, so load balancers stop sending; requests still in flight finish.
-    pub fn begin_shutdown(&self) {
+    pub(crate) fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
         self.publish_readiness();
     }
 
     /// The models serving now.
-    pub fn snapshot(&self) -> Result<Arc<Models>, ServiceError> {
+    pub(crate) fn snapshot(&self) -> Result<Arc<Models>, ServiceError> {
         self.registry
             .snapshot()
             .ok_or(ServiceError::Unavailable("models are still loading"))
     }
 
     /// The served models, by name (none while loading).
-    pub fn models(&self) -> Vec<Arc<ServedModel>> {
+    pub(crate) fn models(&self) -> Vec<Arc<ServedModel>> {
         self.registry
             .snapshot()
             .map(|s| s.models().cloned().collect())
@@ -157,7 +155,7 @@ impl Service {
     }
 
     /// Looks a model up by name and, when given, version (as the request spells it).
-    pub fn model(
+    pub(crate) fn model(
         &self,
         name: &str,
         version: Option<&str>,
@@ -168,7 +166,7 @@ impl Service {
     }
 
     /// The configured pipelines with the models serving now, by name (none while loading).
-    pub fn pipelines(&self) -> Vec<ResolvedPipeline> {
+    pub(crate) fn pipelines(&self) -> Vec<ResolvedPipeline> {
         let Some(models) = self.registry.snapshot() else {
             return Vec::new();
         };

@@ -17,18 +17,18 @@ use recserve_core::error::ServiceError;
 use recserve_core::ranking::{RankContract, RankInput, RankingModel};
 
 /// The input holding every categorical id.
-pub const CATEGORICAL: &str = "categorical";
+pub(crate) const CATEGORICAL: &str = "categorical";
 /// The input holding the dense features.
-pub const DENSE: &str = "dense";
+pub(crate) const DENSE: &str = "dense";
 
 /// The DeepFM contract of one served model.
 #[derive(Debug)]
-pub struct DeepFm<'a> {
+pub(crate) struct DeepFm<'a> {
     tensors: Tensors<'a>,
 }
 
 impl<'a> DeepFm<'a> {
-    pub fn new(model: &'a ServedModel, ranking: &'a RankingModel) -> DeepFm<'a> {
+    pub(crate) fn new(model: &'a ServedModel, ranking: &'a RankingModel) -> DeepFm<'a> {
         DeepFm {
             tensors: Tensors {
                 model: &model.name,
@@ -40,10 +40,10 @@ impl<'a> DeepFm<'a> {
 
 /// The tensors of a DeepFM model, from its [`RankContract`] (and so from `model.toml`).
 #[derive(Debug, Clone, Copy)]
-pub struct Tensors<'a> {
+pub(crate) struct Tensors<'a> {
     /// The model's name, for messages.
-    pub model: &'a str,
-    pub contract: &'a RankContract,
+    pub(crate) model: &'a str,
+    pub(crate) contract: &'a RankContract,
 }
 
 impl Tensors<'_> {
@@ -81,7 +81,7 @@ impl Tensors<'_> {
         )
     }
 
-    pub fn inputs(&self) -> Vec<TensorSpec> {
+    pub(crate) fn inputs(&self) -> Vec<TensorSpec> {
         let mut inputs = vec![TensorSpec {
             name: CATEGORICAL.to_owned(),
             datatype: Datatype::Int64,
@@ -105,7 +105,7 @@ impl Tensors<'_> {
         inputs
     }
 
-    pub fn outputs(&self) -> Vec<TensorSpec> {
+    pub(crate) fn outputs(&self) -> Vec<TensorSpec> {
         vec![TensorSpec {
             name: self.output_name().to_owned(),
             datatype: Datatype::Fp32,
@@ -115,7 +115,7 @@ impl Tensors<'_> {
     }
 
     /// Checks the inputs (of either form) against the contract and builds the rows to score.
-    pub fn rank_input(&self, inputs: Vec<InputTensor>) -> Result<RankInput, ServiceError> {
+    pub(crate) fn rank_input(&self, inputs: Vec<InputTensor>) -> Result<RankInput, ServiceError> {
         let row_form = |t: &&InputTensor| t.name == CATEGORICAL || t.name == DENSE;
         if let Some(g) = inputs
             .iter()

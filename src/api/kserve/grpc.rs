@@ -27,7 +27,7 @@ pub mod proto {
     tonic::include_proto!("inference");
 
     /// The encoded descriptors of `inference.*`, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
+    pub(crate) const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("inference_descriptor");
 }
 
@@ -37,7 +37,7 @@ use proto::model_metadata_response::TensorMetadata;
 use proto::{InferParameter, InferTensorContents, infer_parameter::ParameterChoice};
 
 /// The gRPC status code for each service error. Exhaustive: a new variant must be mapped here.
-pub fn code_of(error: &ServiceError) -> Code {
+pub(crate) fn code_of(error: &ServiceError) -> Code {
     match error {
         ServiceError::InvalidInput { .. }
         | ServiceError::Malformed(_)
@@ -63,7 +63,7 @@ pub fn code_of(error: &ServiceError) -> Code {
 }
 
 /// The status sent for `error`; internal detail goes to the log, not to the client.
-pub fn status(error: &ServiceError) -> Status {
+pub(crate) fn status(error: &ServiceError) -> Status {
     if let ServiceError::Internal(detail) = error {
         tracing::error!(%detail, "internal error");
     }
@@ -80,7 +80,7 @@ const SERVICES: super::grpc_status::Services = &[
 
 /// The gRPC routes: inference, health and reflection, behind [`super::grpc_status::check`]. Health starts
 /// NOT_SERVING and follows the service's readiness from then on (a task that ends when the service is dropped).
-pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
+pub(crate) async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
     let health = super::health::server(Arc::clone(&service)).await;
 
     let reflection = || {
@@ -108,7 +108,7 @@ pub async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Erro
 }
 
 /// Parses `grpc-timeout` (1 to 8 digits and a unit: H, M, S, m, u, n) into the time the client waits.
-pub fn grpc_timeout(metadata: &MetadataMap) -> Result<Option<Duration>, ServiceError> {
+pub(crate) fn grpc_timeout(metadata: &MetadataMap) -> Result<Option<Duration>, ServiceError> {
     let Some(value) = metadata.get("grpc-timeout") else {
         return Ok(None);
     };
@@ -217,7 +217,9 @@ fn typed(
 
 /// Decodes a `ModelInferRequest`; also says whether it used `raw_input_contents` (the response then uses
 /// `raw_output_contents`, as tritonclient expects; typed `contents` otherwise).
-pub fn decode(request: proto::ModelInferRequest) -> Result<(InferRequest, bool), ServiceError> {
+pub(crate) fn decode(
+    request: proto::ModelInferRequest,
+) -> Result<(InferRequest, bool), ServiceError> {
     let raw = request.raw_input_contents;
     let use_raw = !raw.is_empty() || request.inputs.is_empty();
     if !raw.is_empty() && raw.len() != request.inputs.len() {
@@ -262,7 +264,7 @@ pub fn decode(request: proto::ModelInferRequest) -> Result<(InferRequest, bool),
 }
 
 /// Encodes a response: raw output contents, or typed contents.
-pub fn encode(response: InferResponse, raw: bool) -> proto::ModelInferResponse {
+pub(crate) fn encode(response: InferResponse, raw: bool) -> proto::ModelInferResponse {
     let mut raw_output_contents = Vec::new();
     let outputs = response
         .outputs
@@ -305,7 +307,7 @@ pub fn encode(response: InferResponse, raw: bool) -> proto::ModelInferResponse {
 
 /// `inference.GRPCInferenceService` over the shared [`Service`].
 #[derive(Debug, Clone)]
-pub struct Inference {
+pub(crate) struct Inference {
     service: Arc<Service>,
 }
 

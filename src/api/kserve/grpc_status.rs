@@ -19,10 +19,14 @@ use http_body_util::BodyExt;
 use tonic::{Code, Status};
 
 /// The gRPC services served, by full name, for the message of an unknown one.
-pub type Services = &'static [&'static str];
+pub(crate) type Services = &'static [&'static str];
 
 /// The middleware: refuses a request that is not gRPC, and rewrites the status of one that failed in tonic.
-pub async fn check(State(services): State<Services>, request: Request, next: Next) -> Response {
+pub(crate) async fn check(
+    State(services): State<Services>,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(refused) = refuse_content_type(request.headers()) {
         return refused;
     }
@@ -86,7 +90,7 @@ fn rewrite(headers: &mut HeaderMap, path: &str, services: Services) {
 
 /// The status a client should get instead of `status`, which tonic produced for a call to `path`; `None` to keep
 /// it.
-pub fn client_status(status: &Status, path: &str, services: Services) -> Option<Status> {
+pub(crate) fn client_status(status: &Status, path: &str, services: Services) -> Option<Status> {
     let message = status.message();
     match status.code() {
         Code::Internal => {

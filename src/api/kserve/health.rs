@@ -15,10 +15,10 @@ use tonic_health::server::{HealthReporter, HealthService};
 use crate::service::{Readiness, Service};
 
 /// The full name of the inference service, as health checks name it.
-pub const INFERENCE_SERVICE: &str = "inference.GRPCInferenceService";
+pub(crate) const INFERENCE_SERVICE: &str = "inference.GRPCInferenceService";
 
 /// The health status that readiness maps to.
-pub fn serving_status(readiness: Readiness) -> ServingStatus {
+pub(crate) fn serving_status(readiness: Readiness) -> ServingStatus {
     match readiness {
         Readiness::Ready => ServingStatus::Serving,
         Readiness::Loading | Readiness::ShuttingDown => ServingStatus::NotServing,

@@ -23,10 +23,10 @@ use crate::service::{Operation, Protocol, Readiness, Service};
 use recserve_core::error::ServiceError;
 
 /// The header giving the length of the JSON part of a body that carries binary tensors after it.
-pub const HEADER_LENGTH: &str = "inference-header-content-length";
+pub(crate) const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// The `/v2` routes, for [`crate::api::router::router`] to mount.
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(live))
@@ -68,23 +68,23 @@ async fn ready(State(service): State<Arc<Service>>) -> Response {
 /// Model metadata as JSON. `columns` is a recserve addition that clients unaware of it ignore: what each position
 /// of the last axis holds. `properties` is the protocol's (optional, omitted when empty).
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct MetadataJson {
-    pub name: String,
-    pub versions: Vec<String>,
-    pub platform: String,
-    pub inputs: Vec<TensorMetadataJson>,
-    pub outputs: Vec<TensorMetadataJson>,
+pub(crate) struct MetadataJson {
+    pub(crate) name: String,
+    pub(crate) versions: Vec<String>,
+    pub(crate) platform: String,
+    pub(crate) inputs: Vec<TensorMetadataJson>,
+    pub(crate) outputs: Vec<TensorMetadataJson>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub properties: BTreeMap<String, String>,
+    pub(crate) properties: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TensorMetadataJson {
-    pub name: String,
-    pub datatype: String,
-    pub shape: Vec<i64>,
+pub(crate) struct TensorMetadataJson {
+    pub(crate) name: String,
+    pub(crate) datatype: String,
+    pub(crate) shape: Vec<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub columns: Vec<String>,
+    pub(crate) columns: Vec<String>,
 }
 
 impl From<ModelMetadata> for MetadataJson {
@@ -173,15 +173,15 @@ struct OutputJson {
 
 /// Which outputs a request wants as binary data.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct BinaryOutputs {
+pub(crate) struct BinaryOutputs {
     /// For outputs without their own `binary_data`: the request's `binary_data_output`.
-    pub default: bool,
+    pub(crate) default: bool,
     /// Outputs that set `binary_data`, by name.
-    pub by_name: Vec<(String, bool)>,
+    pub(crate) by_name: Vec<(String, bool)>,
 }
 
 impl BinaryOutputs {
-    pub fn is_binary(&self, output: &str) -> bool {
+    pub(crate) fn is_binary(&self, output: &str) -> bool {
         self.by_name
             .iter()
             .find(|(name, _)| name == output)
@@ -263,7 +263,7 @@ fn split_body(headers: &HeaderMap, body: Bytes) -> Result<(Bytes, Bytes), Servic
 }
 
 /// Decodes an inference request body (JSON, or JSON followed by binary tensors).
-pub fn decode(
+pub(crate) fn decode(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<(InferRequest, BinaryOutputs), ServiceError> {
@@ -395,7 +395,7 @@ enum DataJson<'a> {
 }
 
 /// Encodes a response: JSON, followed by the binary outputs when any output is binary.
-pub fn encode(
+pub(crate) fn encode(
     response: &InferResponse,
     binary_outputs: &BinaryOutputs,
 ) -> Result<Response, ServiceError> {

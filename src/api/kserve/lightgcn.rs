@@ -18,26 +18,26 @@ use recserve_core::error::ServiceError;
 use recserve_core::recall::{RecallContract, RecallInput, RecallModel, RecallQuery, SearchRequest};
 
 /// The input holding the user ids.
-pub const USER_ID: &str = "user_id";
+pub(crate) const USER_ID: &str = "user_id";
 /// The output holding the recalled item ids.
-pub const ITEM_IDS: &str = "item_ids";
+pub(crate) const ITEM_IDS: &str = "item_ids";
 /// The output holding their scores.
-pub const SCORES: &str = "scores";
+pub(crate) const SCORES: &str = "scores";
 /// The optional input (or request parameter) holding the number of items per user.
-pub const K: &str = "k";
+pub(crate) const K: &str = "k";
 /// The request parameters that choose the search: every item (`exact`), or the index's `nprobe` lists.
-pub const EXACT: &str = "exact";
-pub const NPROBE: &str = "nprobe";
+pub(crate) const EXACT: &str = "exact";
+pub(crate) const NPROBE: &str = "nprobe";
 
 /// The LightGCN contract of one served model.
 #[derive(Debug)]
-pub struct LightGcn<'a> {
+pub(crate) struct LightGcn<'a> {
     model: &'a ServedModel,
     contract: &'a RecallContract,
 }
 
 impl<'a> LightGcn<'a> {
-    pub fn new(model: &'a ServedModel, recall: &'a RecallModel) -> LightGcn<'a> {
+    pub(crate) fn new(model: &'a ServedModel, recall: &'a RecallModel) -> LightGcn<'a> {
         LightGcn {
             model,
             contract: &recall.contract,
@@ -45,7 +45,7 @@ impl<'a> LightGcn<'a> {
     }
 
     /// Checks the request and builds one recall input per user.
-    pub fn recall_inputs(
+    pub(crate) fn recall_inputs(
         &self,
         inputs: Vec<InputTensor>,
         parameters: &Parameters,

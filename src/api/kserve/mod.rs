@@ -6,32 +6,32 @@
 
 pub mod deepfm;
 pub mod grpc;
-pub mod grpc_status;
-pub mod health;
-pub mod http;
-pub mod lightgcn;
-pub mod repository;
-pub mod tensor;
+pub(crate) mod grpc_status;
+pub(crate) mod health;
+pub(crate) mod http;
+pub(crate) mod lightgcn;
+pub(crate) mod repository;
+pub(crate) mod tensor;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-pub use tensor::{Datatype, InputTensor, OutputData, OutputTensor, TensorData, Typed};
+pub(crate) use tensor::{Datatype, InputTensor, OutputData, OutputTensor, TensorData, Typed};
 
 use crate::service::{Model, ModelCall, ServedModel};
 use recserve_core::error::ServiceError;
 
 /// What `GET /v2` and `ServerMetadata` call this server.
-pub const SERVER_NAME: &str = "recserve";
+pub(crate) const SERVER_NAME: &str = "recserve";
 
 /// The protocol extensions this server implements, as `GET /v2` and `ServerMetadata` list them.
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository"];
+pub(crate) const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository"];
 
 /// A request or tensor parameter.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Parameter {
+pub(crate) enum Parameter {
     Bool(bool),
     Int64(i64),
     Uint64(u64),
@@ -40,60 +40,60 @@ pub enum Parameter {
 }
 
 /// Parameters by name.
-pub type Parameters = BTreeMap<String, Parameter>;
+pub(crate) type Parameters = BTreeMap<String, Parameter>;
 
 /// An inference request as a transport decoded it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct InferRequest {
+pub(crate) struct InferRequest {
     /// Echoed in the response; empty when the client sent none.
-    pub id: String,
-    pub parameters: Parameters,
-    pub inputs: Vec<InputTensor>,
+    pub(crate) id: String,
+    pub(crate) parameters: Parameters,
+    pub(crate) inputs: Vec<InputTensor>,
     /// The outputs the client asked for, in its order; empty means every output of the model.
-    pub outputs: Vec<String>,
+    pub(crate) outputs: Vec<String>,
 }
 
 /// An inference response, before a transport encodes it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct InferResponse {
-    pub model_name: String,
-    pub model_version: String,
-    pub id: String,
-    pub outputs: Vec<OutputTensor>,
+pub(crate) struct InferResponse {
+    pub(crate) model_name: String,
+    pub(crate) model_version: String,
+    pub(crate) id: String,
+    pub(crate) outputs: Vec<OutputTensor>,
 }
 
 /// One input or output of a model's tensor contract.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub datatype: Datatype,
+pub(crate) struct TensorSpec {
+    pub(crate) name: String,
+    pub(crate) datatype: Datatype,
     /// `-1` for the batch axis.
-    pub shape: Vec<i64>,
+    pub(crate) shape: Vec<i64>,
     /// What each position of the last axis holds (field or feature names), when it has names.
-    pub columns: Vec<String>,
+    pub(crate) columns: Vec<String>,
 }
 
 /// A model's metadata: `GET /v2/models/{model}` and `ModelMetadata`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelMetadata {
-    pub name: String,
+pub(crate) struct ModelMetadata {
+    pub(crate) name: String,
     /// The versions a request may name: the served one.
-    pub versions: Vec<String>,
-    pub platform: String,
-    pub inputs: Vec<TensorSpec>,
-    pub outputs: Vec<TensorSpec>,
+    pub(crate) versions: Vec<String>,
+    pub(crate) platform: String,
+    pub(crate) inputs: Vec<TensorSpec>,
+    pub(crate) outputs: Vec<TensorSpec>,
     /// The protocol's optional model `properties`: what the tensor shapes cannot say (an optional input, its
     /// default), by name.
-    pub properties: BTreeMap<String, String>,
+    pub(crate) properties: BTreeMap<String, String>,
 }
 
 /// The outputs of one call of a kind's service function.
-pub type Outputs<'a> =
+pub(crate) type Outputs<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<OutputTensor>, ServiceError>> + Send + 'a>>;
 
 /// The tensor contract of one model kind: what it takes and returns, and how a checked request becomes a call of
 /// the service function.
-pub trait TensorContract: Send + Sync {
+pub(crate) trait TensorContract: Send + Sync {
     fn inputs(&self) -> Vec<TensorSpec>;
     fn outputs(&self) -> Vec<TensorSpec>;
     /// The metadata's `properties`: none unless the kind has something the tensors cannot say.
@@ -111,7 +111,7 @@ pub trait TensorContract: Send + Sync {
 }
 
 /// The tensor contract of `model`'s kind.
-pub fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
+pub(crate) fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
     match &model.model {
         Model::Ranking(ranking) => Box::new(deepfm::DeepFm::new(model, ranking)),
         Model::Recall(recall) => Box::new(lightgcn::LightGcn::new(model, recall)),
@@ -119,7 +119,7 @@ pub fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
 }
 
 /// The metadata of a served model.
-pub fn metadata(model: &ServedModel) -> ModelMetadata {
+pub(crate) fn metadata(model: &ServedModel) -> ModelMetadata {
     let contract = contract_of(model);
     ModelMetadata {
         name: model.name.clone(),
@@ -133,7 +133,7 @@ pub fn metadata(model: &ServedModel) -> ModelMetadata {
 
 /// The deadline a request's `timeout` parameter sets: microseconds from `arrival`, as Triton defines it; 0 means
 /// none. The service combines it with the transport's ([`ModelCall::set_body_deadline`]).
-pub fn timeout_parameter(
+pub(crate) fn timeout_parameter(
     parameters: &Parameters,
     arrival: Instant,
 ) -> Result<Option<Instant>, ServiceError> {
@@ -155,7 +155,10 @@ pub fn timeout_parameter(
 
 /// Runs an inference request admitted as `call`: checks the requested outputs, decodes the inputs against the
 /// kind's contract, runs them and returns the requested outputs in the requested order.
-pub async fn infer(call: &ModelCall, request: InferRequest) -> Result<InferResponse, ServiceError> {
+pub(crate) async fn infer(
+    call: &ModelCall,
+    request: InferRequest,
+) -> Result<InferResponse, ServiceError> {
     let model = &*call.model;
     let contract = contract_of(model);
     let declared = contract.outputs();

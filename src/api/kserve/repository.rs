@@ -20,7 +20,7 @@ use crate::service::Service;
 use recserve_core::error::ServiceError;
 
 /// The routes, for [`crate::api::router::router`] to mount.
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v2/repository/index", post(index))
         .route("/v2/repository/models/{model}/load", post(load))

@@ -9,7 +9,7 @@ use recserve_core::error::ServiceError;
 
 /// The tensor datatypes of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Datatype {
+pub(crate) enum Datatype {
     Bool,
     Uint8,
     Uint16,
@@ -44,7 +44,7 @@ impl Datatype {
         Datatype::Bytes,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Datatype::Bool => "BOOL",
             Datatype::Uint8 => "UINT8",
@@ -64,12 +64,12 @@ impl Datatype {
     }
 
     /// The datatype named `name` (case-sensitive, as the protocol's strings are).
-    pub fn parse(name: &str) -> Option<Datatype> {
+    pub(crate) fn parse(name: &str) -> Option<Datatype> {
         Datatype::ALL.into_iter().find(|d| d.as_str() == name)
     }
 
     /// Bytes per element in binary form; `None` for BYTES, whose elements carry their own length.
-    pub fn element_size(self) -> Option<usize> {
+    pub(crate) fn element_size(self) -> Option<usize> {
         match self {
             Datatype::Bool | Datatype::Uint8 | Datatype::Int8 => Some(1),
             Datatype::Uint16 | Datatype::Int16 | Datatype::Fp16 | Datatype::Bf16 => Some(2),
@@ -82,7 +82,7 @@ impl Datatype {
 
 /// Typed values of a gRPC `InferTensorContents`: the one repeated field a tensor filled.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Typed {
+pub(crate) enum Typed {
     Bool(Vec<bool>),
     Int(Vec<i32>),
     Int64(Vec<i64>),
@@ -95,7 +95,7 @@ pub enum Typed {
 
 impl Typed {
     /// The field of `InferTensorContents` these values came from.
-    pub fn field(&self) -> &'static str {
+    pub(crate) fn field(&self) -> &'static str {
         match self {
             Typed::Bool(_) => "bool_contents",
             Typed::Int(_) => "int_contents",
@@ -111,7 +111,7 @@ impl Typed {
 
 /// The data of an input tensor, in the form its transport carried it.
 #[derive(Clone, Debug, PartialEq)]
-pub enum TensorData {
+pub(crate) enum TensorData {
     /// JSON `data`: a flat or nested array of values, row-major.
     Json(Value),
     /// Little-endian, row-major bytes without padding (HTTP binary extension, gRPC `raw_input_contents`).
@@ -122,12 +122,12 @@ pub enum TensorData {
 
 /// An input tensor as a transport decoded it; nothing is checked yet.
 #[derive(Clone, Debug, PartialEq)]
-pub struct InputTensor {
-    pub name: String,
+pub(crate) struct InputTensor {
+    pub(crate) name: String,
     /// As sent: checked against the model's contract, so a wrong name can be reported as sent.
-    pub datatype: String,
-    pub shape: Vec<i64>,
-    pub data: TensorData,
+    pub(crate) datatype: String,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) data: TensorData,
 }
 
 impl InputTensor {
@@ -136,7 +136,7 @@ impl InputTensor {
     }
 
     /// Checks the datatype against the one the model takes.
-    pub fn expect_datatype(&self, expected: Datatype) -> Result<(), ServiceError> {
+    pub(crate) fn expect_datatype(&self, expected: Datatype) -> Result<(), ServiceError> {
         match Datatype::parse(&self.datatype) {
             Some(d) if d == expected => Ok(()),
             Some(d) => Err(self.invalid(format!(
@@ -153,7 +153,7 @@ impl InputTensor {
     }
 
     /// The number of elements the shape declares.
-    pub fn element_count(&self) -> Result<usize, ServiceError> {
+    pub(crate) fn element_count(&self) -> Result<usize, ServiceError> {
         let mut count: usize = 1;
         for &dim in &self.shape {
             let dim = usize::try_from(dim).map_err(|_| {
@@ -255,7 +255,7 @@ impl InputTensor {
 
     /// The tensor's values as INT64 (call [`InputTensor::expect_datatype`] first), row-major; their number must be
     /// what the shape declares.
-    pub fn into_i64(self) -> Result<Vec<i64>, ServiceError> {
+    pub(crate) fn into_i64(self) -> Result<Vec<i64>, ServiceError> {
         self.into_values(Element {
             datatype: Datatype::Int64,
             field: "int64_contents",
@@ -270,7 +270,7 @@ impl InputTensor {
 
     /// The tensor's values as INT32 (call [`InputTensor::expect_datatype`] first), row-major; their number must be
     /// what the shape declares.
-    pub fn into_i32(self) -> Result<Vec<i32>, ServiceError> {
+    pub(crate) fn into_i32(self) -> Result<Vec<i32>, ServiceError> {
         self.into_values(Element {
             datatype: Datatype::Int32,
             field: "int_contents",
@@ -285,7 +285,7 @@ impl InputTensor {
 
     /// The tensor's values as FP32 (call [`InputTensor::expect_datatype`] first), row-major; their number must be
     /// what the shape declares. JSON numbers are rounded to the nearest `f32` (out of range: ±inf).
-    pub fn into_f32(self) -> Result<Vec<f32>, ServiceError> {
+    pub(crate) fn into_f32(self) -> Result<Vec<f32>, ServiceError> {
         self.into_values(Element {
             datatype: Datatype::Fp32,
             field: "fp32_contents",
@@ -367,13 +367,13 @@ fn le_values<T, const N: usize>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> 
 
 /// The values of an output tensor.
 #[derive(Clone, Debug, PartialEq)]
-pub enum OutputData {
+pub(crate) enum OutputData {
     Int64(Vec<i64>),
     Fp32(Vec<f32>),
 }
 
 impl OutputData {
-    pub fn datatype(&self) -> Datatype {
+    pub(crate) fn datatype(&self) -> Datatype {
         match self {
             OutputData::Int64(_) => Datatype::Int64,
             OutputData::Fp32(_) => Datatype::Fp32,
@@ -381,7 +381,7 @@ impl OutputData {
     }
 
     /// Little-endian, row-major bytes: the binary form of the tensor.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
+    pub(crate) fn to_le_bytes(&self) -> Vec<u8> {
         match self {
             OutputData::Int64(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             OutputData::Fp32(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -391,10 +391,10 @@ impl OutputData {
 
 /// An output tensor of a response.
 #[derive(Clone, Debug, PartialEq)]
-pub struct OutputTensor {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub data: OutputData,
+pub(crate) struct OutputTensor {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) data: OutputData,
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 
 pub mod rank;
 pub mod rank_body;
-pub mod recall;
-pub mod recommend;
+pub(crate) mod recall;
+pub(crate) mod recommend;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -24,7 +24,7 @@ use recserve_core::registry::{self, Status};
 use recserve_core::repository::Side;
 
 /// The `/v1` routes, for [`super::router::router`] to mount.
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/models", get(list_models))
         .merge(rank::routes())
@@ -36,9 +36,9 @@ pub fn routes() -> Router<Arc<Service>> {
 #[serde(deny_unknown_fields)]
 pub struct UserSide {
     #[serde(default, deserialize_with = "unique_ids")]
-    pub fields: HashMap<String, i64>,
+    pub(crate) fields: HashMap<String, i64>,
     #[serde(default)]
-    pub dense: Vec<f32>,
+    pub(crate) dense: Vec<f32>,
 }
 
 /// An object of ids by field name that refuses a key given twice (serde's maps would keep the last one), as the
@@ -81,21 +81,21 @@ pub struct ModelList {
     pub models: Vec<ModelInfo>,
     /// Models of the repository that do not serve now: unloaded, or whose load failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<ModelState>,
+    pub(crate) unavailable: Vec<ModelState>,
 }
 
 /// Where a model stands beside its serving version: loading another, or its last load failed.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ModelState {
-    pub name: String,
+    pub(crate) name: String,
     /// `ready`, `loading`, `failed` or `unloaded`.
-    pub state: String,
+    pub(crate) state: String,
     /// The version being loaded, or whose load failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<u64>,
+    pub(crate) version: Option<u64>,
     /// Why the load failed (the file and the problem).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 impl ModelState {
@@ -150,7 +150,7 @@ pub struct TableInfo {
     pub bytes: u64,
 }
 
-pub fn model_info(model: &ServedModel, status: Option<&Status>) -> ModelInfo {
+pub(crate) fn model_info(model: &ServedModel, status: Option<&Status>) -> ModelInfo {
     let state = ModelState::of(&model.name, status);
     let spec = &model.spec;
     let fields_on = |side: Side| {

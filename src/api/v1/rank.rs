@@ -18,7 +18,7 @@ use crate::service::{Operation, Protocol, Service};
 use recserve_core::ranking::best_first;
 
 /// The routes, for [`super::routes`].
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/models/{model}/rank", post(rank))
         .route("/v1/models/{model}/versions/{version}/rank", post(rank))
@@ -56,7 +56,7 @@ async fn rank(
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct RankResponse {
-    pub model: String,
+    pub(crate) model: String,
     pub version: u64,
     pub scores: Vec<ScoredCandidate>,
 }
@@ -65,13 +65,13 @@ pub struct RankResponse {
 pub struct ScoredCandidate {
     pub index: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<i64>,
+    pub(crate) id: Option<i64>,
     pub score: f32,
 }
 
 /// Builds the response: every candidate in request order, or the `top_k` best (highest score first, ties by
 /// request order).
-pub fn rank_response(
+pub(crate) fn rank_response(
     model: &str,
     version: u64,
     candidate_ids: &[Option<i64>],

@@ -29,7 +29,7 @@ pub struct RankBody {
     /// The rows to score: the user side repeated for every candidate.
     pub input: RankInput,
     /// Each candidate's `id` as sent, in request order (echoed in the response).
-    pub candidate_ids: Vec<Option<i64>>,
+    pub(crate) candidate_ids: Vec<Option<i64>>,
     pub top_k: Option<usize>,
 }
 

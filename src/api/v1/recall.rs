@@ -17,7 +17,7 @@ use recserve_core::error::ServiceError;
 use recserve_core::recall::{RecallInput, RecallQuery, Recalled, SearchRequest};
 
 /// The routes, for [`super::routes`].
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/models/{model}/recall", post(recall))
         .route("/v1/models/{model}/versions/{version}/recall", post(recall))
@@ -54,41 +54,41 @@ async fn recall(
 /// `POST /v1/models/{model}/recall`.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct RecallRequest {
+pub(crate) struct RecallRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<i64>,
+    pub(crate) user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history: Option<Vec<i64>>,
+    pub(crate) history: Option<Vec<i64>>,
     /// Items to return; without it, the model's `[recall] default_k`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub k: Option<usize>,
+    pub(crate) k: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub exclude: Vec<i64>,
+    pub(crate) exclude: Vec<i64>,
     /// `true`: score every item, even when the model has an IVF index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exact: Option<bool>,
+    pub(crate) exact: Option<bool>,
     /// Lists of the model's IVF index to scan (1 to its `nlist`); without it, `[recall.index] nprobe`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nprobe: Option<usize>,
+    pub(crate) nprobe: Option<usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct RecallResponse {
-    pub model: String,
-    pub version: u64,
-    pub items: Vec<RecalledItem>,
+pub(crate) struct RecallResponse {
+    pub(crate) model: String,
+    pub(crate) version: u64,
+    pub(crate) items: Vec<RecalledItem>,
     /// For a `history` request: how many of its distinct items have a history vector (were seen in training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history_used: Option<usize>,
+    pub(crate) history_used: Option<usize>,
     /// `"popularity"` when the history carried no signal and `items` are the model's most popular ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback: Option<String>,
+    pub(crate) fallback: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct RecalledItem {
-    pub id: i64,
-    pub score: f32,
+pub(crate) struct RecalledItem {
+    pub(crate) id: i64,
+    pub(crate) score: f32,
 }
 
 /// Exactly one of `user_id` and `history`.
@@ -127,7 +127,10 @@ pub(super) fn search_request(
 }
 
 /// Decodes a recall request (`default_k` when it gives no `k`); the model checks the ids, `k` and the lengths.
-pub fn recall_input(request: RecallRequest, default_k: usize) -> Result<RecallInput, ServiceError> {
+pub(crate) fn recall_input(
+    request: RecallRequest,
+    default_k: usize,
+) -> Result<RecallInput, ServiceError> {
     Ok(RecallInput {
         query: recall_query(request.user_id, request.history)?,
         k: request.k.unwrap_or(default_k),
@@ -136,7 +139,7 @@ pub fn recall_input(request: RecallRequest, default_k: usize) -> Result<RecallIn
     })
 }
 
-pub fn recall_response(model: &str, version: u64, answer: &Recalled) -> RecallResponse {
+pub(crate) fn recall_response(model: &str, version: u64, answer: &Recalled) -> RecallResponse {
     RecallResponse {
         model: model.to_owned(),
         version,

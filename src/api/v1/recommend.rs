@@ -22,7 +22,7 @@ use recserve_core::ranking::RankContract;
 use recserve_core::trace;
 
 /// The routes, for [`super::routes`].
-pub fn routes() -> Router<Arc<Service>> {
+pub(crate) fn routes() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/recommend/{pipeline}", post(recommend))
         .route("/v1/pipelines", get(list_pipelines))
@@ -60,50 +60,50 @@ async fn list_pipelines(State(service): State<Arc<Service>>) -> Response {
 /// `POST /v1/recommend/{pipeline}`.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct RecommendRequest {
+pub(crate) struct RecommendRequest {
     /// The ranking model's user side (its `side = "user"` fields and dense features).
     #[serde(default)]
-    pub user: Option<UserSide>,
+    pub(crate) user: Option<UserSide>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<i64>,
+    pub(crate) user_id: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history: Option<Vec<i64>>,
+    pub(crate) history: Option<Vec<i64>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub exclude: Vec<i64>,
+    pub(crate) exclude: Vec<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub k: Option<usize>,
+    pub(crate) k: Option<usize>,
     /// `true`: the recall stage scores every item, even when its model has an IVF index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exact: Option<bool>,
+    pub(crate) exact: Option<bool>,
     /// Lists of the recall model's IVF index to scan (1 to its `nlist`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nprobe: Option<usize>,
+    pub(crate) nprobe: Option<usize>,
     /// Report how long each stage took.
     #[serde(default)]
-    pub timings: bool,
+    pub(crate) timings: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct RecommendResponse {
-    pub pipeline: String,
-    pub recall_model: ModelRef,
-    pub ranking_model: ModelRef,
-    pub items: Vec<RecommendedItem>,
+pub(crate) struct RecommendResponse {
+    pub(crate) pipeline: String,
+    pub(crate) recall_model: ModelRef,
+    pub(crate) ranking_model: ModelRef,
+    pub(crate) items: Vec<RecommendedItem>,
     /// For a `history` request: how many of its distinct items have a history vector (were seen in training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub history_used: Option<usize>,
+    pub(crate) history_used: Option<usize>,
     /// `"popularity"` when the history carried no signal and the candidates are the recall model's most popular
     /// items.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback: Option<String>,
+    pub(crate) fallback: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timings: Option<Timings>,
+    pub(crate) timings: Option<Timings>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct ModelRef {
-    pub name: String,
-    pub version: u64,
+pub(crate) struct ModelRef {
+    pub(crate) name: String,
+    pub(crate) version: u64,
 }
 
 impl ModelRef {
@@ -116,19 +116,19 @@ impl ModelRef {
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct RecommendedItem {
-    pub id: i64,
-    pub score: f32,
-    pub recall_score: f32,
+pub(crate) struct RecommendedItem {
+    pub(crate) id: i64,
+    pub(crate) score: f32,
+    pub(crate) recall_score: f32,
 }
 
 /// Milliseconds per stage (microsecond resolution); each stage includes its queueing.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct Timings {
-    pub recall_ms: f64,
-    pub features_ms: f64,
-    pub rank_ms: f64,
-    pub total_ms: f64,
+pub(crate) struct Timings {
+    pub(crate) recall_ms: f64,
+    pub(crate) features_ms: f64,
+    pub(crate) rank_ms: f64,
+    pub(crate) total_ms: f64,
 }
 
 /// The ranking model's user side of a recommend request: every `side = "user"` field (ids checked against their
@@ -157,7 +157,7 @@ fn user_side(
 
 /// Decodes a recommend request against the pipeline's ranking model; returns the input and whether the client
 /// asked for timings. The recall model checks the recall side when the pipeline runs.
-pub fn recommend_input(
+pub(crate) fn recommend_input(
     pipeline: &ResolvedPipeline,
     request: RecommendRequest,
 ) -> Result<(RecommendInput, bool), ServiceError> {
@@ -178,7 +178,7 @@ pub fn recommend_input(
     ))
 }
 
-pub fn recommend_response(
+pub(crate) fn recommend_response(
     pipeline: &ResolvedPipeline,
     answer: &Recommendation,
     timings: bool,
@@ -211,20 +211,20 @@ pub fn recommend_response(
 
 /// `GET /v1/pipelines`.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct PipelineList {
-    pub pipelines: Vec<PipelineInfo>,
+pub(crate) struct PipelineList {
+    pub(crate) pipelines: Vec<PipelineInfo>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub struct PipelineInfo {
-    pub name: String,
-    pub recall_model: ModelRef,
-    pub ranking_model: ModelRef,
-    pub candidates: usize,
-    pub k: usize,
+pub(crate) struct PipelineInfo {
+    pub(crate) name: String,
+    pub(crate) recall_model: ModelRef,
+    pub(crate) ranking_model: ModelRef,
+    pub(crate) candidates: usize,
+    pub(crate) k: usize,
 }
 
-pub fn pipeline_info(pipeline: &ResolvedPipeline) -> PipelineInfo {
+pub(crate) fn pipeline_info(pipeline: &ResolvedPipeline) -> PipelineInfo {
     PipelineInfo {
         name: pipeline.pipeline.name.clone(),
         recall_model: ModelRef::of(&pipeline.recall),

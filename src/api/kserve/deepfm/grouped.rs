@@ -15,16 +15,16 @@ use recserve_core::ranking::RankInput;
 use recserve_core::repository::Side;
 
 /// The user-side ids, one row per user.
-pub const USER_CATEGORICAL: &str = "user_categorical";
+pub(crate) const USER_CATEGORICAL: &str = "user_categorical";
 /// The dense features, one row per user.
-pub const USER_DENSE: &str = "user_dense";
+pub(crate) const USER_DENSE: &str = "user_dense";
 /// The item-side ids, one row per candidate.
-pub const ITEM_CATEGORICAL: &str = "item_categorical";
+pub(crate) const ITEM_CATEGORICAL: &str = "item_categorical";
 /// How many rows of `item_categorical` belong to each user, in order.
-pub const CANDIDATES_PER_USER: &str = "candidates_per_user";
+pub(crate) const CANDIDATES_PER_USER: &str = "candidates_per_user";
 
 /// Every input of the grouped form.
-pub const INPUTS: [&str; 4] = [
+pub(crate) const INPUTS: [&str; 4] = [
     USER_CATEGORICAL,
     USER_DENSE,
     ITEM_CATEGORICAL,
@@ -32,7 +32,7 @@ pub const INPUTS: [&str; 4] = [
 ];
 
 /// The metadata property that describes the grouped form's inputs.
-pub const PROPERTY: &str = "grouped_inputs";
+pub(crate) const PROPERTY: &str = "grouped_inputs";
 
 impl Tensors<'_> {
     /// The item-side fields in `model.toml` order, the `item_id_field` among them: the columns of
@@ -45,7 +45,7 @@ impl Tensors<'_> {
     }
 
     /// The grouped form's inputs (the metadata lists them in its `properties`, [`PROPERTY`]).
-    pub fn grouped_inputs(&self) -> Vec<TensorSpec> {
+    pub(crate) fn grouped_inputs(&self) -> Vec<TensorSpec> {
         let contract = self.contract;
         let names = |fields: &[usize]| {
             fields
@@ -86,7 +86,7 @@ impl Tensors<'_> {
     /// The metadata's `properties` entry for the grouped form: its inputs as a JSON array of the objects that
     /// describe the row form's in the HTTP metadata (`name`, `datatype`, `shape`, `columns`), so that a client of
     /// either transport can build a grouped request from the metadata alone.
-    pub fn grouped_property(&self) -> (String, String) {
+    pub(crate) fn grouped_property(&self) -> (String, String) {
         /// One input, as the HTTP metadata writes the row form's.
         #[derive(serde::Serialize)]
         struct Described<'a> {

@@ -25,27 +25,27 @@ use recserve_core::ranking::RankContract;
 #[derive(Debug, Default)]
 pub(super) struct Columns {
     /// The field of each column, once `fields` is read (and checked: every item field once).
-    pub fields: Option<Vec<usize>>,
+    pub(crate) fields: Option<Vec<usize>>,
     /// The number of rows of `ids`, once read.
-    pub rows: Option<usize>,
+    pub(crate) rows: Option<usize>,
     /// Whether `ids` was read before `fields`: its columns then wait at the places of the item fields, in order.
-    pub waiting: bool,
+    pub(crate) waiting: bool,
     /// `id`, once read: at most [`RankContract::max_rows`] of its elements.
-    pub id: Option<Vec<Option<i64>>>,
+    pub(crate) id: Option<Vec<Option<i64>>>,
     /// The number of elements of `id`, kept or not.
-    pub id_len: usize,
+    pub(crate) id_len: usize,
 }
 
 impl Columns {
     /// The place in a row of each column of `ids` read now: its field's, or the one where it waits for `fields`.
-    pub fn places<'c>(&'c self, contract: &'c RankContract) -> &'c [usize] {
+    pub(crate) fn places<'c>(&'c self, contract: &'c RankContract) -> &'c [usize] {
         self.fields.as_deref().unwrap_or(&contract.item_fields)
     }
 
     /// Checks what can be checked only once every key is read, puts waiting columns in place (checking each id
     /// against its field's table then) and writes each row's item id: leaves `d` as the row form of the same
     /// candidates would.
-    pub fn finish(self, d: &mut Decoder<'_>) -> Result<(), ServiceError> {
+    pub(crate) fn finish(self, d: &mut Decoder<'_>) -> Result<(), ServiceError> {
         let contract = d.contract;
         let fields = self.fields.ok_or_else(|| {
             ServiceError::invalid(
