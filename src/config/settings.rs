@@ -195,6 +195,9 @@ pub fn shown_defaults() -> BTreeMap<&'static str, String> {
 /// Gives an argument of `serve` its environment variable (the [`env_var`] of its flag) and ends its help with
 /// its default from [`shown_defaults`], so that neither is written by hand beside the flag.
 fn with_env_and_default(arg: Arg) -> Arg {
+    if !serve_arg_ids().is_some_and(|ids| ids.contains(arg.get_id().as_str())) {
+        return arg;
+    }
     let Some(flag) = arg.get_long().map(|long| format!("--{long}")) else {
         return arg;
     };
@@ -213,6 +216,29 @@ fn with_env_and_default(arg: Arg) -> Arg {
         Some(long_help) => arg.long_help(long_help),
         None => arg,
     }
+}
+
+/// The ids of [`ServeArgs`]'s own arguments. `mut_args` sees every argument of the command that flattens it, and a
+/// command that flattens it beside arguments of its own (recload's `ceiling`) keeps those as they are. `None`
+/// while the list itself is being built (which runs `mut_args` too).
+fn serve_arg_ids() -> Option<&'static BTreeSet<String>> {
+    thread_local! {
+        static BUILDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    static IDS: std::sync::OnceLock<BTreeSet<String>> = std::sync::OnceLock::new();
+    if let Some(ids) = IDS.get() {
+        return Some(ids);
+    }
+    if BUILDING.get() {
+        return None;
+    }
+    BUILDING.set(true);
+    let ids = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"))
+        .get_arguments()
+        .map(|a| a.get_id().as_str().to_owned())
+        .collect();
+    BUILDING.set(false);
+    Some(IDS.get_or_init(|| ids))
 }
 
 /// `name` as a `&'static str`, which clap takes environment variable names as (its `string` feature is off);
