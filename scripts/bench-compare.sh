@@ -10,7 +10,8 @@
 # Usage: scripts/bench-compare.sh A_DIR B_DIR [MODEL...]
 #   A_DIR, B_DIR   checkouts of the two versions, each with its release build (target/release/recserve and
 #                  recload); A is the baseline
-#   MODEL          models of REPOSITORY [default: realistic-int8 realistic-fp32]
+#   MODEL          models of REPOSITORY [default: realistic-int8 realistic-fp32]; REPOSITORY is written as
+#                  scripts/bench-realistic.sh writes it when missing
 # Environment (defaults in brackets): REPOSITORY [target/bench-repo] RESULTS [target/bench-compare] ROUNDS [3]
 #   WARMUP [2s] DURATION [10s] LOW_RATE [100] SHARES ["0.5 0.7"] CLOSED_CONCURRENCY [64] CONNECTIONS [256]
 #   CANDIDATES [100] CEILING_ROWS [100]
@@ -23,7 +24,7 @@ a_dir=$(cd "$1" && pwd)
 b_dir=$(cd "$2" && pwd)
 shift 2
 models=${*:-realistic-int8 realistic-fp32}
-REPOSITORY=$(cd "${REPOSITORY:-target/bench-repo}" && pwd)
+REPOSITORY=${REPOSITORY:-target/bench-repo}
 RESULTS=${RESULTS:-$root/target/bench-compare}
 ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-2s}
@@ -38,6 +39,11 @@ CEILING_ROWS=${CEILING_ROWS:-100}
 scripts/setup.sh
 # shellcheck source=env.sh
 source scripts/env.sh
+if [ ! -d "$REPOSITORY" ]; then
+  echo "bench-compare: writing the realistic models into $REPOSITORY (python -m recserve_models synth --preset realistic --split)" >&2
+  python -m recserve_models synth --preset realistic --split --out "$REPOSITORY" >/dev/null
+fi
+REPOSITORY=$(cd "$REPOSITORY" && pwd)
 # shellcheck source=lib/server-process.sh
 source scripts/lib/server-process.sh
 cpu_layout one || exit 1
@@ -56,7 +62,12 @@ step() { # OUT COMMAND...
 }
 
 for model in $models; do
-  common=(--model "$model" --repository "$REPOSITORY/$model" --candidates "$CANDIDATES" --seed 1 --pool 1000)
+  # A repository of the one model: the server loads only it, recload reads its fields from it.
+  repo=$RESULTS/repo-$model
+  [ -d "$REPOSITORY/$model" ] || { echo "bench-compare: no model $REPOSITORY/$model" >&2; exit 1; }
+  mkdir -p "$repo"
+  ln -sfn "$REPOSITORY/$model" "$repo/$model"
+  common=(--model "$model" --repository "$repo" --candidates "$CANDIDATES" --seed 1 --pool 1000)
   rates=""
   for round in $(seq "$ROUNDS"); do
     for build in a b; do
@@ -66,7 +77,7 @@ for model in $models; do
       port=$(free_port)
       url="http://127.0.0.1:$port"
       start_server "$out/server.log" "$url/health/ready" "$dir/target/release/recserve" serve \
-        --repository "$REPOSITORY/$model" --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" \
+        --repository "$repo" --http-addr "127.0.0.1:$port" --grpc-addr "127.0.0.1:$(free_port)" \
         --executors 1 --intra-op-threads 1
       recload=("${on_client[@]}" "$dir/target/release/recload")
       step "$out/closed" "${recload[@]}" run --url "$url" "${common[@]}" "${timing[@]}" --duration "$DURATION" \
@@ -85,7 +96,7 @@ PY
           --duration "$DURATION" --rate "$rate" --json "$out/rate-$rate.json"
       done
       stop_server
-      "${on_server[@]}" "$dir/target/release/recload" ceiling --repository "$REPOSITORY/$model" --model "$model" \
+      "${on_server[@]}" "$dir/target/release/recload" ceiling --repository "$repo" --model "$model" \
         --candidates "$CANDIDATES" --batch-rows "$CEILING_ROWS" --warmup "$WARMUP" --duration "$DURATION" \
         --seed 1 --json "$out/ceiling.json" > /dev/null
     done
@@ -98,16 +109,21 @@ from pathlib import Path
 
 results, a_dir, b_dir, rounds_run = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 
+def most(values):
+    return f"{max(values):.2f}" if values else "–"
+
 def load(path):
     return json.loads(path.read_text())
 
 print(f"A = {a_dir}, B = {b_dir}; median / worst of {rounds_run} interleaved rounds; ceiling in requests/s\n")
-for model in sorted(p for p in results.iterdir() if p.is_dir()):
+for model in sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("repo-")):
     print(f"### {model.name}\n")
     print("| step | A median | A worst | B median | B worst | B / A (median) | recload CPU (max) | steal s (max) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rounds = {b: sorted((model / b).glob("round-*")) for b in ("a", "b")}
-    steps = sorted({p.name[:-5] for p in rounds["a"][0].glob("*.json") if not p.name.endswith(".step.json")})
+    names = {p.name[:-5] for p in rounds["a"][0].glob("*.json") if not p.name.endswith(".step.json")}
+    # closed, the fixed rates from the lowest, the ceiling
+    steps = sorted(names, key=lambda n: (n == "ceiling", float(n[5:]) if n.startswith("rate-") else -1.0))
     for name in steps:
         for metric, key, higher_is_worse in [("throughput", "achieved_rps", False), ("p50 ms", "p50_ms", True), ("p99 ms", "p99_ms", True)]:
             if name == "ceiling" and metric != "throughput":
@@ -129,6 +145,6 @@ for model in sorted(p for p in results.iterdir() if p.is_dir()):
             worst = max if higher_is_worse else min
             ma, mb = statistics.median(values["a"]), statistics.median(values["b"])
             print(f"| {name} {metric} | {ma:.4g} | {worst(values['a']):.4g} | {mb:.4g} | {worst(values['b']):.4g} | "
-                  f"{mb / ma:.3f} | {max(cpu) if cpu else float('nan'):.2f} | {max(steal) if steal else float('nan'):.2f} |")
+                  f"{mb / ma:.3f} | {most(cpu)} | {most(steal)} |")
     print()
 PY
