@@ -335,11 +335,10 @@ async fn the_repository_api_needs_the_token_and_explicit_control() {
     )
     .await;
     assert_eq!(status, 409, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("pipeline \"fixture\"")),
-        "{body}"
+    assert_eq!(
+        body["error"],
+        "model \"lightgcn\" cannot be unloaded: pipeline \"fixture\" uses it as its recall_model; load \
+         another version of it instead, or remove the pipeline from the config file and restart"
     );
     let (status, body) = admin(
         &server,
@@ -388,6 +387,90 @@ async fn the_repository_api_needs_the_token_and_explicit_control() {
     );
     let (status, _) = admin(&server, "/v2/repository/index", Some(&bearer())).await;
     assert_eq!(status, 200, "the index works in every mode");
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Loads of names the repository does not hold (invalid, made up, very long) are refused and leave no trace: no
+/// entry in the index or `/v1/models`, no `/metrics` series, whatever their number. Their errors cut the name
+/// and never show where the repository lies on the server's disk; nor does a version that fails to load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_of_names_the_repository_does_not_hold_leave_no_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, token) = repository(dir.path());
+    let server = start(&repo, Some(&token), ModelControl::Explicit).await;
+    let (_, metrics_before) = server.get("/metrics").await;
+    let long = "x".repeat(5000);
+    let names = [
+        "..%2F..%2F..%2Fetc",
+        "nope",
+        "made-up-0",
+        "made-up-1",
+        long.as_str(),
+    ];
+    let repo_text = repo.display().to_string();
+    for name in names {
+        let (status, body) = admin(
+            &server,
+            &format!("/v2/repository/models/{name}/load"),
+            Some(&bearer()),
+        )
+        .await;
+        let error = body["error"].as_str().unwrap_or_default();
+        assert_eq!(status, 400, "{body}");
+        assert!(error.len() < 600, "the name is cut: {} bytes", error.len());
+        assert!(!error.contains(&repo_text), "no server path: {error}");
+    }
+    let (_, body) = admin(&server, "/v2/repository/models/nope/load", Some(&bearer())).await;
+    assert_eq!(
+        body["error"],
+        "model \"nope\" was not loaded: the repository has no model \"nope\" (expected \
+         <repository>/nope/<version>/model.toml)"
+    );
+    let (_, index) = admin(&server, "/v2/repository/index", Some(&bearer())).await;
+    let listed: Vec<&str> = index
+        .as_array()
+        .expect("index")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    let (_, models) = server.get("/v1/models").await;
+    let (_, metrics) = server.get("/metrics").await;
+    for name in ["etc", "nope", "made-up", "xxxxxxxxxx"] {
+        assert!(
+            !listed.iter().any(|l| l.contains(name)),
+            "{name} in the index: {listed:?}"
+        );
+        assert!(!models.contains(name), "{name} in /v1/models");
+        assert!(!metrics.contains(name), "{name} in /metrics");
+    }
+    assert!(
+        metrics.len() < metrics_before.len() + 2048,
+        "/metrics grew from {} to {} bytes",
+        metrics_before.len(),
+        metrics.len()
+    );
+
+    // A version that fails to load names its file relative to the repository, in the answer and the index.
+    copy_dir(&repo.join("swap/1"), &repo.join("swap/3"));
+    std::fs::write(
+        repo.join("swap/3/model.toml"),
+        "format_version = 1\nkind = \"x\"\n",
+    )
+    .expect("write");
+    let (status, body) = admin(&server, "/v2/repository/models/swap/load", Some(&bearer())).await;
+    assert_eq!(status, 400, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("model \"swap\" was not loaded: swap/3/model.toml: "),
+        "{error}"
+    );
+    let (_, index) = admin(&server, "/v2/repository/index", Some(&bearer())).await;
+    let reason = index_of(&index, "swap")["reason"].to_string();
+    assert!(
+        reason.contains("swap/3/model.toml") && !reason.contains(&repo_text),
+        "{reason}"
+    );
+
     server.stop().await.expect("clean shutdown");
 }
 

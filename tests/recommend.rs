@@ -413,7 +413,7 @@ async fn pipelines_that_cannot_work_stop_the_start_with_a_clear_message() {
     let cases = [
         (
             pipeline("nope", "deepfm-items", 5),
-            "pipeline \"p\" (--config [pipelines.p]): recall_model = \"nope\" is not a model of the repository",
+            "pipeline \"p\" (--config [pipelines.p]): recall_model = \"nope\" is not loaded",
         ),
         (
             pipeline("deepfm-fp32", "deepfm-items", 5),

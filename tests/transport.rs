@@ -102,8 +102,101 @@ async fn http_errors_carry_the_json_error_body() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// A path segment that does not decode (bytes that are not UTF-8 once percent-decoded) is a client error with the
+/// JSON body naming the segment, on every route with a segment; an empty `{version}` is refused, not read as "the
+/// version serving".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_announced_over_the_limit_is_refused_before_100_continue() {
+async fn path_segments_that_do_not_decode_or_are_empty_are_refused_with_the_json_body() {
+    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    let body = rank_body();
+    for (method, path, segment) in [
+        ("POST", "/v1/models/%ff/rank", "model"),
+        (
+            "POST",
+            "/v1/models/deepfm-int8/versions/%ff/rank",
+            "version",
+        ),
+        ("POST", "/v1/models/%ff/recall", "model"),
+        ("POST", "/v1/recommend/%ff", "pipeline"),
+        ("GET", "/v2/models/%ff", "model"),
+        ("GET", "/v2/models/%ff/ready", "model"),
+        ("GET", "/v2/models/deepfm-int8/versions/%c3%28", "version"),
+        ("POST", "/v2/models/%ff/infer", "model"),
+        ("POST", "/v2/repository/models/%ff/load", "model"),
+        ("POST", "/v2/repository/models/%ff/unload", "model"),
+    ] {
+        let r = exchange(server.addr, &request(method, path, &[], b""))
+            .await
+            .expect("an answer");
+        assert_eq!(r.status, 400, "{method} {path}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/json"),
+            "{method} {path}"
+        );
+        assert_eq!(
+            r.error(),
+            format!("{segment}: is not UTF-8 once percent-decoded"),
+            "{method} {path}"
+        );
+    }
+    for path in [
+        "/v1/models/deepfm-int8/versions//rank",
+        "/v2/models/deepfm-int8/versions//infer",
+    ] {
+        let r = exchange(server.addr, &request("POST", path, &[], &body))
+            .await
+            .expect("an answer");
+        assert_eq!(r.status, 400, "{path}: {}", r.error());
+        assert!(
+            r.error().starts_with("version: is empty"),
+            "{path}: {}",
+            r.error()
+        );
+    }
+    server.stop().await.expect("clean shutdown");
+}
+
+/// A chunked body that breaks the chunk framing is answered 400 naming the rule it broke, not only that reading
+/// failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_chunked_body_is_refused_naming_what_is_broken() {
+    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    for (what, chunks, named) in [
+        (
+            "a chunk size that is not hexadecimal",
+            &b"zz\r\n{}\r\n0\r\n\r\n"[..],
+            "Invalid chunk size line: missing size digit",
+        ),
+        (
+            "a chunk without its CRLF",
+            b"2\r\n{}XX0\r\n\r\n",
+            "Invalid chunk body CR",
+        ),
+    ] {
+        let mut bytes = request(
+            "POST",
+            RANK,
+            &[
+                "Content-Type: application/json",
+                "Transfer-Encoding: chunked",
+            ],
+            b"",
+        );
+        bytes.extend_from_slice(chunks);
+        let r = exchange(server.addr, &bytes).await.expect("an answer");
+        assert_eq!(r.status, 400, "{what}: {}", r.error());
+        assert_eq!(
+            r.error(),
+            format!("malformed request body: error reading a body from connection: {named}"),
+            "{what}"
+        );
+    }
+    server.stop().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_announced_over_the_limit_is_refused_as_soon_as_the_head_is_read() {
     let server = TestServer::start(config(&fixture_repo(), |a| {
         a.max_body_bytes = Some(64 * 1024)
     }))
@@ -120,6 +213,32 @@ async fn a_body_announced_over_the_limit_is_refused_before_100_continue() {
     );
     // The first (and only) answer is the 413: no `100 Continue` invites the 100 MB.
     let r = exchange(server.addr, &big).await.expect("an answer");
+    assert_eq!(r.status, 413);
+    assert_eq!(
+        r.error(),
+        "the body is larger than the limit of 65536 bytes"
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+
+    // Without `Expect`, the same 413 comes as soon as the head is in, not after a body that will not be read
+    // (nor after --body-read-timeout-ms waiting for it).
+    let mut unasked = request(
+        "POST",
+        RANK,
+        &[
+            "Content-Length: 100000000",
+            "Content-Type: application/json",
+        ],
+        b"",
+    );
+    unasked.extend_from_slice(b"{\"user\": ");
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        exchange(server.addr, &unasked),
+    )
+    .await
+    .expect("answered at once")
+    .expect("an answer");
     assert_eq!(r.status, 413);
     assert_eq!(
         r.error(),

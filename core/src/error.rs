@@ -227,7 +227,7 @@ pub enum ServiceError {
     #[error("{0}")]
     NotAllowed(String),
     /// A model version could not be loaded or swapped in; the version serving before, if any, goes on serving.
-    #[error("model {model:?} was not loaded: {reason}")]
+    #[error("model {:?} was not loaded: {reason}", Echo(.model))]
     LoadFailed { model: String, reason: String },
     /// A failure that is not the client's doing. The detail is logged, never sent.
     #[error("internal error")]

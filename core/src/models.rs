@@ -171,7 +171,7 @@ fn models_of<'m>(
     let model = |key: &str, wanted: &str, kind: ModelKind| {
         let m = models.get(wanted, None).map_err(|_| {
             format!(
-                "{key} = {wanted:?} is not a model of the repository (models: {})",
+                "{key} = {wanted:?} is not loaded (loaded models: {})",
                 models.names()
             )
         })?;

@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -17,11 +20,75 @@ use crate::service::{ModelRequest, Operation, Protocol, RequestBody};
 use recserve_core::error::{Echo, ServiceError};
 use recserve_core::trace;
 
-/// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`.
-#[derive(Debug, Deserialize)]
+/// The path of a per-model route: `…/models/{model}/…` or `…/models/{model}/versions/{version}/…`. Extracted as
+/// [`Segments`] are, and a `{version}` segment is never empty (`…/versions//…` would otherwise mean the version
+/// serving, by accident).
+#[derive(Debug)]
 pub(crate) struct ModelPath {
     pub(crate) model: String,
     pub(crate) version: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ModelPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        #[derive(Deserialize)]
+        struct Raw {
+            model: String,
+            version: Option<String>,
+        }
+        let Segments(Raw { model, version }) = Segments::from_request_parts(parts, state).await?;
+        if version.as_deref() == Some("") {
+            return Err(error_response(&ServiceError::invalid(
+                "version",
+                "is empty: give a version number, or leave `/versions/{version}` out for the version serving",
+            )));
+        }
+        Ok(ModelPath { model, version })
+    }
+}
+
+/// A route's path parameters, as axum's `Path` extracts them, refused with the JSON error body of every other
+/// client error (axum's own rejection is plain text), naming the segment.
+pub(crate) struct Segments<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Segments<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Segments(value)),
+            Err(rejection) => Err(error_response(&path_error(rejection))),
+        }
+    }
+}
+
+/// The client error for a path whose parameters do not extract; the rejections that only a wrong route table can
+/// cause are internal errors.
+fn path_error(rejection: PathRejection) -> ServiceError {
+    let PathRejection::FailedToDeserializePathParams(failed) = rejection else {
+        return ServiceError::Internal(rejection.body_text());
+    };
+    match failed.into_kind() {
+        ErrorKind::InvalidUtf8InPathParam { key } => {
+            ServiceError::invalid(key, "is not UTF-8 once percent-decoded")
+        }
+        ErrorKind::ParseErrorAtKey { key, .. } | ErrorKind::DeserializeError { key, .. }
+            if key.is_empty() =>
+        {
+            ServiceError::invalid("path", "does not parse")
+        }
+        ErrorKind::DeserializeError { key, message, .. } => ServiceError::invalid(key, message),
+        ErrorKind::ParseErrorAtKey {
+            key, expected_type, ..
+        } => ServiceError::invalid(key, format!("is not a {expected_type}")),
+        ErrorKind::Message(message) => ServiceError::invalid("path", message),
+        kind @ (ErrorKind::ParseErrorAtIndex { .. } | ErrorKind::ParseError { .. }) => {
+            ServiceError::invalid("path", kind.to_string())
+        }
+        kind => ServiceError::Internal(kind.to_string()),
+    }
 }
 
 impl ModelPath {
@@ -175,9 +242,26 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Service
             // The body's own error ([`super::timed_body`]: it did not arrive in time).
             found
         } else {
-            ServiceError::Malformed(format!("Failed to buffer the request body: {error}"))
+            ServiceError::Malformed(causes(&*error))
         }),
     }
+}
+
+/// `error` and each of its sources, as one line (`error reading a body from connection: invalid chunk size
+/// line: …`): the outermost message alone rarely says what was wrong with the bytes (hyper's says only that
+/// reading failed; its source says which chunk rule the client broke).
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let message = e.to_string();
+        if !line.contains(&message) {
+            line.push_str(": ");
+            line.push_str(&message);
+        }
+        source = e.source();
+    }
+    line
 }
 
 /// The body of a route that reads it before anything else (the repository API), or why it could not be read.

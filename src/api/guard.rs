@@ -1,9 +1,11 @@
 //! What the HTTP router checks before any route runs, so that every route refuses alike, with the JSON error body:
 //! a request target longer than [`MAX_URI_BYTES`] (414), more than [`MAX_HEADERS`] headers or [`MAX_HEADER_BYTES`]
-//! of them (431), a compressed body (`Content-Encoding` other than `identity`: 415), and, from a client that sent
-//! `Expect: 100-continue`, a `Content-Length` over `--max-body-bytes` (413 instead of `100 Continue`; a client
-//! that sends its body unasked gets its 413 from the route, which reads the body up to the limit). It also gives
-//! the 405 of a route that exists for other methods a JSON body naming them.
+//! of them (431), a compressed body (`Content-Encoding` other than `identity`: 415), and a `Content-Length` over
+//! `--max-body-bytes` (413 as soon as the head is read: instead of `100 Continue` to a client that waits for it,
+//! and without waiting for the body to a client that does not, whose body is drained up to the limit while the
+//! answer goes out; the connection closes after the answer, since its body cannot be skipped). A body without a `Content-Length` (chunked) gets its 413 from the
+//! route, which reads it up to the limit. It also gives the 405 of a route that exists for other methods a JSON
+//! body naming them.
 //!
 //! hyper itself answers what it cannot parse (a garbage request line, a malformed or conflicting
 //! `Content-Length`), and what exceeds its own limits, before any of this runs, with an empty body: its limits
@@ -35,22 +37,20 @@ pub(crate) async fn check(
     next: Next,
 ) -> Response {
     let expects_continue = expects_continue(request.headers());
-    let refused = refusal(
-        request.uri(),
-        request.headers(),
-        max_body_bytes,
-        expects_continue,
-    );
+    let refused = refusal(request.uri(), request.headers(), max_body_bytes);
     if let Err((status, message)) = refused {
         let mut response = error_body(status, &message);
-        if expects_continue {
-            // The client waits for this answer before it sends its body, and will not send it: the connection
-            // cannot carry another request (hyper closes it after the answer).
+        if expects_continue || status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The client waits for this answer before it sends its body, and will not send it; or its body is
+            // larger than what may be read to skip it: the connection cannot carry another request (hyper closes
+            // it after the answer).
             response.headers_mut().insert(
                 header::CONNECTION,
                 axum::http::HeaderValue::from_static("close"),
             );
-        } else {
+        }
+        if !expects_continue {
+            // A client sending its body unasked reads the answer rather than a reset while it writes.
             refuse_unread(request.into_body(), max_body_bytes);
         }
         return response;
@@ -69,7 +69,6 @@ fn refusal(
     uri: &Uri,
     headers: &HeaderMap,
     max_body_bytes: usize,
-    expects_continue: bool,
 ) -> Result<(), (StatusCode, String)> {
     let target = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
     if target > MAX_URI_BYTES {
@@ -110,9 +109,6 @@ fn refusal(
                 format!("Content-Encoding: {value:?} is not supported: send the body uncompressed"),
             ));
         }
-    }
-    if !expects_continue {
-        return Ok(());
     }
     // hyper has already refused a Content-Length that is not one number.
     let length = headers
@@ -171,8 +167,7 @@ mod tests {
 
     fn refused(uri: &str, pairs: &[(&'static str, &str)]) -> Option<(u16, String)> {
         let uri: Uri = uri.parse().expect("uri");
-        let expects_continue = pairs.contains(&("expect", "100-continue"));
-        refusal(&uri, &headers(pairs), 1000, expects_continue)
+        refusal(&uri, &headers(pairs), 1000)
             .err()
             .map(|(status, message)| (status.as_u16(), message))
     }
@@ -184,11 +179,6 @@ mod tests {
                 "/v1/models/m/rank",
                 &[("content-length", "1000"), ("expect", "100-continue")]
             ),
-            None
-        );
-        // Without Expect, the route reads the body up to the limit and answers 413 itself.
-        assert_eq!(
-            refused("/v1/models/m/rank", &[("content-length", "1001")]),
             None
         );
         assert_eq!(
@@ -242,15 +232,18 @@ mod tests {
             refused("/", &[("content-encoding", "identity, br")]).map(|(s, _)| s),
             Some(415)
         );
-        assert_eq!(
-            refused(
-                "/",
-                &[("content-length", "1001"), ("expect", "100-continue")]
-            ),
-            Some((
-                413,
-                "the body is larger than the limit of 1000 bytes".into()
-            ))
-        );
+        for pairs in [
+            &[("content-length", "1001"), ("expect", "100-continue")][..],
+            &[("content-length", "1001")],
+        ] {
+            assert_eq!(
+                refused("/", pairs),
+                Some((
+                    413,
+                    "the body is larger than the limit of 1000 bytes".into()
+                )),
+                "{pairs:?}"
+            );
+        }
     }
 }

@@ -228,7 +228,7 @@ impl Service {
             )
             .map_err(|failure| ServiceError::LoadFailed {
                 model: name.to_owned(),
-                reason: failure.to_string(),
+                reason: failure.describe(&life.repository),
             })
     }
 
@@ -247,6 +247,22 @@ impl Service {
                     .map(|s| s.names())
                     .unwrap_or_default(),
             });
+        }
+        let user = life.pipelines.iter().find_map(|(pipeline, config)| {
+            let role = if config.recall_model == name {
+                "recall_model"
+            } else if config.ranking_model == name {
+                "ranking_model"
+            } else {
+                return None;
+            };
+            Some((pipeline, role))
+        });
+        if let Some((pipeline, role)) = user {
+            return Err(ServiceError::NotAllowed(format!(
+                "model {name:?} cannot be unloaded: pipeline {pipeline:?} uses it as its {role}; load another \
+                 version of it instead, or remove the pipeline from the config file and restart"
+            )));
         }
         self.registry
             .unload(name, &life.ctx.metrics, |next| {

@@ -66,6 +66,19 @@ pub enum LoadFailure {
 }
 
 impl LoadFailure {
+    /// The failure as clients read it: the paths of the files it names relative to the repository at `root`, whose
+    /// place on the server's disk is the operator's business, not the client's.
+    pub fn describe(&self, root: &Path) -> String {
+        match self {
+            LoadFailure::Invalid(e) => match e.path.strip_prefix(root) {
+                Ok(rel) if rel.as_os_str().is_empty() => e.problem.clone(),
+                Ok(rel) => format!("{}: {}", rel.display(), e.problem),
+                Err(_) => e.to_string(),
+            },
+            LoadFailure::Refused(problem) => problem.clone(),
+        }
+    }
+
     /// The `outcome` label of `recserve_model_loads_total`.
     pub(crate) fn outcome(&self) -> &'static str {
         match self {
@@ -253,13 +266,24 @@ impl<M: Loadable> Registry<M> {
                 serving,
                 ModelState::Failed {
                     version,
-                    reason: failure.to_string(),
+                    reason: failure.describe(repository),
                 },
             );
             failure
         };
-        let mv = repository::discover_model(repository, name, pin)
-            .map_err(|e| fail(None, LoadFailure::Invalid(e)))?;
+        let mv = match repository::discover_model(repository, name, pin) {
+            Ok(mv) => mv,
+            // A name that is neither in the repository nor known here leaves no trace: clients may send any
+            // number of made-up names, and each would otherwise become a status entry and metric series.
+            Err(e)
+                if serving.is_none()
+                    && !lock(&self.status).contains_key(name)
+                    && !repository::holds(repository, name) =>
+            {
+                return Err(LoadFailure::Invalid(e));
+            }
+            Err(e) => return Err(fail(None, LoadFailure::Invalid(e))),
+        };
         if skip_if_serving && serving == Some(mv.version) {
             return Ok(None);
         }

@@ -17,7 +17,7 @@ pub use spec::{
 };
 pub use table::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 
-use crate::error::LoadError;
+use crate::error::{Echo, LoadError};
 
 /// One model of the repository and the version chosen for serving.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,12 @@ pub fn is_valid_model_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whether `name` is a model directory of the repository at `root` (a valid name with a directory of that name):
+/// what a load of a name can leave a trace of, where any other name a client sends must leave none.
+pub fn holds(root: &Path, name: &str) -> bool {
+    is_valid_model_name(name) && root.join(name).is_dir()
 }
 
 /// Lists the models under `root` and picks each one's version: `pins[name]` when pinned, else the highest.
@@ -92,14 +98,19 @@ pub fn discover_model(
     if !is_valid_model_name(name) {
         return Err(LoadError::new(
             root,
-            format!("{name:?} is not a model name (letters, digits, '_' and '-', at most 128)"),
+            format!(
+                "{:?} is not a model name (letters, digits, '_' and '-', at most 128)",
+                Echo(name)
+            ),
         ));
     }
     let path = root.join(name);
     if !path.is_dir() {
         return Err(LoadError::new(
-            &path,
-            "is not in the model repository (expected <repository>/<model>/<version>/model.toml)",
+            root,
+            format!(
+                "the repository has no model {name:?} (expected <repository>/{name}/<version>/model.toml)"
+            ),
         ));
     }
     let available = versions_of(&path)?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -111,10 +111,7 @@ impl From<ModelMetadata> for MetadataJson {
     }
 }
 
-async fn model_metadata(
-    State(service): State<Arc<Service>>,
-    Path(path): Path<ModelPath>,
-) -> Response {
+async fn model_metadata(State(service): State<Arc<Service>>, path: ModelPath) -> Response {
     match service.model(&path.model, path.version.as_deref()) {
         Ok(served) => axum::Json(MetadataJson::from(super::metadata(&served))).into_response(),
         Err(e) => error_response(&e),
@@ -122,7 +119,7 @@ async fn model_metadata(
 }
 
 /// Whether the model (and, when given, that version) is ready: served, and the server not draining.
-async fn model_ready(State(service): State<Arc<Service>>, Path(path): Path<ModelPath>) -> Response {
+async fn model_ready(State(service): State<Arc<Service>>, path: ModelPath) -> Response {
     match service.model(&path.model, path.version.as_deref()) {
         Ok(_) if service.readiness() == Readiness::Ready => {
             axum::Json(json!({ "name": path.model, "ready": true })).into_response()
@@ -220,7 +217,7 @@ fn flag(parameters: &Parameters, path: &str, key: &str) -> Result<Option<bool>, 
         Some(Parameter::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(ServiceError::invalid(
             format!("{path}.{key}"),
-            format!("must be true or false, got {other:?}"),
+            format!("must be true or false, got {other}"),
         )),
     }
 }
@@ -286,7 +283,7 @@ pub(crate) fn decode(
                 return Err(ServiceError::invalid(
                     &input.name,
                     format!(
-                        "parameters.binary_data_size must be a whole number of bytes, got {other:?}"
+                        "parameters.binary_data_size must be a whole number of bytes, got {other}"
                     ),
                 ));
             }
@@ -445,7 +442,7 @@ pub(crate) fn encode(
 
 async fn infer(
     State(service): State<Arc<Service>>,
-    Path(path): Path<ModelPath>,
+    path: ModelPath,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -90,7 +90,7 @@ fn k_of(
                 ServiceError::invalid(
                     format!("parameters.{K}"),
                     format!(
-                        "must be an integer from 1 to {items} (the catalogue), got {parameter:?}"
+                        "must be an integer from 1 to {items} (the catalogue), got {parameter}"
                     ),
                 )
             })?;
@@ -146,7 +146,7 @@ fn search_of(
         Some(other) => {
             return Err(ServiceError::invalid(
                 format!("parameters.{EXACT}"),
-                format!("must be a boolean, got {other:?}"),
+                format!("must be a boolean, got {other}"),
             ));
         }
     };
@@ -169,7 +169,7 @@ fn search_of(
             let n = n.ok_or_else(|| {
                 ServiceError::invalid(
                     &field,
-                    format!("must be a positive integer, got {parameter:?}"),
+                    format!("must be a positive integer, got {parameter}"),
                 )
             })?;
             SearchRequest::Nprobe(n)

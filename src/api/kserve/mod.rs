@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub(crate) use tensor::{Datatype, InputTensor, OutputData, OutputTensor, TensorData, Typed};
 
 use crate::service::{Model, ModelCall, ServedModel};
-use recserve_core::error::ServiceError;
+use recserve_core::error::{Echo, ServiceError};
 
 /// What `GET /v2` and `ServerMetadata` call this server.
 pub(crate) const SERVER_NAME: &str = "recserve";
@@ -37,6 +37,20 @@ pub(crate) enum Parameter {
     Uint64(u64),
     Double(f64),
     String(String),
+}
+
+/// A parameter's value as error messages show it: its type and the value as the client wrote it (`the integer
+/// -1`, `the string "1000"`), client text cut ([`Echo`]).
+impl std::fmt::Display for Parameter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Parameter::Bool(b) => write!(f, "the boolean {b}"),
+            Parameter::Int64(n) => write!(f, "the integer {n}"),
+            Parameter::Uint64(n) => write!(f, "the integer {n}"),
+            Parameter::Double(x) => write!(f, "the number {x}"),
+            Parameter::String(text) => write!(f, "the string {:?}", Echo(text)),
+        }
+    }
 }
 
 /// Parameters by name.
@@ -144,7 +158,7 @@ pub(crate) fn timeout_parameter(
         Some(other) => {
             return Err(ServiceError::invalid(
                 "parameters.timeout",
-                format!("must be a whole number of microseconds ≥ 0, got {other:?}"),
+                format!("must be a whole number of microseconds ≥ 0, got {other}"),
             ));
         }
     };
@@ -222,17 +236,28 @@ mod tests {
             timeout_parameter(&timeout(Parameter::Int64(0)), now).expect("ok"),
             None
         );
-        for bad in [
-            Parameter::Int64(-1),
-            Parameter::Double(1.5),
-            Parameter::Bool(true),
+        // The message shows the value as the client wrote it, with its type, never as a Rust value.
+        for (bad, shown) in [
+            (Parameter::Int64(-1), "the integer -1"),
+            (Parameter::Double(1.5), "the number 1.5"),
+            (Parameter::Bool(true), "the boolean true"),
+            (Parameter::String("1000".into()), "the string \"1000\""),
         ] {
             let err = timeout_parameter(&timeout(bad), now).expect_err("refused");
-            assert!(
-                err.to_string()
-                    .starts_with("parameters.timeout: must be a whole number of microseconds"),
-                "{err}"
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "parameters.timeout: must be a whole number of microseconds ≥ 0, got {shown}"
+                )
             );
         }
+        let long = Parameter::String("9".repeat(5000));
+        assert_eq!(
+            long.to_string(),
+            format!(
+                "the string \"{}\"… (first 100 of 5000 characters)",
+                "9".repeat(100)
+            )
+        );
     }
 }

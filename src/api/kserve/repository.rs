@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::api::envelope::{body_bytes, error_response, parse_json};
+use crate::api::envelope::{Segments, body_bytes, error_response, parse_json};
 use crate::service::Service;
 use recserve_core::error::ServiceError;
 
@@ -101,7 +101,7 @@ fn done(result: Result<(), ServiceError>) -> Response {
 
 async fn load(
     State(service): State<Arc<Service>>,
-    Path(model): Path<String>,
+    Segments(model): Segments<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -123,7 +123,7 @@ async fn load(
 
 async fn unload(
     State(service): State<Arc<Service>>,
-    Path(model): Path<String>,
+    Segments(model): Segments<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {

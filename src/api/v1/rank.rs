@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -26,7 +26,7 @@ pub(crate) fn routes() -> Router<Arc<Service>> {
 
 async fn rank(
     State(service): State<Arc<Service>>,
-    Path(path): Path<ModelPath>,
+    path: ModelPath,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -259,6 +259,7 @@ impl<'de> Visitor<'de> for User<'_, '_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let d = self.0;
+        let mut missing = None;
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "fields" => {
@@ -269,7 +270,7 @@ impl<'de> Visitor<'de> for User<'_, '_> {
                         d: &mut *d,
                         candidate: None,
                     });
-                    d.locate(read, || "user.fields".to_owned())?;
+                    missing = d.locate(read, || "user.fields".to_owned())?;
                     d.user_fields_read = true;
                 }
                 "dense" => {
@@ -287,6 +288,13 @@ impl<'de> Visitor<'de> for User<'_, '_> {
                     )));
                 }
             }
+        }
+        if let Some(f) = missing {
+            let name = d.contract.field_name(f);
+            return Err(d.fail(ServiceError::invalid(
+                format!("user.fields.{name}"),
+                "is missing",
+            )));
         }
         Ok(())
     }
@@ -403,6 +411,7 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
         d.ids.resize(start + nf, 0);
         let mut id: Option<Option<i64>> = None;
         let mut fields_read = false;
+        let mut missing = None;
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "id" => {
@@ -420,7 +429,7 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
                         d: &mut *d,
                         candidate: Some(i),
                     });
-                    d.locate(read, || format!("candidates[{i}].fields"))?;
+                    missing = d.locate(read, || format!("candidates[{i}].fields"))?;
                     fields_read = true;
                 }
                 other => {
@@ -432,7 +441,12 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
             }
         }
         let contract = d.contract;
-        if !fields_read && let Some(&f) = contract.item_fields.first() {
+        let missing = if fields_read {
+            missing
+        } else {
+            contract.item_fields.first().copied()
+        };
+        if let Some(f) = missing {
             return Err(d.fail(ServiceError::invalid(
                 format!("candidates[{i}].fields.{}", contract.field_name(f)),
                 "is missing",
@@ -471,18 +485,23 @@ impl Fields<'_, '_> {
 }
 
 impl<'de> DeserializeSeed<'de> for Fields<'_, '_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+    /// The first expected field the object lacks: refused by the object that holds it, once that has been read
+    /// whole, so that a `fields` key given twice is named as such rather than as the first one's gap.
+    type Value = Option<usize>;
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Option<usize>, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for Fields<'_, '_> {
-    type Value = ();
+    type Value = Option<usize>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an object of field name to integer id")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<usize>, A::Error> {
         let (d, candidate) = (self.d, self.candidate);
         let contract = d.contract;
         let (expected, side, row_start) = match candidate {
@@ -530,15 +549,10 @@ impl<'de> Visitor<'de> for Fields<'_, '_> {
             }
             read += 1;
         }
-        if read != expected.len()
-            && let Some(&f) = expected.iter().find(|&&f| !d.seen[f])
-        {
-            return Err(d.fail(ServiceError::invalid(
-                Self::path(candidate, contract.field_name(f)),
-                "is missing",
-            )));
+        if read == expected.len() {
+            return Ok(None);
         }
-        Ok(())
+        Ok(expected.iter().find(|&&f| !d.seen[f]).copied())
     }
 }
 

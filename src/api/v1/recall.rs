@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -25,7 +25,7 @@ pub(crate) fn routes() -> Router<Arc<Service>> {
 
 async fn recall(
     State(service): State<Arc<Service>>,
-    Path(path): Path<ModelPath>,
+    path: ModelPath,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::UserSide;
 use super::recall::{recall_query, search_request};
-use crate::api::envelope::{HttpBody, deadline_header, parse_json};
+use crate::api::envelope::{HttpBody, Segments, deadline_header, parse_json};
 use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, Service};
 use recserve_core::error::ServiceError;
 use recserve_core::pipeline::{RecommendInput, Recommendation};
@@ -30,7 +30,7 @@ pub(crate) fn routes() -> Router<Arc<Service>> {
 
 async fn recommend(
     State(service): State<Arc<Service>>,
-    Path(pipeline): Path<String>,
+    Segments(pipeline): Segments<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -50,6 +50,9 @@ fn names_the_field_of_every_problem() {
         (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": "x"}}}}]}}"#), "candidates[0].fields.cat: invalid type: string \"x\", expected i64"),
         (format!(r#"{{{ok_user}, "candidates": [{{"id": 1.5, "fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: invalid type: floating point"),
         (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{}}}}]}}"#), "candidates[0].fields.cat: is missing"),
+        // A key given twice is named as such, even where the first one lacks a field.
+        (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{}}, "fields": {{"cat": 0}}}}]}}"#), "candidates[0].fields: is given more than once"),
+        (r#"{"user": {"fields": {}, "fields": {"u": 1}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}}]}"#.to_owned(), "user.fields: is given more than once"),
         (format!(r#"{{{ok_user}, "candidates": [{{"fields": {{"cat": 0}}}}]}}"#), "candidates[0].id: is required: it is the value of the model's item_id_field \"item\""),
         (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 5}}}}]}}"#), "candidates[0].fields.cat: id 5 is outside the vocabulary of table \"cat\" (ids 0 to 4), which rejects unknown ids"),
         (format!(r#"{{{ok_user}, "candidates": [{{"id": 1, "fields": {{"cat": 0, "item": 1}}}}]}}"#), "candidates[0].fields.item: is the model's item_id_field"),
