@@ -474,6 +474,78 @@ async fn loads_of_names_the_repository_does_not_hold_leave_no_trace() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// Writes `value` over every value of row `row` of the fp32 table `table` in the safetensors file `file`.
+fn set_row(file: &Path, table: &str, row: usize, value: f32) {
+    let mut bytes = std::fs::read(file).expect("read tables");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).expect("header");
+    let tensor = &header[table];
+    assert_eq!(tensor["dtype"], "F32", "{tensor}");
+    let dim = tensor["shape"][1].as_u64().expect("dim") as usize;
+    let start = 8 + header_len + tensor["data_offsets"][0].as_u64().expect("offset") as usize;
+    for column in 0..dim {
+        let at = start + (row * dim + column) * 4;
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    }
+    std::fs::write(file, bytes).expect("write tables");
+}
+
+/// A version whose table holds a NaN is refused naming the table and the row, and the serving version goes on; a
+/// row of finite values so large that the score overflows is served as a 500 naming the problem (and counted),
+/// never as a 200 with a null score.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_finite_tables_are_refused_at_load_and_non_finite_scores_are_not_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, token) = repository(dir.path());
+    let server = start(&repo, Some(&token), ModelControl::Explicit).await;
+    let request = rank_request();
+    let user_field = request["user"]["fields"]
+        .as_object()
+        .expect("user fields")
+        .iter()
+        .next()
+        .map(|(name, id)| (name.clone(), id.as_u64().expect("id") as usize))
+        .expect("a user field");
+
+    copy_dir(&repo.join("swap/1"), &repo.join("swap/3"));
+    set_row(&repo.join("swap/3/tables.safetensors"), "C2", 7, f32::NAN);
+    let (status, body) = admin(&server, "/v2/repository/models/swap/load", Some(&bearer())).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"],
+        "model \"swap\" was not loaded: swap/3/tables.safetensors: table \"C2\" row 7: column 0 is not a \
+         finite number (NaN): every score that row enters would be too; write the table again without it"
+    );
+    let (status, body) = server.post("/v1/models/swap/rank", &request).await;
+    assert_eq!((status, &body["version"]), (200, &json!(2)), "{body}");
+
+    // Finite, but too large for the model's sums: the scores overflow.
+    std::fs::remove_dir_all(repo.join("swap/3")).expect("remove");
+    copy_dir(&repo.join("swap/1"), &repo.join("swap/3"));
+    set_row(
+        &repo.join("swap/3/tables.safetensors"),
+        &user_field.0,
+        user_field.1,
+        3e38,
+    );
+    let (status, body) = admin(&server, "/v2/repository/models/swap/load", Some(&bearer())).await;
+    assert_eq!(status, 200, "finite values load: {body}");
+    let (status, body) = server.post("/v1/models/swap/rank", &request).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.starts_with(
+            "model \"swap\" computed a non-finite score (NaN) for row 0 of the request"
+        )),
+        "{body}"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert_eq!(
+        metric_sample(&metrics, "recserve_non_finite_scores_total{model=\"swap\"}"),
+        1.0
+    );
+    server.stop().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_swaps_in_a_complete_new_version_and_unloads_a_removed_model() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -229,6 +229,18 @@ pub enum ServiceError {
     /// A model version could not be loaded or swapped in; the version serving before, if any, goes on serving.
     #[error("model {:?} was not loaded: {reason}", Echo(.model))]
     LoadFailed { model: String, reason: String },
+    /// The model computed a score that is not a finite number for a row of the request (its tables or dense graph
+    /// hold NaN or infinity, or the computation overflowed): the request is refused rather than answered with a
+    /// score JSON cannot carry.
+    #[error(
+        "model {model:?} computed a non-finite score ({value}) for row {row} of the request: the model's tables \
+         or dense graph hold a value that is not a finite number; this is the model's fault, not the request's"
+    )]
+    NonFiniteScore {
+        model: String,
+        row: usize,
+        value: f32,
+    },
     /// A failure that is not the client's doing. The detail is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -274,7 +286,7 @@ impl ServiceError {
             ServiceError::PermissionDenied(_) => 403,
             ServiceError::NotAllowed(_) => 409,
             ServiceError::LoadFailed { .. } => 400,
-            ServiceError::Internal(_) => 500,
+            ServiceError::NonFiniteScore { .. } | ServiceError::Internal(_) => 500,
         }
     }
 
@@ -298,6 +310,7 @@ impl ServiceError {
             ServiceError::PermissionDenied(_) => "permission_denied",
             ServiceError::NotAllowed(_) => "not_allowed",
             ServiceError::LoadFailed { .. } => "load_failed",
+            ServiceError::NonFiniteScore { .. } => "non_finite_score",
             ServiceError::Internal(_) => "internal",
         }
     }

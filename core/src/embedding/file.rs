@@ -148,13 +148,103 @@ pub fn open_tables(
             ));
         }
         let data = view.data();
+        if let Some(bad) = first_non_finite(spec.storage, spec.dim, data) {
+            return Err(LoadError::new(
+                &path,
+                format!(
+                    "table {:?} row {}: {} is not a finite number ({}): every score that row enters would be too; \
+                     write the table again without it",
+                    spec.name, bad.row, bad.what, bad.value
+                ),
+            ));
+        }
         let start = data.as_ptr() as usize - map.as_ptr() as usize;
+        if preload == Preload::OnDemand {
+            // The check read every page of the table in; give them back, as `--preload off` promises (clean
+            // pages of a file, read again if a request touches them).
+            // SAFETY: the map is a read-only private map of a file: dropped pages read the same bytes again.
+            #[cfg(unix)]
+            if let Err(e) = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, data.len())
+            } {
+                tracing::debug!(file = %path.display(), error = %e, "madvise(MADV_DONTNEED) failed");
+            }
+        }
         out.push(TableBytes {
             map: Arc::clone(&map),
             range: start..start + data.len(),
         });
     }
     Ok(out)
+}
+
+/// A value of a table that is not a finite number.
+#[derive(Debug, PartialEq)]
+struct NonFinite {
+    row: usize,
+    /// `column 3`, or for an int8 row `its scale` / `its bias`.
+    what: String,
+    value: f32,
+}
+
+/// The first value of a table's bytes (`storage`, `dim` values a row) that is NaN or infinite, if any.
+fn first_non_finite(storage: Storage, dim: usize, bytes: &[u8]) -> Option<NonFinite> {
+    let at = |i: usize, value: f32| NonFinite {
+        row: i / dim,
+        what: format!("column {}", i % dim),
+        value,
+    };
+    match storage {
+        Storage::Fp32 => {
+            let values = bytes.as_chunks::<4>().0;
+            let i = first_where(values, |b| {
+                u32::from_le_bytes(*b) & 0x7f80_0000 == 0x7f80_0000
+            })?;
+            Some(at(i, f32::from_le_bytes(values[i])))
+        }
+        Storage::Fp16 => {
+            let values = bytes.as_chunks::<2>().0;
+            let i = first_where(values, |b| u16::from_le_bytes(*b) & 0x7c00 == 0x7c00)?;
+            Some(at(i, half::f16::from_le_bytes(values[i]).to_f32()))
+        }
+        Storage::Int8 => {
+            // Codes are integers; each row's scale and bias (two f32 after its `dim` codes) may not be finite.
+            bytes
+                .chunks_exact(dim + 8)
+                .enumerate()
+                .find_map(|(row, bytes)| {
+                    let (params, _) = bytes[dim..].as_chunks::<4>();
+                    let (scale, offset) =
+                        (f32::from_le_bytes(params[0]), f32::from_le_bytes(params[1]));
+                    let (what, value) = if !scale.is_finite() {
+                        ("its scale", scale)
+                    } else if !offset.is_finite() {
+                        ("its bias", offset)
+                    } else {
+                        return None;
+                    };
+                    Some(NonFinite {
+                        row,
+                        what: what.to_owned(),
+                        value,
+                    })
+                })
+        }
+    }
+}
+
+/// The index of the first value for which `bad` holds: blocks are tested whole without a branch (which the
+/// compiler vectorises), and only the block that holds one is searched.
+fn first_where<const N: usize>(
+    values: &[[u8; N]],
+    bad: impl Fn(&[u8; N]) -> bool,
+) -> Option<usize> {
+    const BLOCK: usize = 4096;
+    let (block, values) = values
+        .chunks(BLOCK)
+        .enumerate()
+        .find(|(_, block)| block.iter().fold(false, |any, v| any | bad(v)))?;
+    Some(block * BLOCK + values.iter().position(bad)?)
 }
 
 /// Files at least this large are read in with progress lines.
@@ -299,6 +389,65 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+
+    #[test]
+    fn the_first_non_finite_value_is_found_with_its_row_and_column() {
+        let (rows, dim) = (3000, 7);
+        let fp32 = |poison: &[(usize, f32)]| {
+            let mut values: Vec<f32> = (0..rows * dim).map(|i| i as f32 * 0.5 - 100.0).collect();
+            for &(at, v) in poison {
+                values[at] = v;
+            }
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(first_non_finite(Storage::Fp32, dim, &fp32(&[])), None);
+        // Past the first block of 4096 values, the first of two is named.
+        let found = first_non_finite(
+            Storage::Fp32,
+            dim,
+            &fp32(&[(2500 * dim + 3, f32::INFINITY), (2900 * dim, f32::NAN)]),
+        )
+        .expect("found");
+        assert_eq!((found.row, found.what.as_str()), (2500, "column 3"));
+        assert_eq!(found.value, f32::INFINITY);
+        let found = first_non_finite(Storage::Fp32, dim, &fp32(&[(6, f32::NAN)])).expect("found");
+        assert_eq!((found.row, found.what.as_str()), (0, "column 6"));
+        assert!(found.value.is_nan());
+
+        let fp16: Vec<u8> = (0..rows * dim)
+            .map(|i| {
+                let v = if i == 17 * dim + 1 {
+                    f32::NEG_INFINITY
+                } else {
+                    i as f32
+                };
+                half::f16::from_f32(v.min(60000.0))
+            })
+            .flat_map(|h| h.to_le_bytes())
+            .collect();
+        let found = first_non_finite(Storage::Fp16, dim, &fp16).expect("found");
+        assert_eq!((found.row, found.what.as_str()), (17, "column 1"));
+        assert_eq!(found.value, f32::NEG_INFINITY);
+
+        // int8 rows: `dim` codes (any byte is a code), then the scale and the bias.
+        let int8_row = |scale: f32, bias: f32| {
+            let mut row = vec![0xffu8; dim];
+            row.extend_from_slice(&scale.to_le_bytes());
+            row.extend_from_slice(&bias.to_le_bytes());
+            row
+        };
+        let mut int8: Vec<u8> = (0..rows).flat_map(|_| int8_row(0.1, -1.0)).collect();
+        assert_eq!(first_non_finite(Storage::Int8, dim, &int8), None);
+        int8[40 * (dim + 8)..41 * (dim + 8)].copy_from_slice(&int8_row(0.1, f32::NAN));
+        let found = first_non_finite(Storage::Int8, dim, &int8).expect("found");
+        assert_eq!((found.row, found.what.as_str()), (40, "its bias"));
+        int8[9 * (dim + 8)..10 * (dim + 8)].copy_from_slice(&int8_row(f32::INFINITY, 0.0));
+        let found = first_non_finite(Storage::Int8, dim, &int8).expect("found");
+        assert_eq!((found.row, found.what.as_str()), (9, "its scale"));
+    }
 
     #[test]
     fn a_large_file_is_read_in_step_by_step_with_the_same_bytes() {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use prometheus::{Histogram, HistogramVec, IntCounterVec, Registry};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, Registry};
 
 use super::{LATENCY_BUCKETS, Metrics, ROW_BUCKETS, counter, histogram, register};
 use crate::trace::slow::SlowRequests;
@@ -20,6 +20,7 @@ pub(super) struct Requests {
     request_rows: HistogramVec,
     gather_duration: HistogramVec,
     inference_duration: HistogramVec,
+    non_finite_scores: IntCounterVec,
 }
 
 impl Requests {
@@ -65,6 +66,12 @@ impl Requests {
                 LATENCY_BUCKETS,
                 &["model"],
             ),
+            non_finite_scores: counter(
+                "recserve_non_finite_scores_total",
+                "Scoring calls refused (500) because the model computed a score that is not a finite number: \
+                 its tables or dense graph hold NaN or infinity.",
+                &["model"],
+            ),
         }
     }
 
@@ -78,6 +85,7 @@ impl Requests {
                 Box::new(self.request_rows.clone()),
                 Box::new(self.gather_duration.clone()),
                 Box::new(self.inference_duration.clone()),
+                Box::new(self.non_finite_scores.clone()),
             ],
         );
     }
@@ -116,6 +124,7 @@ impl Metrics {
             request_rows: r.request_rows.with_label_values(&[model]),
             gather_duration: r.gather_duration.with_label_values(&[model, device]),
             inference_duration: r.inference_duration.with_label_values(&[model]),
+            non_finite_scores: r.non_finite_scores.with_label_values(&[model]),
         }
     }
 }
@@ -126,6 +135,7 @@ pub struct ModelMetrics {
     pub(crate) request_rows: Histogram,
     pub(crate) gather_duration: Histogram,
     pub(crate) inference_duration: Histogram,
+    pub(crate) non_finite_scores: IntCounter,
 }
 
 /// Where finished request traces go: the per-stage histograms (answered requests only) and the slow-request

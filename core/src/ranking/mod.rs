@@ -8,7 +8,7 @@ mod item_features;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus::Histogram;
+use prometheus::{Histogram, IntCounter};
 
 pub use contract::{RankContract, RankInput, best_first};
 pub(crate) use item_features::ItemFeatures;
@@ -239,6 +239,10 @@ pub struct RankingModel {
     default_deadline: Duration,
     /// `recserve_request_rows`: candidates per scoring call (a rank request, or a pipeline's rank stage).
     request_rows: Histogram,
+    /// The model's name, for the error of a non-finite score.
+    name: String,
+    /// `recserve_non_finite_scores_total`.
+    non_finite_scores: IntCounter,
 }
 
 impl RankingModel {
@@ -281,11 +285,11 @@ impl RankingModel {
             .with_queue(batching.fit());
         let shape = contract.shape();
         let estimator = Estimator::new(&batching.buckets);
-        let request_rows = ctx
-            .metrics
-            .model(&mv.name, store.device())
-            .request_rows
-            .clone();
+        let model_metrics = ctx.metrics.model(&mv.name, store.device());
+        let (request_rows, non_finite_scores) = (
+            model_metrics.request_rows.clone(),
+            model_metrics.non_finite_scores.clone(),
+        );
         let graph_path = mv.dir.join(&graph_spec.file);
         let workers = open_workers(ctx, mv, &store, &contract, &mut batching)?;
         let mut executors = Vec::with_capacity(workers.len());
@@ -321,6 +325,8 @@ impl RankingModel {
             batching,
             default_deadline,
             request_rows,
+            name: mv.name.clone(),
+            non_finite_scores,
         })
     }
 
@@ -353,8 +359,27 @@ impl RankingModel {
     }
 
     /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher
-    /// and reassembles the scores in order.
+    /// and reassembles the scores in order. A score that is not a finite number fails the call
+    /// ([`ServiceError::NonFiniteScore`], counted in `recserve_non_finite_scores_total`).
     pub async fn score(
+        &self,
+        input: RankInput,
+        deadline: Instant,
+    ) -> Result<Vec<f32>, ServiceError> {
+        let scores = self.score_rows(input, deadline).await?;
+        if let Some(row) = scores.iter().position(|s| !s.is_finite()) {
+            self.non_finite_scores.inc();
+            tracing::error!(model = %self.name, row, value = %scores[row], "the model computed a non-finite score");
+            return Err(ServiceError::NonFiniteScore {
+                model: self.name.clone(),
+                row,
+                value: scores[row],
+            });
+        }
+        Ok(scores)
+    }
+
+    async fn score_rows(
         &self,
         input: RankInput,
         deadline: Instant,

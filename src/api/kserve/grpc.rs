@@ -58,7 +58,7 @@ pub(crate) fn code_of(error: &ServiceError) -> Code {
         ServiceError::PermissionDenied(_) => Code::PermissionDenied,
         ServiceError::NotAllowed(_) => Code::FailedPrecondition,
         ServiceError::LoadFailed { .. } => Code::InvalidArgument,
-        ServiceError::Internal(_) => Code::Internal,
+        ServiceError::NonFiniteScore { .. } | ServiceError::Internal(_) => Code::Internal,
     }
 }
 
