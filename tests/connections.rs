@@ -213,6 +213,68 @@ async fn slow_clients_are_closed_after_their_timeouts_while_others_are_served() 
 
 /// Opens a connection and has it answer one request, so that it is known to be held; retries while the server
 /// still counts connections that are closing (each retry is a refusal).
+/// An HTTP/2 client that grants its streams no flow-control window (SETTINGS_INITIAL_WINDOW_SIZE = 0) and never
+/// reads: its responses' heads arrive, their bodies cannot. The server drops the connection, and with it the
+/// responses it holds, `--write-timeout-ms` after they last made progress, and counts it; a client that reads is
+/// served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_never_reads_is_dropped_after_the_write_timeout() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    const WRITE: Duration = Duration::from_millis(500);
+    let server = TestServer::start(config(&fixture_repo(), |a| {
+        a.write_timeout_ms = Some(WRITE.as_millis() as u64);
+    }))
+    .await;
+    let stream = TcpStream::connect(server.addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake::<_, http_body_util::Full<Bytes>>(TokioIo::new(stream))
+        .await
+        .expect("HTTP/2 handshake");
+    let start = Instant::now();
+    let connection = tokio::spawn(conn);
+    let mut held = Vec::new();
+    for user in 0..8 {
+        let request =
+            axum::http::Request::post(format!("http://{}/v1/models/lightgcn/recall", server.addr))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(format!(
+                    r#"{{"user_id": {user}, "k": 50}}"#
+                ))))
+                .expect("request");
+        let response = sender
+            .clone()
+            .send_request(request)
+            .await
+            .expect("a response head");
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    // Meanwhile, a client that reads is answered.
+    let body: serde_json::Value = serde_json::from_slice(&rank_body()).expect("json");
+    let (status, answer) = server.post(RANK, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let ended = tokio::time::timeout(LIMIT, connection)
+        .await
+        .expect("the connection is dropped within the limit");
+    assert!(ended.is_ok(), "the connection task ended");
+    assert!(
+        start.elapsed() >= WRITE,
+        "not before the write timeout: {:?}",
+        start.elapsed()
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert_eq!(
+        metric_sample(
+            &metrics,
+            "recserve_connections_timed_out_total{listener=\"http\",timeout=\"write\"}"
+        ),
+        1.0
+    );
+    drop(held);
+    server.stop().await.expect("clean shutdown");
+}
+
 async fn held_connection(addr: std::net::SocketAddr) -> TcpStream {
     for _ in 0..300 {
         let mut stream = TcpStream::connect(addr).await.expect("connect");

@@ -22,7 +22,7 @@ use settings::{
     MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS,
     MODEL_CONTROL, ORT_LIBRARY_FALLBACK, PRELOAD, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
     REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS, SPLIT_GRAPH, TENSORRT_FP16,
-    TENSORRT_INT8,
+    TENSORRT_INT8, WRITE_TIMEOUT_MS,
 };
 pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
@@ -213,6 +213,8 @@ pub(crate) struct Timeouts {
     pub(crate) body_read: Duration,
     #[serde(rename = "idle_timeout_ms", serialize_with = "millis")]
     pub(crate) idle: Duration,
+    #[serde(rename = "write_timeout_ms", serialize_with = "millis")]
+    pub(crate) write: Duration,
     /// `None`: no HTTP/2 pings (0 in the file).
     #[serde(rename = "http2_ping_interval_ms", serialize_with = "millis_or_0")]
     pub(crate) http2_ping: Option<Duration>,
@@ -390,6 +392,7 @@ impl ServeArgs {
                     BODY_READ_TIMEOUT_MS.resolve(self.body_read_timeout_ms)?,
                 ),
                 idle: Duration::from_millis(IDLE_TIMEOUT_MS.resolve(self.idle_timeout_ms)?),
+                write: Duration::from_millis(WRITE_TIMEOUT_MS.resolve(self.write_timeout_ms)?),
                 http2_ping: Some(HTTP2_PING_INTERVAL_MS.resolve(self.http2_ping_interval_ms)?)
                     .filter(|&ms| ms > 0)
                     .map(Duration::from_millis),

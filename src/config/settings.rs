@@ -128,7 +128,7 @@ pub(crate) const ORT_LIBRARY_FALLBACK: &str = "libonnxruntime.so";
 
 /// The default that each flag of `serve` with one shows in its help, by flag.
 pub fn shown_defaults() -> BTreeMap<&'static str, String> {
-    let settings: [&dyn Shown; 36] = [
+    let settings: [&dyn Shown; 37] = [
         &HTTP_ADDR,
         &GRPC_ADDR,
         &INTRA_OP_THREADS,
@@ -153,6 +153,7 @@ pub fn shown_defaults() -> BTreeMap<&'static str, String> {
         &HEADER_READ_TIMEOUT_MS,
         &BODY_READ_TIMEOUT_MS,
         &IDLE_TIMEOUT_MS,
+        &WRITE_TIMEOUT_MS,
         &HTTP2_PING_INTERVAL_MS,
         &MAX_CONNECTIONS,
         &SLOW_REQUESTS,
@@ -391,6 +392,13 @@ pub(crate) const IDLE_TIMEOUT_MS: Setting<u64> = Setting {
     min: 10,
     max: 86_400_000,
 };
+/// A response that makes no progress (the client reads none of it) for this long closes its connection.
+pub(crate) const WRITE_TIMEOUT_MS: Setting<u64> = Setting {
+    flag: "--write-timeout-ms",
+    default: 30_000,
+    min: 10,
+    max: 3_600_000,
+};
 /// HTTP/2 pings after this long without a frame from the client; 0 turns them off.
 pub(crate) const HTTP2_PING_INTERVAL_MS: Setting<u64> = Setting {
     flag: "--http2-ping-interval-ms",
@@ -601,6 +609,12 @@ pub struct ServeArgs {
     /// closed (HTTP/2 with GOAWAY).
     #[arg(long)]
     pub idle_timeout_ms: Option<u64>,
+
+    /// Milliseconds a response may go without progress (the client reading none of it: HTTP/1 writes blocked,
+    /// HTTP/2 flow control closed) before its connection is closed, with every response it holds; a connection
+    /// holding more than 64 MiB of responses its client has not read is closed after 1 s without progress.
+    #[arg(long)]
+    pub write_timeout_ms: Option<u64>,
 
     /// HTTP/2 (gRPC) connections are pinged after this many milliseconds without a frame from the client, and
     /// closed when the ping is not answered within as long again; 0 turns pings off.

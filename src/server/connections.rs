@@ -3,7 +3,11 @@
 //! and logged); a request head must arrive within `--header-read-timeout-ms` of the connection's opening, or of its
 //! first byte after an idle spell; a body within `--body-read-timeout-ms` of its head ([`TimedBody`]); a connection
 //! with no request in flight is closed after `--idle-timeout-ms` (HTTP/2 with a GOAWAY); HTTP/2 connections are
-//! pinged (`--http2-ping-interval-ms`).
+//! pinged (`--http2-ping-interval-ms`). A connection whose client does not read its responses is dropped, with
+//! every response it holds: when they have made no progress (16 KiB written to the socket: HTTP/1 writes not
+//! blocked, HTTP/2 flow control open) for `--write-timeout-ms`, or for [`UNREAD_GRACE`] while they hold more than
+//! [`MAX_UNSENT_BYTES`] not yet taken. Response bodies are handed over in frames of at most [`MAX_FRAME_BYTES`], so that a body is
+//! taken only as fast as the client reads it, rather than copied whole into a send buffer it may never drain.
 //!
 //! Draining (shutdown): the listener is closed at once, so new connections are refused. HTTP/2 connections get a
 //! GOAWAY and finish their streams. An HTTP/1 connection answers the request in flight, or whose head has begun to
@@ -23,7 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, HttpBody};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderValue, Request, Response, Version, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -48,6 +52,23 @@ pub(crate) const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 /// How long a connection the server chose to close may take to go (an HTTP/2 GOAWAY waits for the client's
 /// answer to a ping) once it has no request in flight; then it is dropped.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Most bytes of responses a connection may hold that its client has not read (not yet taken for sending) without
+/// progress for [`UNREAD_GRACE`]; more, and the connection is dropped then rather than after `--write-timeout-ms`:
+/// a connection that does not read cannot grow the server's memory by opening streams for long, while a client
+/// that reads many large answers at once (64 MiB is 45 replies of the largest recall `--max-reply-items` allows)
+/// keeps making progress.
+pub(crate) const MAX_UNSENT_BYTES: u64 = 64 << 20;
+
+/// Bytes written to a connection's socket that count as its responses' progress ([`Activity::bytes_written`]).
+const PROGRESS_BYTES: u64 = 16 << 10;
+
+/// How long a connection over [`MAX_UNSENT_BYTES`] may go without progress: a client that reads makes some
+/// within it, however many large responses it has asked for at once.
+pub(crate) const UNREAD_GRACE: Duration = Duration::from_secs(1);
+
+/// Largest frame of a response body handed to hyper at once ([`CountedBody`]).
+const MAX_FRAME_BYTES: usize = 64 << 10;
 
 /// Which listener: the label of its metrics, how its request bodies time out, and whether Nagle's algorithm is
 /// turned off.
@@ -237,6 +258,20 @@ async fn connection(
                     Reason::IdleTimeout => metrics.idle_timeouts.inc(),
                     Reason::Drain => {}
                     Reason::Gone => return,
+                    Reason::WriteTimeout | Reason::Unread => {
+                        // Nothing can be said to a client that reads nothing: drop the connection, and with it
+                        // the responses it holds.
+                        metrics.write_timeouts.inc();
+                        let state = activity.state();
+                        tracing::debug!(
+                            listener = kind.label(),
+                            ?reason,
+                            responses = state.unsent,
+                            bytes = state.unsent_bytes,
+                            "connection dropped: its client does not read its responses"
+                        );
+                        return;
+                    }
                 }
                 if !activity.state().http2 {
                     // HTTP/1 with nothing in flight: nothing to say before closing (and hyper would wait for a
@@ -290,6 +325,12 @@ pub(crate) struct ConnectionState {
     pub(crate) head_started: Option<Instant>,
     /// The connection began with HTTP/2's preface (or carried an HTTP/2 request).
     pub(crate) http2: bool,
+    /// Responses handed to hyper whose bodies have not all been taken for sending.
+    pub(crate) unsent: usize,
+    /// The bytes of those bodies not yet taken (as far as their size is known).
+    pub(crate) unsent_bytes: u64,
+    /// When the responses last made progress: 16 KiB written to the socket, or one began while none was unsent.
+    pub(crate) last_sent: Instant,
 }
 
 /// Why a connection is closed.
@@ -303,6 +344,10 @@ pub(crate) enum Reason {
     Drain,
     /// Closed once already and still open [`CLOSE_GRACE`] later: dropped.
     Gone,
+    /// Its responses made no progress within `--write-timeout-ms`: dropped.
+    WriteTimeout,
+    /// Its responses hold more than [`MAX_UNSENT_BYTES`] its client has not read: dropped.
+    Unread,
 }
 
 /// What the connection's task does next.
@@ -331,10 +376,33 @@ pub(crate) fn next_step(
             Step::WaitUntil(Some(at))
         }
     };
+    // Responses the client does not read end the connection, whatever else it is doing.
+    let hoarding = state.unsent > 0 && state.unsent_bytes > MAX_UNSENT_BYTES;
+    let write_due = (state.unsent > 0).then(|| {
+        let grace = if hoarding {
+            UNREAD_GRACE
+        } else {
+            timeouts.write
+        };
+        state.last_sent + grace.min(timeouts.write)
+    });
+    if let Some(at) = write_due
+        && at <= now
+    {
+        return Step::Close(if hoarding {
+            Reason::Unread
+        } else {
+            Reason::WriteTimeout
+        });
+    }
+    let in_flight = match write_due {
+        Some(at) => Step::WaitUntil(Some(at)),
+        None => Step::Wait,
+    };
     if let Some(closing) = closing_since {
         // Requests in flight finish; then the connection has CLOSE_GRACE to go.
         return if state.in_flight > 0 {
-            Step::Wait
+            in_flight
         } else {
             due(closing.max(state.idle_since) + CLOSE_GRACE, Reason::Gone)
         };
@@ -347,7 +415,7 @@ pub(crate) fn next_step(
     }
     if state.in_flight > 0 {
         // Bodies have their own timeout; an HTTP/1 response while draining carries `Connection: close`.
-        return Step::Wait;
+        return in_flight;
     }
     let (at, reason) = if state.requests == 0 {
         (state.accepted + timeouts.header_read, Reason::HeaderTimeout)
@@ -375,6 +443,8 @@ struct Activity {
     /// The connection's first bytes, until there are enough to tell HTTP/2's preface from an HTTP/1 request
     /// line ([`PREFACE_START`]); `None` once told.
     first_bytes: Mutex<Option<Vec<u8>>>,
+    /// Bytes written to the socket since the last progress ([`Activity::bytes_written`]).
+    written: AtomicU64,
     /// Wakes the connection's task when the state changes in a way that moves its deadline.
     changed: Notify,
 }
@@ -389,9 +459,13 @@ impl Activity {
                 idle_since: now,
                 head_started: None,
                 http2: false,
+                unsent: 0,
+                unsent_bytes: 0,
+                last_sent: now,
             }),
             awaiting_head: AtomicBool::new(true),
             first_bytes: Mutex::new(Some(Vec::with_capacity(PREFACE_START.len()))),
+            written: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
@@ -445,6 +519,50 @@ impl Activity {
             self.awaiting_head.store(true, Ordering::Relaxed);
             self.changed.notify_one();
         }
+    }
+
+    /// A response body of (at least) `bytes` bytes is handed to hyper.
+    fn body_started(&self, bytes: u64) {
+        let wake = {
+            let mut state = self.lock();
+            state.unsent += 1;
+            state.unsent_bytes += bytes;
+            // A response beginning is progress only on a connection with none unsent: one more response beside
+            // unread ones is not a sign that the client reads.
+            if state.unsent == 1 {
+                state.last_sent = Instant::now();
+            }
+            // The first unsent body gives the task a deadline; too many bytes, a reason to act now.
+            state.unsent == 1 || state.unsent_bytes > MAX_UNSENT_BYTES
+        };
+        if wake {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A frame of `bytes` (of the bytes announced) was taken for sending.
+    fn body_taken(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.unsent_bytes = state.unsent_bytes.saturating_sub(bytes);
+    }
+
+    /// `bytes` were written to the socket: every [`PROGRESS_BYTES`] of them is progress. Counted at the socket,
+    /// not where hyper takes a body's frames: HTTP/2 may take a frame of a stream whose flow-control window is
+    /// closed (into its send buffer, on the connection's window), which would look like progress of a client
+    /// that reads nothing; and small control frames (ping acknowledgements) are not a response read.
+    fn bytes_written(&self, bytes: usize) {
+        let total = self.written.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        if total >= PROGRESS_BYTES {
+            self.written.store(0, Ordering::Relaxed);
+            self.lock().last_sent = Instant::now();
+        }
+    }
+
+    /// A response body is done (or abandoned) with `left` of its announced bytes not taken.
+    fn body_ended(&self, left: u64) {
+        let mut state = self.lock();
+        state.unsent = state.unsent.saturating_sub(1);
+        state.unsent_bytes = state.unsent_bytes.saturating_sub(left);
     }
 
     /// Looks at the connection's first bytes (`read`: what one read returned) for HTTP/2's preface.
@@ -530,7 +648,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            this.activity.bytes_written(n);
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -538,7 +661,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = written {
+            this.activity.bytes_written(n);
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -591,11 +719,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         let traces = Arc::clone(&self.traces);
         Box::pin(async move {
             let Ok(response) = trace::scope(Arc::clone(&trace), app.call(request)).await;
-            let mut response = response.map(|body| CountedBody {
-                inner: body,
-                _in_flight: in_flight,
-                _trace: Finisher { trace, traces },
-            });
+            let mut response =
+                response.map(|body| CountedBody::new(body, in_flight, Finisher { trace, traces }));
             if !http2 && draining.load(Ordering::Acquire) {
                 response
                     .headers_mut()
@@ -606,11 +731,48 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
     }
 }
 
-/// A response body that holds its request's place in flight, and its trace, until it is dropped.
+/// A response body that holds its request's place in flight, and its trace, until it is dropped; it hands its
+/// data over in frames of at most [`MAX_FRAME_BYTES`], so that it is taken as the client reads it, and tells the
+/// connection's [`Activity`] how much of it is still to take.
 struct CountedBody {
     inner: Body,
-    _in_flight: InFlight,
+    /// The rest of a data frame larger than [`MAX_FRAME_BYTES`].
+    pending: Option<Bytes>,
+    /// Bytes announced (the body's known size) and not yet taken.
+    left: u64,
+    in_flight: InFlight,
     _trace: Finisher,
+}
+
+impl CountedBody {
+    fn new(inner: Body, in_flight: InFlight, trace: Finisher) -> CountedBody {
+        let left = inner.size_hint().lower();
+        in_flight.0.body_started(left);
+        CountedBody {
+            inner,
+            pending: None,
+            left,
+            in_flight,
+            _trace: trace,
+        }
+    }
+
+    /// Hands over the first [`MAX_FRAME_BYTES`] of `data`, keeping the rest for the next poll.
+    fn take(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > MAX_FRAME_BYTES {
+            self.pending = Some(data.split_off(MAX_FRAME_BYTES));
+        }
+        let taken = (data.len() as u64).min(self.left);
+        self.left -= taken;
+        self.in_flight.0.body_taken(taken);
+        data
+    }
+}
+
+impl Drop for CountedBody {
+    fn drop(&mut self) {
+        self.in_flight.0.body_ended(self.left);
+    }
 }
 
 /// Finishes a request's trace when its response body is dropped: once hyper has taken its last byte, or when the
@@ -636,15 +798,32 @@ impl HttpBody for CountedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        if let Some(rest) = this.pending.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(this.take(rest)))));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(match frame.into_data() {
+                Ok(data) => http_body::Frame::data(this.take(data)),
+                Err(frame) => frame,
+            }))),
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.pending.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        let pending = self.pending.as_ref().map_or(0, |p| p.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower() + pending);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + pending);
+        }
+        hint
     }
 }
 
@@ -689,6 +868,7 @@ mod tests {
             header_read: 200 * MS,
             body_read: 300 * MS,
             idle: 1000 * MS,
+            write: 500 * MS,
             http2_ping: None,
         }
     }
@@ -701,7 +881,79 @@ mod tests {
             idle_since: t0,
             head_started: None,
             http2: false,
+            unsent: 0,
+            unsent_bytes: 0,
+            last_sent: t0,
         }
+    }
+
+    #[test]
+    fn a_connection_whose_responses_are_not_read_is_dropped() {
+        let t0 = Instant::now();
+        let t = timeouts();
+        let waiting = ConnectionState {
+            requests: 3,
+            in_flight: 3,
+            unsent: 2,
+            unsent_bytes: 1 << 20,
+            last_sent: t0 + 100 * MS,
+            http2: true,
+            ..fresh(t0)
+        };
+        // Until the write timeout after the last progress, the connection waits; then it is dropped, also while
+        // it is closing (a GOAWAY's streams that never drain would keep it open for ever).
+        assert_eq!(
+            next_step(&waiting, &t, None, None, t0 + 200 * MS),
+            Step::WaitUntil(Some(t0 + 600 * MS))
+        );
+        assert_eq!(
+            next_step(&waiting, &t, None, None, t0 + 600 * MS),
+            Step::Close(Reason::WriteTimeout)
+        );
+        assert_eq!(
+            next_step(&waiting, &t, Some(t0), Some(t0 + 50 * MS), t0 + 200 * MS),
+            Step::WaitUntil(Some(t0 + 600 * MS))
+        );
+        assert_eq!(
+            next_step(&waiting, &t, Some(t0), Some(t0 + 50 * MS), t0 + 700 * MS),
+            Step::Close(Reason::WriteTimeout)
+        );
+        // Progress moves the deadline.
+        let progressed = ConnectionState {
+            last_sent: t0 + 550 * MS,
+            ..waiting
+        };
+        assert_eq!(
+            next_step(&progressed, &t, None, None, t0 + 600 * MS),
+            Step::WaitUntil(Some(t0 + 1050 * MS))
+        );
+        // Too many bytes unread: dropped after the (shorter) unread grace without progress.
+        let t_long = Timeouts {
+            write: 30_000 * MS,
+            ..t
+        };
+        let hoarding = ConnectionState {
+            unsent_bytes: MAX_UNSENT_BYTES + 1,
+            ..progressed
+        };
+        assert_eq!(
+            next_step(&hoarding, &t_long, None, None, t0 + 600 * MS),
+            Step::WaitUntil(Some(t0 + 550 * MS + UNREAD_GRACE))
+        );
+        assert_eq!(
+            next_step(&hoarding, &t_long, None, None, t0 + 550 * MS + UNREAD_GRACE),
+            Step::Close(Reason::Unread)
+        );
+        // A request still computing has no response to send: only its own deadline bounds it.
+        let computing = ConnectionState {
+            unsent: 0,
+            unsent_bytes: 0,
+            ..waiting
+        };
+        assert_eq!(
+            next_step(&computing, &t, None, None, t0 + 5000 * MS),
+            Step::Wait
+        );
     }
 
     #[test]

@@ -28,7 +28,8 @@ impl Connections {
             timed_out: counter(
                 "recserve_connections_timed_out_total",
                 "Connections the server closed because the client was too slow, by listener and timeout: header \
-                 (no complete request head within --header-read-timeout-ms) or idle (--idle-timeout-ms).",
+                 (no complete request head within --header-read-timeout-ms), idle (--idle-timeout-ms) or write \
+                 (its responses unread for --write-timeout-ms, or for 1 s while more than 64 MiB of them are).",
                 &["listener", "timeout"],
             ),
         }
@@ -55,6 +56,7 @@ impl Metrics {
             refused: c.refused.with_label_values(&[listener]),
             header_timeouts: c.timed_out.with_label_values(&[listener, "header"]),
             idle_timeouts: c.timed_out.with_label_values(&[listener, "idle"]),
+            write_timeouts: c.timed_out.with_label_values(&[listener, "write"]),
         }
     }
 }
@@ -66,4 +68,5 @@ pub struct ConnectionMetrics {
     pub refused: IntCounter,
     pub header_timeouts: IntCounter,
     pub idle_timeouts: IntCounter,
+    pub write_timeouts: IntCounter,
 }
