@@ -1,7 +1,7 @@
 //! Property-based fuzzing (proptest) of what clients and operators hand the server: the `/v1` rank decoder (and its
 //! agreement with the plain reference decoder, in [`rank`]), the `/v1` recall decoder, the KServe HTTP decoder (JSON, and JSON
-//! followed by binary tensors) with the tensor conversion and the two kinds' tensor contracts behind it, and
-//! `model.toml` parsing. Any input must give a value or a clear error (a message of bounded length), never a panic.
+//! followed by binary tensors) with the tensor conversion and the two kinds' tensor contracts behind it,
+//! `model.toml` parsing, and the repository API's bodies and model names. Any input must give a value or a clear error (a message of bounded length), never a panic.
 //! The recall contract's checks are fuzzed in the core crate (`recall/tests.rs`), with the same harness ([`run`]).
 //!
 //! Inputs are of two kinds: arbitrary bytes or text, and near-valid ones (a valid request or file in which some
@@ -682,6 +682,91 @@ fn fuzz_model_toml_parses_or_names_the_problem() {
             }
             Err(problem) => {
                 prop_assert!(!problem.is_empty(), "an empty problem");
+                Ok(Outcome::Refused)
+            }
+        }
+    });
+}
+
+/// The repository API's bodies (index, load, unload): empty, near-valid (`{"ready": …}`, `{"parameters": …}`) or
+/// any JSON or bytes.
+fn repository_bodies() -> BoxedStrategy<Vec<u8>> {
+    let near_valid = prop_oneof![
+        object(vec![(
+            "ready",
+            mostly(any::<bool>().prop_map(|b| b.to_string()).boxed())
+        )]),
+        object(vec![(
+            "parameters",
+            mostly(
+                prop_oneof![
+                    Just("{}".to_owned()),
+                    json_text(&["unload_dependents", "config", "file:1/model.onnx"]),
+                ]
+                .boxed()
+            ),
+        )]),
+        Just(String::new()),
+        Just(" \n".to_owned()),
+    ]
+    .boxed();
+    prop_oneof![
+        1 => json_text(&["ready", "parameters", "unload_dependents"]).prop_map(String::into_bytes),
+        1 => vec(any::<u8>(), 0..64),
+        6 => damaged(near_valid),
+    ]
+    .boxed()
+}
+
+#[test]
+fn fuzz_repository_api_bodies_and_names_give_a_value_or_a_clear_error() {
+    use crate::api::kserve::repository::{index_request, load_request, unload_request};
+    run("repository API bodies", repository_bodies(), |body| {
+        let answers = [
+            index_request(&body).map(drop),
+            load_request(&body),
+            unload_request(&body),
+        ];
+        let mut outcome = Outcome::Refused;
+        for answer in answers {
+            match answer {
+                Ok(()) => outcome = Outcome::Accepted,
+                Err(e) => {
+                    clear(&e)?;
+                }
+            }
+        }
+        Ok(outcome)
+    });
+
+    // Names, as a load or unload carries them in its path: only the repository's own model is found; any other
+    // name is refused with a bounded message, and is not one the repository holds (so it leaves no trace).
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("held/1")).expect("mkdir");
+    let names = prop_oneof![
+        1 => Just("held".to_owned()),
+        4 => "[a-zA-Z0-9_./%-]{0,20}",
+        1 => any::<String>(),
+        1 => (100usize..9000).prop_map(|n| "n".repeat(n)),
+    ];
+    run("repository API model names", names.boxed(), |name| {
+        use recserve_core::repository::{discover_model, holds};
+        let held = holds(dir.path(), &name);
+        match discover_model(dir.path(), &name, None) {
+            Ok(found) => {
+                prop_assert!(held && name == "held", "{name:?} found");
+                prop_assert_eq!(found.version, 1);
+                Ok(Outcome::Accepted)
+            }
+            Err(e) => {
+                prop_assert!(!held, "{name:?} is held but not found: {e}");
+                let message = e.to_string();
+                prop_assert!(
+                    !message.is_empty() && message.len() < 1000,
+                    "{} bytes: {}",
+                    message.len(),
+                    message.chars().take(200).collect::<String>()
+                );
                 Ok(Outcome::Refused)
             }
         }

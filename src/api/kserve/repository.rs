@@ -36,15 +36,11 @@ fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), ServiceError>
 }
 
 /// A body that may be empty (tritonclient sends none to `index`) or a JSON object.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(
-    service: &Service,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ServiceError> {
-    let body = body_bytes(body, service.limits.max_body_bytes)?;
+fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ServiceError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         Ok(T::default())
     } else {
-        parse_json(&body)
+        parse_json(body)
     }
 }
 
@@ -55,14 +51,46 @@ struct IndexRequest {
     ready: bool,
 }
 
+/// The body of an index call: whether only the `READY` models are asked for.
+pub(crate) fn index_request(body: &[u8]) -> Result<bool, ServiceError> {
+    optional_json::<IndexRequest>(body).map(|r| r.ready)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ControlRequest {
+    #[serde(default)]
+    parameters: Map<String, Value>,
+}
+
+/// The body of a load: empty, or without parameters (tritonclient's `config` and `file:` overrides are refused:
+/// recserve loads what the repository holds).
+pub(crate) fn load_request(body: &[u8]) -> Result<(), ServiceError> {
+    let request = optional_json::<ControlRequest>(body)?;
+    match request.parameters.keys().min() {
+        Some(key) => Err(ServiceError::invalid(
+            format!("parameters.{key}"),
+            "is not supported: recserve loads the model as its repository holds it",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The body of an unload: empty or any parameters (`unload_dependents` is accepted and means nothing: recserve
+/// models have no dependents).
+pub(crate) fn unload_request(body: &[u8]) -> Result<(), ServiceError> {
+    optional_json::<ControlRequest>(body).map(drop)
+}
+
 async fn index(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = authorize(&service, &headers)
-        .and_then(|()| optional_body::<IndexRequest>(&service, body))
-        .and_then(|request| service.repository_index(request.ready));
+        .and_then(|()| body_bytes(body, service.limits.max_body_bytes))
+        .and_then(|body| index_request(&body))
+        .and_then(|ready| service.repository_index(ready));
     match result {
         Ok(entries) => {
             let models: Vec<Value> = entries
@@ -84,13 +112,6 @@ async fn index(
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ControlRequest {
-    #[serde(default)]
-    parameters: Map<String, Value>,
-}
-
 /// Answers a load or unload: `{}` once it is done, or the error.
 fn done(result: Result<(), ServiceError>) -> Response {
     match result {
@@ -106,15 +127,8 @@ async fn load(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let checked = authorize(&service, &headers)
-        .and_then(|()| optional_body::<ControlRequest>(&service, body))
-        .and_then(|request| match request.parameters.keys().min() {
-            // tritonclient's `config` and `file:` overrides: recserve loads what the repository holds.
-            Some(key) => Err(ServiceError::invalid(
-                format!("parameters.{key}"),
-                "is not supported: recserve loads the model as its repository holds it",
-            )),
-            None => Ok(()),
-        });
+        .and_then(|()| body_bytes(body, service.limits.max_body_bytes))
+        .and_then(|body| load_request(&body));
     done(match checked {
         Ok(()) => service.load_model(&model).await.map(drop),
         Err(e) => Err(e),
@@ -127,9 +141,9 @@ async fn unload(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    // `unload_dependents` is accepted and means nothing: recserve models have no dependents.
     let checked = authorize(&service, &headers)
-        .and_then(|()| optional_body::<ControlRequest>(&service, body).map(drop));
+        .and_then(|()| body_bytes(body, service.limits.max_body_bytes))
+        .and_then(|body| unload_request(&body));
     done(match checked {
         Ok(()) => service.unload_model(&model).await.map(drop),
         Err(e) => Err(e),
