@@ -283,7 +283,6 @@ async fn connection(
                 continue;
             }
             Step::WaitUntil(at) => at,
-            Step::Wait => None,
         };
         tokio::select! {
             result = conn.as_mut() => {
@@ -355,10 +354,8 @@ pub(crate) enum Reason {
 pub(crate) enum Step {
     /// Close it now, gracefully (HTTP/2: GOAWAY; HTTP/1: at once when idle), or drop it (`Reason::Gone`).
     Close(Reason),
-    /// Nothing before this time, unless the activity changes.
+    /// Nothing before this time (`None`: until the activity changes), unless the activity changes.
     WaitUntil(Option<Instant>),
-    /// Nothing until the activity changes.
-    Wait,
 }
 
 /// The rules of the module's documentation, in one place.
@@ -395,10 +392,9 @@ pub(crate) fn next_step(
             Reason::WriteTimeout
         });
     }
-    let in_flight = match write_due {
-        Some(at) => Step::WaitUntil(Some(at)),
-        None => Step::Wait,
-    };
+    // With requests in flight and none of their responses unsent yet, look again a write timeout from now: a
+    // response may begin meanwhile, and waking the task for each one would cost every request a wake.
+    let in_flight = Step::WaitUntil(Some(write_due.unwrap_or(now + timeouts.write)));
     if let Some(closing) = closing_since {
         // Requests in flight finish; then the connection has CLOSE_GRACE to go.
         return if state.in_flight > 0 {
@@ -532,8 +528,9 @@ impl Activity {
             if state.unsent == 1 {
                 state.last_sent = Instant::now();
             }
-            // The first unsent body gives the task a deadline; too many bytes, a reason to act now.
-            state.unsent == 1 || state.unsent_bytes > MAX_UNSENT_BYTES
+            // Too many bytes: a nearer deadline. (The first unsent body needs no wake: a connection with a request
+            // in flight looks again every --write-timeout-ms, [`next_step`].)
+            state.unsent_bytes > MAX_UNSENT_BYTES
         };
         if wake {
             self.changed.notify_one();
@@ -952,7 +949,7 @@ mod tests {
         };
         assert_eq!(
             next_step(&computing, &t, None, None, t0 + 5000 * MS),
-            Step::Wait
+            Step::WaitUntil(Some(t0 + 5000 * MS + t.write))
         );
     }
 
@@ -981,7 +978,7 @@ mod tests {
         };
         assert_eq!(
             next_step(&busy, &timeouts(), None, None, t0 + 10_000 * MS),
-            Step::Wait
+            Step::WaitUntil(Some(t0 + 10_000 * MS + timeouts().write))
         );
     }
 
@@ -1070,7 +1067,7 @@ mod tests {
         };
         assert_eq!(
             next_step(&busy, &timeouts(), drain, None, t0 + 5000 * MS),
-            Step::Wait
+            Step::WaitUntil(Some(t0 + 5000 * MS + timeouts().write))
         );
         // A head on its way is let arrive.
         let heading = ConnectionState {
@@ -1105,7 +1102,7 @@ mod tests {
         };
         assert_eq!(
             next_step(&busy, &timeouts(), None, closing, t0 + 5000 * MS),
-            Step::Wait
+            Step::WaitUntil(Some(t0 + 5000 * MS + timeouts().write))
         );
         let done = ConnectionState {
             in_flight: 0,
