@@ -152,6 +152,28 @@ def _session(path: Path, what: str) -> ort.InferenceSession:
         raise CheckError(f"{path}: ONNX Runtime cannot load the graph: {e}") from e
 
 
+def check_initializers(path: Path) -> None:
+    """Refuses a graph whose weights (its float initializers) hold NaN or an infinity, naming the initializer and
+    the position: every score would be too. The server cannot read a graph's initializers through ONNX Runtime, so
+    this check is the toolchain's."""
+    import onnx  # only here: importing onnx is slow, and most commands never need it
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=True).graph
+    for initializer in graph.initializer:
+        weights = numpy_helper.to_array(initializer)
+        if weights.dtype.kind != "f":
+            continue
+        bad = np.flatnonzero(~np.isfinite(weights))
+        if bad.size:
+            at = np.unravel_index(bad[0], weights.shape)
+            raise CheckError(
+                f"{path}: initializer {initializer.name!r} holds {bad.size} value(s) that are not finite numbers "
+                f"(the first at {list(map(int, at))}: {weights.flat[bad[0]]}): every score the graph computes would "
+                "be too; export the model again"
+            )
+
+
 def open_graph(directory: Path, model: DeepFMToml) -> ort.InferenceSession:
     """A CPU session of the version's dense graph, for offline scoring (`run_graph`); its interface is the server's
     to check (`server_check`)."""
@@ -237,6 +259,7 @@ def _open_version(directory: Path) -> Version:
     if isinstance(model, LightGCNToml):
         _check_index(directory, model, tables)
         return Version(directory, model, tables, None)
+    check_initializers(directory / model.dense_graph.file)
     session = open_graph(directory, model)
     if model.dense_graph.split is not None:
         check_split(directory, model, tables, session)

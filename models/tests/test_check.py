@@ -66,6 +66,26 @@ def test_every_version_is_checked_not_only_the_served_one(tmp_path: Path) -> Non
     assert "model.toml" in str(validation.versions["m"][1])
 
 
+def test_a_graph_with_non_finite_weights_is_refused_naming_the_initializer(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    check_cases.write(tmp_path)
+    root = tmp_path / "ok-deepfm"
+    version = root / "m" / "1"
+    graph_file = version / model_toml.read(version / MODEL_TOML).dense_graph.file
+    proto = onnx.load(str(graph_file))
+    floats = [i for i in proto.graph.initializer if numpy_helper.to_array(i).dtype.kind == "f"]
+    assert floats, "the case's graph has float weights"
+    weights = numpy_helper.to_array(floats[0]).copy()
+    weights.flat[1 % weights.size] = np.nan
+    floats[0].CopyFrom(numpy_helper.from_array(weights, floats[0].name))
+    onnx.save(proto, str(graph_file))
+    errors = check.validate(root).errors
+    assert len(errors) == 1, errors
+    assert f"initializer {floats[0].name!r} holds 1 value(s) that are not finite numbers" in errors[0], errors
+
+
 @pytest.fixture(scope="module")
 def lightgcn_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, lightgcn.LightGCNRun]:
     directory = tmp_path_factory.mktemp("lightgcn")
