@@ -546,7 +546,7 @@ fn a_stale_or_malformed_index_is_refused_naming_the_mismatch() {
 
     // A duplicated id: the first two lanes' ids made equal.
     let file = build(&spec, &table, 1, &[]);
-    let at = find_ids(&file);
+    let at = find_tensor(&file, "ids");
     let mut dup = file.clone();
     let first: [u8; 4] = dup[at..at + 4].try_into().expect("4 bytes");
     dup[at + 4..at + 8].copy_from_slice(&first);
@@ -554,10 +554,34 @@ fn a_stale_or_malformed_index_is_refused_naming_the_mismatch() {
     assert!(err.contains("more than one list lane"), "{err}");
 }
 
-/// Where the `ids` tensor's data starts in an index file.
-fn find_ids(file: &[u8]) -> usize {
+#[test]
+fn an_index_holding_a_non_finite_centroid_scale_bias_or_bound_is_refused_naming_the_tensor() {
+    let mut rng = Rng(0x1F_0008);
+    let (spec, table) = clustered(&mut rng, 100, 8, 3, Storage::Fp32);
+    let good = build(&spec, &table, 4, &[]);
+    for (tensor, value, says) in [
+        (
+            "centroids",
+            f32::NAN,
+            "tensor \"centroids\" row 0 holds a non-finite value (NaN)",
+        ),
+        ("scale", f32::INFINITY, "tensor \"scale\" holds inf"),
+        ("bias", f32::NEG_INFINITY, "tensor \"bias\" holds -inf"),
+        ("err", f32::NAN, "tensor \"err\" holds NaN"),
+        ("err", -1.0, "tensor \"err\" holds -1"),
+    ] {
+        let mut file = good.clone();
+        let at = find_tensor(&file, tensor);
+        file[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        let err = refusal(&spec, &table, file);
+        assert!(err.contains(says), "{tensor} = {value}: {err}");
+    }
+}
+
+/// Where a tensor's data starts in an index file.
+fn find_tensor(file: &[u8], name: &str) -> usize {
     let parsed = safetensors::SafeTensors::deserialize(file).expect("valid");
-    let data = parsed.tensor("ids").expect("ids").data();
+    let data = parsed.tensor(name).expect(name).data();
     data.as_ptr() as usize - file.as_ptr() as usize
 }
 
