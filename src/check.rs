@@ -12,10 +12,13 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::{CheckRepositoryArgs, ServeArgs};
+use crate::config::{CheckRepositoryArgs, Config, ServeArgs};
+use crate::service::StartLoad;
 use recserve_core::error::LoadError;
+use recserve_core::metrics::Metrics;
 use recserve_core::models::Model;
 use recserve_core::registry::Loadable;
+use recserve_core::registry::Registry;
 use recserve_core::repository::{ModelSpec, ModelVersion, discover, read_spec};
 
 /// Version of the `--json` document; the model toolchain's `check` reads it.
@@ -118,6 +121,48 @@ impl Report {
                 out,
                 "check-repository: {problems} model version(s) would be refused by the server"
             )
+        }
+    }
+}
+
+/// `check-config`'s second half: what `serve` loads at start ([`StartLoad`]: the admin token file, ONNX Runtime,
+/// the device, every model, not warmed up, and the pipelines), reported on stderr, one line per model and
+/// pipeline; exit status 1 when the server would not start, naming why.
+pub fn start(config: &Config) -> ExitCode {
+    let registry = Registry::new(Metrics::new());
+    match StartLoad::run(config, &registry, Metrics::new(), false) {
+        Err(e) => {
+            eprintln!(
+                "check-config: ERROR the server would not start on {}: {e}",
+                config.repository.display()
+            );
+            ExitCode::FAILURE
+        }
+        Ok(loaded) => {
+            for served in loaded.models.models() {
+                eprintln!(
+                    "check-config: model {:?} version {} ({}, {}, {}) loads",
+                    served.name,
+                    served.version,
+                    served.spec.kind.as_str(),
+                    served.spec.precision().as_str(),
+                    served.model.device(),
+                );
+            }
+            for (name, pipeline) in &loaded.pipelines {
+                let c = &pipeline.config;
+                eprintln!(
+                    "check-config: pipeline {name:?} (recall {:?} → rank {:?}, {} candidates, k {}) runs on them",
+                    c.recall_model, c.ranking_model, c.candidates, c.k
+                );
+            }
+            eprintln!(
+                "check-config: the server would start on {} ({} model(s), {} pipeline(s); not warmed up)",
+                config.repository.display(),
+                loaded.models.models().count(),
+                loaded.pipelines.len()
+            );
+            ExitCode::SUCCESS
         }
     }
 }

@@ -9,9 +9,9 @@ use recserve_core::threads::{ThreadRole, register_current_thread};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (args, check_only) = match cli.command {
-        Command::Serve(args) => (args, false),
-        Command::CheckConfig(args) => (args, true),
+    let (args, check) = match cli.command {
+        Command::Serve(args) => (args, None),
+        Command::CheckConfig(args) => (args.serve, Some(args.settings_only)),
         Command::CheckRepository(args) => return recserve::check::run(&args),
     };
     let config = match args.resolve() {
@@ -21,9 +21,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if check_only {
+    if let Some(settings_only) = check {
         print!("{}", config.to_toml());
-        return ExitCode::SUCCESS;
+        return if settings_only {
+            ExitCode::SUCCESS
+        } else {
+            recserve::check::start(&config)
+        };
     }
     recserve::telemetry::init(config.log_format);
     match serve(config) {

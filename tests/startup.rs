@@ -435,6 +435,7 @@ fn check_config_prints_the_resolved_configuration_or_names_the_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_recserve"))
         .args([
             "check-config",
+            "--settings-only",
             "--repository",
             "/models",
             "--ort-library",
@@ -466,5 +467,63 @@ fn check_config_prints_the_resolved_configuration_or_names_the_flag() {
     assert!(
         text.contains("--executors (RECSERVE_EXECUTORS) must be between 1 and 64, got 0"),
         "{text}"
+    );
+}
+
+/// `check-config` without `--settings-only` loads what `serve` loads at start (models not warmed up, pipelines):
+/// exit status 0 and a line per model and pipeline when the server would start; 1 naming the problem when the
+/// repository does not exist or a pipeline names a model it does not hold.
+#[test]
+fn check_config_loads_the_repository_and_the_pipelines_as_the_server_would_start() {
+    let fixture = common::fixture_dir();
+    let check = |args: &[&str], config: &std::path::Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_recserve"))
+            .arg("check-config")
+            .args(args)
+            .arg("--ort-library")
+            .arg(common::ort_library())
+            .arg("--config")
+            .arg(config)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let repo = fixture_repo();
+    let repo = repo.to_str().expect("UTF-8 path");
+    let config = fixture.join("recserve.toml");
+
+    let (code, stderr) = check(&["--repository", repo], &config);
+    assert_eq!(code, Some(0), "{stderr}");
+    for line in [
+        "check-config: model \"deepfm-int8\" version 1 (deepfm, int8, cpu) loads",
+        "check-config: model \"lightgcn\" version",
+        "check-config: pipeline \"fixture\" (recall \"lightgcn\" → rank",
+        "check-config: the server would start on",
+    ] {
+        assert!(stderr.contains(line), "{line}\n{stderr}");
+    }
+
+    let (code, stderr) = check(&["--repository", "/nonexistent"], &config);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("check-config: ERROR the server would not start on /nonexistent: cannot load model: /nonexistent"),
+        "{stderr}"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("recserve.toml");
+    std::fs::write(
+        &missing,
+        "[pipelines.p]\nrecall_model = \"lightgcn\"\nranking_model = \"nope\"\ncandidates = 10\nk = 5\n",
+    )
+    .expect("write");
+    let (code, stderr) = check(&["--repository", repo], &missing);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pipeline \"p\" (--config [pipelines.p]):") && stderr.contains("nope"),
+        "{stderr}"
     );
 }

@@ -47,11 +47,25 @@ pub struct Cli {
 pub enum Command {
     /// Serve the models of a model repository over HTTP and gRPC.
     Serve(ServeArgs),
-    /// Validate the configuration (flags, environment, file) without starting, and print it as TOML.
-    CheckConfig(ServeArgs),
+    /// Validate the configuration (flags, environment, file) and print it as TOML, then load what `serve` would
+    /// load at start (the admin token file, ONNX Runtime, the device, every model of the repository, not warmed
+    /// up, and the pipelines over them) without serving: exit status 1 when the server would not start.
+    CheckConfig(CheckConfigArgs),
     /// Check every version of every model of a repository with the server's loader, without serving: one line
     /// per version, exit status 1 when the server would refuse any.
     CheckRepository(CheckRepositoryArgs),
+}
+
+/// Flags of `check-config`: those of `serve`, and one of its own.
+#[derive(Clone, Debug, Args)]
+pub struct CheckConfigArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+
+    /// Check the settings only: do not read the repository, the token file or ONNX Runtime (for a configuration
+    /// written for another machine, such as a container image's paths).
+    #[arg(long, env = "RECSERVE_SETTINGS_ONLY")]
+    pub settings_only: bool,
 }
 
 /// Flags of `check-repository`.
@@ -199,6 +213,7 @@ impl Config {
                 std::time::Duration::from_millis(self.redis_fetch_timeout_ms),
                 tier_client_replaced,
             ),
+            warm_up: true,
         }
     }
 }
@@ -503,7 +518,8 @@ mod tests {
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| ConfigError(e.to_string()))?;
         match cli.command {
-            Command::Serve(args) | Command::CheckConfig(args) => args.resolve(),
+            Command::Serve(args) => args.resolve(),
+            Command::CheckConfig(args) => args.serve.resolve(),
             Command::CheckRepository(_) => unreachable!("parse passes `serve`"),
         }
     }

@@ -22,7 +22,7 @@ use recserve_core::executor::{Runtime, RuntimeError};
 use recserve_core::gpu::{self, GpuError};
 use recserve_core::metrics::Metrics;
 use recserve_core::pipeline::Pipeline;
-use recserve_core::registry::Registry;
+use recserve_core::registry::{LoadContext, Registry};
 
 /// Why the server could not start serving.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,57 @@ pub enum StartError {
     /// A `[pipelines.NAME]` of the config file that the loaded models cannot serve.
     #[error("pipeline {name:?} (--config [pipelines.{name}]): {problem}")]
     Pipeline { name: String, problem: String },
+}
+
+/// What the server loads before it serves, in the order it does: the admin token file, ONNX Runtime, the device,
+/// every model of the repository (the pinned version, else the highest) and the pipelines over them. `serve`
+/// installs it; `check-config` loads it without warming the models up, reports, and drops it.
+pub struct StartLoad {
+    pub ctx: LoadContext,
+    token: Option<String>,
+    pub models: Models,
+    pub pipelines: BTreeMap<String, Arc<Pipeline>>,
+}
+
+impl std::fmt::Debug for StartLoad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartLoad")
+            .field("models", &self.models.names())
+            .field("pipelines", &self.pipelines.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StartLoad {
+    /// Blocking. `warm_up`: run each model's warm-up batches (always when it will serve).
+    pub fn run(
+        config: &Config,
+        registry: &Registry<Model>,
+        metrics: Metrics,
+        warm_up: bool,
+    ) -> Result<StartLoad, StartError> {
+        let token = config
+            .admin_token_file
+            .as_deref()
+            .map(lifecycle::read_token)
+            .transpose()?;
+        let runtime = Runtime::load(&config.ort_library)?;
+        let placement = gpu::select(config.device)?;
+        let ctx = LoadContext {
+            warm_up,
+            ..config.load_context(runtime, metrics.clone(), placement)
+        };
+        let models = registry.load(&ctx, &config.repository, &config.pin)?;
+        let pipelines =
+            recserve_core::models::build_pipelines(&config.pipelines, &models, &metrics)
+                .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
+        Ok(StartLoad {
+            ctx,
+            token,
+            models,
+            pipelines,
+        })
+    }
 }
 
 /// Loading, ready, or draining.
@@ -85,24 +136,13 @@ impl Service {
     /// Loads ONNX Runtime and every model of the repository, checks the pipelines against them, then marks the
     /// service ready. Blocking: run it on a thread of its own.
     pub fn load(&self, config: &Config) -> Result<(), StartError> {
-        let token = config
-            .admin_token_file
-            .as_deref()
-            .map(lifecycle::read_token)
-            .transpose()?;
-        let runtime = Runtime::load(&config.ort_library)?;
-        let placement = gpu::select(config.device)?;
-        let ctx = config.load_context(runtime, self.metrics.clone(), placement);
-        let models = self.registry.load(&ctx, &config.repository, &config.pin)?;
-        let pipelines =
-            recserve_core::models::build_pipelines(&config.pipelines, &models, &self.metrics)
-                .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
+        let start = StartLoad::run(config, &self.registry, self.metrics.clone(), true)?;
         // Loading happens once per service; a second call would be a bug, and the first pipelines stay.
-        let _ = self.pipelines.set(pipelines);
+        let _ = self.pipelines.set(start.pipelines);
         let _ = self
             .lifecycle
-            .set(lifecycle::Lifecycle::new(config, ctx, token));
-        self.registry.install(models);
+            .set(lifecycle::Lifecycle::new(config, start.ctx, start.token));
+        self.registry.install(start.models);
         self.publish_readiness();
         Ok(())
     }

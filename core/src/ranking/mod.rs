@@ -296,9 +296,11 @@ impl RankingModel {
         let mut warm_up = Duration::ZERO;
         for mut worker in workers {
             let started = Instant::now();
-            worker
-                .warm_up(&batching.buckets, Some(&estimator))
-                .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;
+            if ctx.warm_up {
+                worker
+                    .warm_up(&batching.buckets, Some(&estimator))
+                    .map_err(|e| LoadError::new(&graph_path, format!("warm-up run failed: {e}")))?;
+            }
             warm_up += started.elapsed();
             executors.push(RankExecutor {
                 worker,
@@ -308,7 +310,9 @@ impl RankingModel {
                 requests: Vec::new(),
             });
         }
-        ctx.metrics.observe_warmup(&mv.name, warm_up.as_secs_f64());
+        if ctx.warm_up {
+            ctx.metrics.observe_warmup(&mv.name, warm_up.as_secs_f64());
+        }
         let batcher = Batcher::start(
             &mv.name,
             batching.clone(),

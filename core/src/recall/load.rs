@@ -135,7 +135,7 @@ impl RecallModel {
         let mut executors: Vec<RecallExecutor> = (0..ctx.executors)
             .map(|_| RecallExecutor::new(Arc::clone(&tables), metrics.clone()))
             .collect();
-        if let Some(first) = executors.first_mut() {
+        if let Some(first) = executors.first_mut().filter(|_| ctx.warm_up) {
             let started = Instant::now();
             warm_up(first, &batching, &estimator, contract.items())
                 .map_err(|problem| LoadError::new(&mv.dir, problem))?;

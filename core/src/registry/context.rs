@@ -33,6 +33,9 @@ pub struct LoadContext {
     /// The Redis tier of tables with `tier = "redis"` (`--redis-url`, `--embedding-cache-bytes`,
     /// `--redis-fetch-timeout-ms`).
     pub tier: TierContext,
+    /// Whether a loaded version is warmed up (every batch bucket run once) before it is handed over: always when
+    /// it will serve; `check-config` loads without.
+    pub warm_up: bool,
 }
 
 /// Bounds on what one request may carry, which the models' contracts check. Serialized with the keys of the config
@@ -51,7 +54,8 @@ pub struct RequestLimits {
 
 /// A loaded model of any kind, as the registry holds it.
 pub trait Loadable: Send + Sync + Sized + 'static {
-    /// Loads, checks and warms up the version in `version.dir`, whose `model.toml` reads as `spec`.
+    /// Loads, checks and (with [`LoadContext::warm_up`]) warms up the version in `version.dir`, whose `model.toml`
+    /// reads as `spec`.
     fn load(
         ctx: &LoadContext,
         version: &ModelVersion,
