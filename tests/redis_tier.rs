@@ -35,6 +35,22 @@ async fn the_redis_tier_scores_like_the_mapped_files_bit_for_bit() {
         );
     }
     let server = TestServer::start(redis_config(repository.path())).await;
+    // The warm-up (every batch bucket, twice) is not traffic: a fresh server has looked up and fetched nothing.
+    let (_, fresh) = server.get("/metrics").await;
+    for model in ["deepfm-redis", "deepfm-fp32-redis"] {
+        for series in [
+            format!("recserve_embedding_cache_lookups_total{{model=\"{model}\",result=\"hit\"}}"),
+            format!("recserve_embedding_cache_lookups_total{{model=\"{model}\",result=\"miss\"}}"),
+            format!("recserve_embedding_tier_rows_fetched_total{{model=\"{model}\"}}"),
+            format!("recserve_embedding_tier_fetch_duration_seconds_count{{model=\"{model}\"}}"),
+        ] {
+            assert_eq!(
+                metric_sample(&fresh, &series),
+                0.0,
+                "{series} before any request"
+            );
+        }
+    }
     let all = demo_cases();
     let cases = all["cases"].as_array().expect("cases");
     let mut compared = [0usize; 2];

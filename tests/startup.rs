@@ -527,3 +527,49 @@ fn check_config_loads_the_repository_and_the_pipelines_as_the_server_would_start
         "{stderr}"
     );
 }
+
+/// Loads at start are counted as loads (`recserve_model_loads_total`, the load duration) with the default
+/// `--model-control none`; the warm-up's queries are not traffic: a fresh server's recall counters are zero; the
+/// standard `process_*` families are exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_server_counts_its_loads_not_its_warm_up_and_exports_process_metrics() {
+    let server = TestServer::start(config(&fixture_repo(), |_| {})).await;
+    let (_, metrics) = server.get("/metrics").await;
+    for model in ["deepfm-int8", "lightgcn"] {
+        assert_eq!(
+            common::metric_sample(
+                &metrics,
+                &format!("recserve_model_loads_total{{model=\"{model}\",outcome=\"loaded\"}}")
+            ),
+            1.0,
+            "{model}"
+        );
+        assert_eq!(
+            common::metric_sample(
+                &metrics,
+                &format!("recserve_model_load_duration_seconds_count{{model=\"{model}\"}}")
+            ),
+            1.0,
+            "{model}"
+        );
+    }
+    for series in [
+        "recserve_recall_queries_total{model=\"lightgcn\",search=\"exact\"}",
+        "recserve_recall_items_scored_total{model=\"lightgcn\"}",
+        "recserve_topk_duration_seconds_count{model=\"lightgcn\"}",
+    ] {
+        assert_eq!(
+            common::metric_sample(&metrics, series),
+            0.0,
+            "{series} before any request"
+        );
+    }
+    for series in [
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_threads ",
+    ] {
+        assert!(common::metric_sample(&metrics, series) > 0.0, "{series}");
+    }
+    server.stop().await.expect("clean shutdown");
+}

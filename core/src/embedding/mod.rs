@@ -97,6 +97,9 @@ pub trait EmbeddingStore: Send + Sync + fmt::Debug {
     fn shard_layouts(&self) -> &[ShardLayout];
     /// Device label for metrics and logs, e.g. `cpu` or `cuda:0`.
     fn device(&self) -> &str;
+    /// The version's warm-up is over: its gathers are traffic from now on. A store that counts its own work in
+    /// the metrics (the Redis tier's cache lookups and fetches) counts nothing before.
+    fn serving(&self) {}
     /// Gathers rows into host memory, applying each table's OOV policy and counting defaults.
     fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError>;
     /// [`EmbeddingStore::gather`] for a batch that must be answered by `deadline`: a store with a remote tier

@@ -25,8 +25,8 @@ impl Models {
             ),
             model_loads: counter(
                 "recserve_model_loads_total",
-                "Model version loads, by model and outcome: loaded, or why not (invalid_model, pipeline, \
-                 not_in_repository).",
+                "Model version loads, at start and while serving, by model and outcome: loaded, or why not \
+                 (invalid_model: the loader refused a file; refused: a pipeline would no longer run on it).",
                 &["model", "outcome"],
             ),
             model_load_duration: histogram(

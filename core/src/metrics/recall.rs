@@ -79,7 +79,17 @@ impl Recall {
 impl Metrics {
     /// The handles a recall model's executors use.
     pub(crate) fn recall(&self, model: &str) -> RecallMetrics {
-        let r = &self.recall;
+        RecallMetrics::of(&self.recall, model)
+    }
+}
+
+impl RecallMetrics {
+    /// Handles that no registry exports, for work that is not traffic (a loaded version's warm-up).
+    pub(crate) fn unexported(model: &str) -> RecallMetrics {
+        RecallMetrics::of(&Recall::new(), model)
+    }
+
+    fn of(r: &Recall, model: &str) -> RecallMetrics {
         RecallMetrics {
             topk_duration: r.topk_duration.with_label_values(&[model]),
             items_scored: r.items_scored.with_label_values(&[model]),

@@ -12,6 +12,9 @@ pub(super) fn register(registry: &Registry) {
         vec![
             Box::new(build_info()),
             Box::new(crate::threads::ThreadCollector::new()),
+            // The standard process_* families (CPU seconds, resident and virtual memory, open and maximum file
+            // descriptors, threads, start time), as every Prometheus client exports them.
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ],
     );
 }

@@ -313,6 +313,7 @@ impl RankingModel {
         if ctx.warm_up {
             ctx.metrics.observe_warmup(&mv.name, warm_up.as_secs_f64());
         }
+        store.serving();
         let batcher = Batcher::start(
             &mv.name,
             batching.clone(),

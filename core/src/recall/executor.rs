@@ -97,7 +97,7 @@ pub(super) struct RecallExecutor {
     rows: Vec<f32>,
     scratch: SearchScratch,
     index_scratch: IvfScratch,
-    metrics: RecallMetrics,
+    pub(super) metrics: RecallMetrics,
 }
 
 impl RecallExecutor {

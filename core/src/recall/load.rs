@@ -12,6 +12,7 @@ use super::{Catalogue, IvfIndex, Probe, RecallModel, ivf};
 use crate::batching::{BatchConfig, Batcher, Estimator, Job};
 use crate::embedding::{CpuStore, EmbeddingStore, open_tables};
 use crate::error::LoadError;
+use crate::metrics::RecallMetrics;
 use crate::registry::LoadContext;
 use crate::repository::{BatchingSpec, IndexSpec, ModelSpec, ModelVersion, TableSpec};
 
@@ -137,8 +138,12 @@ impl RecallModel {
             .collect();
         if let Some(first) = executors.first_mut().filter(|_| ctx.warm_up) {
             let started = Instant::now();
-            warm_up(first, &batching, &estimator, contract.items())
-                .map_err(|problem| LoadError::new(&mv.dir, problem))?;
+            // The warm-up's queries are not traffic: they count nowhere.
+            let counted =
+                std::mem::replace(&mut first.metrics, RecallMetrics::unexported(&mv.name));
+            let warmed = warm_up(first, &batching, &estimator, contract.items());
+            first.metrics = counted;
+            warmed.map_err(|problem| LoadError::new(&mv.dir, problem))?;
             ctx.metrics
                 .observe_warmup(&mv.name, started.elapsed().as_secs_f64());
         }

@@ -234,7 +234,11 @@ impl<M: Loadable> Registry<M> {
     ) -> Result<Snapshot<M>, LoadError> {
         let mut models = Vec::new();
         for mv in repository::discover(repository, pins)? {
-            models.push(load_version(ctx, mv)?);
+            let started = Instant::now();
+            let served = load_version(ctx, mv)?;
+            ctx.metrics
+                .model_loaded(&served.name, "loaded", started.elapsed().as_secs_f64());
+            models.push(served);
         }
         Ok(Snapshot::new(models))
     }
@@ -324,7 +328,8 @@ fn load_version<M: Loadable>(ctx: &LoadContext, mv: ModelVersion) -> Result<Serv
         precision = spec.precision().as_str(),
         device = model.device(),
         seconds = started.elapsed().as_secs_f64(),
-        "model loaded and warmed up"
+        warmed_up = ctx.warm_up,
+        "model loaded"
     );
     Ok(Served {
         name: mv.name,

@@ -21,6 +21,7 @@ pub mod redis;
 pub mod updates;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -139,6 +140,9 @@ struct Remote {
     /// One per group; shared with the probes in flight.
     breakers: Arc<Breakers>,
     metrics: TierMetrics,
+    /// Whether the version serves yet ([`EmbeddingStore::serving`]): its warm-up's lookups and fetches are not
+    /// traffic and count nowhere.
+    counting: AtomicBool,
 }
 
 /// Tables of one model in the Redis tier (and possibly mapped files), gathered on the CPU.
@@ -267,6 +271,7 @@ impl TieredStore {
             version,
             groups,
             metrics,
+            counting: AtomicBool::new(false),
         };
         let mut store = TieredStore {
             layouts: specs.iter().map(|s| ShardLayout::new(s.rows, 1)).collect(),
@@ -384,6 +389,7 @@ impl TieredStore {
             }
         }
         let m = &remote.metrics;
+        let counting = remote.counting.load(Ordering::Relaxed);
         if !fetched.is_empty() {
             let groups = fetched.iter().map(|(_, member)| keys(member)).collect();
             let answers = remote.cluster.fetch(groups, until);
@@ -420,9 +426,11 @@ impl TieredStore {
                     }
                 }
             }
-            m.fetch_duration.observe(started.elapsed().as_secs_f64());
+            if counting {
+                m.fetch_duration.observe(started.elapsed().as_secs_f64());
+            }
         }
-        for result in &out {
+        for result in out.iter().filter(|_| counting) {
             match result {
                 Ok(_) => m.rows_fetched.inc(),
                 Err(failure) => m.failures[failure_index(*failure)].inc(),
@@ -490,6 +498,10 @@ impl EmbeddingStore for TieredStore {
         "cpu"
     }
 
+    fn serving(&self) {
+        self.remote.counting.store(true, Ordering::Relaxed);
+    }
+
     fn gather(&self, fields: &[usize], ids: &[i64], out: &mut [f32]) -> Result<(), GatherError> {
         self.gather_until(fields, ids, out, Instant::now() + UNTIMED_BUDGET)
     }
@@ -533,8 +545,10 @@ impl EmbeddingStore for TieredStore {
             };
             slots.push(slot);
         }
-        remote.metrics.hits.inc_by(hits);
-        remote.metrics.misses.inc_by(lookups - hits);
+        if remote.counting.load(Ordering::Relaxed) {
+            remote.metrics.hits.inc_by(hits);
+            remote.metrics.misses.inc_by(lookups - hits);
+        }
         let fetched = if misses.is_empty() {
             Vec::new()
         } else {
