@@ -10,7 +10,7 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
-from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 from conftest import CHART, KUBE_VERSION, NAMESPACE, VALUE_SETS, Rendered, load_values, merge, render
 
 # helm lint's severities: 1 info, 2 warning, 3 error.
@@ -26,8 +26,19 @@ def validate_service_monitor(doc: dict[str, Any]) -> None:
     )
 
 
+def validate_prometheus_rule(doc: dict[str, Any]) -> None:
+    """As the ServiceMonitor, against the operator's PrometheusRule model."""
+    model = PrometheusRule.model_validate(doc)
+    assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == doc, (
+        "the PrometheusRule has fields its CRD does not define"
+    )
+
+
 # Kinds outside the core schemas, and how each is checked. A new one without an entry fails the test.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): validate_service_monitor}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): validate_service_monitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): validate_prometheus_rule,
+}
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -90,6 +101,8 @@ def test_the_required_variants_are_covered(rendered: dict[str, Rendered]) -> Non
 
     assert {"ServiceMonitor", "ConfigMap"} <= kinds["servicemonitor"]
     assert len(rendered["servicemonitor"].all("ConfigMap")) == 2, "the config file and the dashboard"
+    assert {"ServiceMonitor", "PrometheusRule"} <= kinds["prometheusrule"]
+    assert all("PrometheusRule" not in k for name, k in kinds.items() if name != "prometheusrule"), "off by default"
 
     assert rendered["hostpath"].volume("models")["hostPath"] == {
         "path": "/var/lib/recserve/models",
@@ -204,5 +217,9 @@ def test_the_validators_catch_mistakes(rendered: dict[str, Rendered]) -> None:
     monitor["spec"]["endpoints"][0] = {"port": "metrics", "interval": "15 seconds"}
     with pytest.raises(ValueError, match="interval"):
         validate(monitor)
+    rule = copy.deepcopy(rendered["prometheusrule"].one("PrometheusRule"))
+    rule["spec"]["groups"][0]["rules"][0]["severity"] = "warning"
+    with pytest.raises(AssertionError, match="fields its CRD does not define"):
+        validate(rule)
     with pytest.raises(pytest.fail.Exception, match=r"no schema for example\.com/v1 Widget"):
         validate({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})

@@ -1,9 +1,11 @@
-"""The Grafana dashboard and the Prometheus adapter rules: their PromQL parses (promtool), they name metrics the
-server exports, and the dashboard shows what an operator needs (traffic, latency per stage, batching, queue,
-refusals, OOV ids, GPU memory)."""
+"""The Grafana dashboard, the Prometheus adapter rules and the chart's alert rules (PrometheusRule): their PromQL
+parses (promtool), they name metrics the server exports, the dashboard shows what an operator needs (traffic,
+latency per stage, batching, queue, refusals, errors, connections, pipelines, model loads, the Redis tier, OOV ids,
+GPU memory), and every alert says how long, how bad, which model and where to look."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -88,6 +90,20 @@ def test_dashboard_shows_what_operators_need() -> None:
         "recserve_model_info",
     ]:
         assert metric in text, f"no panel shows {metric}"
+    for metric in [
+        "recserve_connections_open",
+        "recserve_connections_timed_out_total",
+        "recserve_connections_refused_total",
+        "recserve_pipeline_stage_duration_seconds",
+        "recserve_recall_index_capped_total",
+        "recserve_model_loads_total",
+        "recserve_embedding_cache_lookups_total",  # the row cache's hit ratio
+        "recserve_embedding_tier_fetch_duration_seconds",
+        "recserve_embedding_update_visible_seconds",  # online update lag
+        "recserve_embedding_tier_errors_total",
+    ]:
+        assert metric in text, f"no panel shows {metric}"
+    assert 'code!~"2.."' in text, "no panel shows the share of non-2xx responses"
     for stage in ["request", "queue", "gather", "inference", "topk"]:
         for quantile in ["0.5", "0.99"]:
             histogram = f"recserve_{stage}_duration_seconds_bucket"
@@ -154,3 +170,59 @@ def test_adapter_rules_serve_the_hpa_metrics(rendered: dict[str, Rendered], tmp_
         queries[name] = query
         queries[f"{name}_series"] = rule["seriesQuery"]
     promtool_check(queries, tmp_path)
+
+
+def alert_rules(r: Rendered) -> list[dict[str, Any]]:
+    """The alerting rules of the render's PrometheusRule."""
+    return [rule for group in r.one("PrometheusRule")["spec"]["groups"] for rule in group["rules"]]
+
+
+def test_alert_rules_pass_promtool(rendered: dict[str, Rendered], tmp_path: Path) -> None:
+    """`promtool check rules` on the PrometheusRule's spec, which is a Prometheus rule file (groups of rules)."""
+    spec = copy.deepcopy(rendered["prometheusrule"].one("PrometheusRule")["spec"])
+    file = tmp_path / "alerts.yaml"
+    file.write_text(yaml.safe_dump(spec))
+    result = subprocess.run([tool("promtool"), "check", "rules", str(file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alert_rules(rendered['prometheusrule']))} rules found" in result.stdout, result.stdout
+    # The check is not vacuous: a broken expression fails it.
+    spec["groups"][0]["rules"][0]["expr"] = "sum by (model (recserve_requests_total)"
+    file.write_text(yaml.safe_dump(spec))
+    assert subprocess.run([tool("promtool"), "check", "rules", str(file)], capture_output=True).returncode != 0
+
+
+def test_alert_rules_say_what_to_look_at(rendered: dict[str, Rendered]) -> None:
+    r = rendered["prometheusrule"]
+    rules = alert_rules(r)
+    values = r.merged["prometheusRule"]
+    names = {rule["alert"] for rule in rules}
+    assert names == {
+        "RecserveHighP99Latency",
+        "RecserveRefusingRequests",
+        "RecserveModelLoadFailed",
+        "RecserveEmbeddingTierErrors",
+        "RecserveDown",
+    }
+    exported = exported_metrics()
+    for rule in rules:
+        assert rule.keys() == {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["labels"]["team"] == "recsys"
+        assert rule["annotations"].keys() == {"summary", "description"}, rule["alert"]
+        # Which model (or, when a pod stops answering, which pod), and a pointer to the cause.
+        who = "{{ $labels.pod }}" if rule["alert"] == "RecserveDown" else "{{ $labels.model }}"
+        assert who in rule["annotations"]["summary"] and who in rule["annotations"]["description"], rule["alert"]
+        assert "Look at" in rule["annotations"]["description"], rule["alert"]
+        assert 'namespace="serving"' in rule["expr"], f"{rule['alert']} is not scoped to the release's namespace"
+        assert metric_names(rule["expr"]) <= exported, rule["expr"]
+    by_name = {rule["alert"]: rule for rule in rules}
+    # The thresholds and durations are the values'.
+    assert by_name["RecserveHighP99Latency"]["expr"].endswith(f"> {values['latency']['p99Seconds']}")
+    assert by_name["RecserveHighP99Latency"]["for"] == values["latency"]["for"] == "5m"
+    assert by_name["RecserveHighP99Latency"]["labels"]["severity"] == "critical"
+    assert by_name["RecserveRefusingRequests"]["expr"].endswith(f"> {values['refused']['ratio']}")
+    assert 'code="429"' in by_name["RecserveRefusingRequests"]["expr"]
+    assert f"offset {values['loadFailures']['window']}" in by_name["RecserveModelLoadFailed"]["expr"]
+    assert by_name["RecserveEmbeddingTierErrors"]["expr"].endswith(f"> {values['embeddingTierErrors']['ratio']}")
+    assert 'job="recserve"' in by_name["RecserveDown"]["expr"], "the ServiceMonitor's job is the Service's name"
+    assert r.one("PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not rendered["default"].all("PrometheusRule"), "off by default"

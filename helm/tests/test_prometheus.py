@@ -3,12 +3,19 @@
 The test starts recserve on the test fixture's repository (rank, recall and the fixture's recommend pipeline), a
 Prometheus server (Debian's `prometheus` package, the one that brings promtool) that scrapes it every second
 with the `namespace` and `pod` labels a ServiceMonitor adds, sends a short mixed load (every endpoint and
-protocol, ids outside `default` vocabularies, a burst the small queue refuses), waits until Prometheus has
+protocol, ids outside `default` vocabularies, bursts the small queue refuses), waits until Prometheus has
 scraped the server's final counts, and evaluates through Prometheus's HTTP API every PromQL expression of the
 dashboard (its panels and its template variables) and of the adapter rules. Any expression that errors or
-returns no series fails the test; so does a query of traffic this load drives that returns only zeros. The one
-exception is the GPU memory panel, whose metric exists only where tables live on a GPU: on a server whose models
-all report `device="cpu"` it must return nothing (and must not error). Both processes are stopped by their PID.
+returns no series fails the test; so does a query of traffic this load drives that returns only zeros. The
+exceptions: the GPU memory panel, whose metric exists only where tables live on a GPU, and the Redis tier's
+panels, whose metrics exist only for models with a `tier = "redis"` table: on this server (CPU, no Redis tier)
+they must return nothing (and must not error). Both processes are stopped by their PID.
+
+The server runs with `--model-control explicit`, so the load also drives a model load that fails (a model
+directory whose `model.toml` does not parse, added after start) and a connection closed for its slow request head.
+The chart's alert rules (its PrometheusRule) are evaluated too: as the chart renders them by default they must
+evaluate without error; with their thresholds at 0 the latency, 429 and load-failure alerts must fire on this
+load, the Redis tier's must stay silent (no tier), and the down alert's selector must find the scraped target.
 
 The table of every expression with its series count is printed (and written to `$RECSERVE_PROMETHEUS_REPORT`
 when that is set).
@@ -36,8 +43,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, server_binary
-from test_observability import adapter_rules, dashboard, exprs
+from conftest import ROOT, load_values, merge, render, server_binary
+from test_observability import adapter_rules, alert_rules, dashboard, exprs
 
 # Grafana's variables as a dashboard over every namespace and model fills them. `$__rate_interval` is at least
 # four scrape intervals; the load lasts longer than this window, so every rate sees it.
@@ -48,11 +55,34 @@ ADAPTER = {"<<.LabelMatchers>>": 'namespace="serving",pod=~"recserve-.*"', "<<.G
 TARGET_LABELS = {"namespace": "serving", "pod": "recserve-0"}
 # Only GPU builds with tables on a GPU export it.
 GPU_ONLY = {"recserve_gpu_memory_bytes"}
+# Only models with a `tier = "redis"` table export them; the fixture has none (the Rust tests start a Redis
+# Cluster for the tier, this test does not).
+REDIS_TIER = {
+    "recserve_embedding_cache_lookups_total",
+    "recserve_embedding_tier_fetch_duration_seconds",
+    "recserve_embedding_tier_rows_fetched_total",
+    "recserve_embedding_tier_errors_total",
+    "recserve_embedding_update_visible_seconds",
+    "recserve_embedding_update_errors_total",
+    "recserve_embedding_update_following",
+}
 # Series this load cannot be relied on to move: a gauge of the instant (the queue is empty when the load has
-# ended), and requests dropped in the queue (expired or abandoned), which need the scheduler's timing to line up.
-MAY_BE_ZERO = {"recserve_queue_depth", "recserve_expired_total", "recserve_abandoned_total"}
+# ended), requests dropped in the queue (expired or abandoned), which need the scheduler's timing to line up,
+# connections refused at --max-connections (the load stays below it), and IVF queries cut by max_candidates (the
+# fixture's recall models have no IVF index).
+MAY_BE_ZERO = {
+    "recserve_queue_depth",
+    "recserve_expired_total",
+    "recserve_abandoned_total",
+    "recserve_connections_refused_total",
+    "recserve_recall_index_capped_total",
+}
 LOAD_SECONDS = 8.0
 QUEUE_CAPACITY = 4
+HEADER_TIMEOUT_MS = 300
+ADMIN_TOKEN = "prometheus-test"
+# A model directory added after start whose load fails (`recserve_model_loads_total{outcome="invalid_model"}`).
+BROKEN_MODEL = "broken"
 
 
 def fixture_dir() -> Path:
@@ -122,6 +152,12 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         pytest.fail("no prometheus binary: install Debian's prometheus package (scripts/test.sh does)")
     fixture = fixture_dir()
     tmp = tmp_path_factory.mktemp("prometheus")
+    # The fixture's models, linked into a repository this test may add a model to.
+    repo = tmp / "repo"
+    repo.mkdir()
+    for model in (fixture / "repo").iterdir():
+        (repo / model.name).symlink_to(model)
+    (tmp / "token").write_text(ADMIN_TOKEN)
     http = free_port()
     server_log = tmp / "recserve.log"
     with server_log.open("w") as out:
@@ -130,7 +166,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
                 str(server_binary()),
                 "serve",
                 "--repository",
-                str(fixture / "repo"),
+                str(repo),
                 "--config",
                 str(fixture / "recserve.toml"),
                 "--http-addr",
@@ -139,6 +175,12 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
                 "127.0.0.1:0",
                 "--queue-capacity",
                 str(QUEUE_CAPACITY),
+                "--model-control",
+                "explicit",
+                "--admin-token-file",
+                str(tmp / "token"),
+                "--header-read-timeout-ms",
+                str(HEADER_TIMEOUT_MS),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -174,6 +216,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         api = f"http://127.0.0.1:{port}"
         wait_for("prometheus ready", lambda: request(api + "/-/ready")[0] == 200, prometheus, prometheus_log)
         wait_for("the first scrape", lambda: scalar(api, 'up{job="recserve"}') == 1.0, prometheus, prometheus_log)
+        fail_a_load(base, repo)
+        time_out_a_connection(http)
         load(base, fixture)
         # Prometheus has the final counts once its sum equals the server's own.
         total = served_requests(base)
@@ -235,12 +279,12 @@ def jobs(fixture: Path) -> list[tuple[str, Any, dict[str, str]]]:
 
 
 def load(base: str, fixture: Path) -> None:
-    """LOAD_SECONDS of the fixture's requests from four threads, then a burst the queue of QUEUE_CAPACITY refuses
-    in part (429 queue_full)."""
+    """A burst the queue of QUEUE_CAPACITY refuses in part (429 queue_full), LOAD_SECONDS of the fixture's requests
+    from four threads, then another burst. Refusals before and after the steady load: a counter's series appears
+    with its first increment, which rate() cannot see, so the 429 series must already exist when later ones come."""
     work = jobs(fixture)
     statuses: dict[int, int] = {}
     lock = threading.Lock()
-    end = time.monotonic() + LOAD_SECONDS
 
     def client(offset: int, until: float, path_filter: str | None = None) -> None:
         i = offset
@@ -253,35 +297,65 @@ def load(base: str, fixture: Path) -> None:
             with lock:
                 statuses[status] = statuses.get(status, 0) + 1
 
+    # The largest rank requests from many clients at once, on one model.
+    big = max((j for j in work if "/rank" in j[0]), key=lambda j: len(j[1]["candidates"]))
+
+    def refuse_some() -> list[int]:
+        burst_statuses: list[int] = []
+        # Every burst thread sends at once: started one after another, they would reach a fast server one at a
+        # time.
+        together = threading.Barrier(6 * QUEUE_CAPACITY)
+
+        def burst() -> None:
+            together.wait()
+            status, _ = request(base + big[0], big[1])
+            with lock:
+                burst_statuses.append(status)
+
+        for _ in range(3):
+            threads = [threading.Thread(target=burst) for _ in range(6 * QUEUE_CAPACITY)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if 429 in burst_statuses:
+                break
+        return burst_statuses
+
+    before = refuse_some()
+    end = time.monotonic() + LOAD_SECONDS
     threads = [threading.Thread(target=client, args=(i * 7, end)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    # The largest rank requests from many clients at once, on one model.
-    big = max((j for j in work if "/rank" in j[0]), key=lambda j: len(j[1]["candidates"]))
-    burst_statuses: list[int] = []
-    # Every burst thread sends at once: started one after another, they would reach a fast server one at a time.
-    together = threading.Barrier(6 * QUEUE_CAPACITY)
-
-    def burst() -> None:
-        together.wait()
-        status, _ = request(base + big[0], big[1])
-        with lock:
-            burst_statuses.append(status)
-
-    for _ in range(3):
-        threads = [threading.Thread(target=burst) for _ in range(6 * QUEUE_CAPACITY)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if 429 in burst_statuses:
-            break
+    after = refuse_some()
     assert statuses.get(200, 0) > 100, f"the load got {statuses}"
     # The small queue may refuse a request of the steady load too (a large one takes several slots).
     assert set(statuses) <= {200, 429}, f"the fixture's cases answer 200 (or 429 when the queue is full): {statuses}"
-    assert 429 in burst_statuses, f"no burst was refused: {burst_statuses}"
+    assert 429 in before and 429 in after, f"a burst was not refused: {before}, {after}"
+
+
+def fail_a_load(base: str, repo: Path) -> None:
+    """A model directory whose model.toml does not parse, loaded through the repository API: refused with 400."""
+    version = repo / BROKEN_MODEL / "1"
+    version.mkdir(parents=True)
+    (version / "model.toml").write_text("format_version = [\n")
+    status, body = request(
+        f"{base}/v2/repository/models/{BROKEN_MODEL}/load", {}, {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert status == 400, f"loading {BROKEN_MODEL}: {status} {body}"
+
+
+def time_out_a_connection(port: int) -> None:
+    """A request head that never completes: the server closes the connection after --header-read-timeout-ms."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10 + HEADER_TIMEOUT_MS / 1000) as s:
+        s.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        # EOF, or whatever the server answers (a 408) followed by EOF.
+        while s.recv(4096):
+            pass
+        assert time.monotonic() - started >= HEADER_TIMEOUT_MS / 1000 * 0.9, "closed before the header timeout"
 
 
 # --- the expressions ---------------------------------------------------------------------------------------
@@ -331,6 +405,12 @@ def adapter_expressions() -> list[Expression]:
     return out
 
 
+def alert_expressions(**thresholds: Any) -> dict[str, str]:
+    """Each alert of the chart's PrometheusRule (the prometheusrule value set, over `thresholds`) by name."""
+    values = merge(load_values("prometheusrule"), {"prometheusRule": thresholds})
+    return {rule["alert"]: rule["expr"] for rule in alert_rules(render(values))}
+
+
 def metrics_of(expr: str) -> set[str]:
     return {re.sub(r"_(bucket|sum|count)$", "", m) for m in re.findall(r"\brecserve_[a-z0-9_]+\b", expr)}
 
@@ -351,6 +431,10 @@ def test_every_dashboard_and_adapter_query_returns_series(running: Running, caps
             expected = "none (CPU server)"
             if result:
                 problems.append(f"{e.source}: {len(result)} series of a GPU-only metric on a CPU server")
+        elif metrics and metrics <= REDIS_TIER:
+            expected = "none (no Redis tier)"
+            if result:
+                problems.append(f"{e.source}: {len(result)} series of the Redis tier on a server without one")
         elif metrics <= MAY_BE_ZERO:
             expected = "≥ 1"
             if not result:
@@ -369,4 +453,40 @@ def test_every_dashboard_and_adapter_query_returns_series(running: Running, caps
         Path(report).write_text(table + "\n")
     with capsys.disabled():
         print(f"\nPrometheus queries ({len(rows)} expressions, server devices {sorted(devices)}):\n{table}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_alert_rules_evaluate_and_fire(running: Running, capsys: pytest.CaptureFixture) -> None:
+    as_rendered = alert_expressions()
+    # Thresholds this load exceeds (the latency SLA is a positive number of seconds: a microsecond).
+    lowered = alert_expressions(
+        latency={"p99Seconds": 1e-6}, refused={"ratio": 0}, embeddingTierErrors={"ratio": 0}
+    )
+    assert as_rendered.keys() == lowered.keys()
+    assert lowered["RecserveHighP99Latency"] != as_rendered["RecserveHighP99Latency"], "the SLA is not a value"
+    # The down alert fires on `up == 0`; the same selector with `== 1` must find the running server's target.
+    assert as_rendered["RecserveDown"].endswith(" == 0")
+    up = as_rendered["RecserveDown"].removesuffix(" == 0") + " == 1"
+    fire = {"RecserveHighP99Latency", "RecserveRefusingRequests", "RecserveModelLoadFailed"}
+    silent = {"RecserveEmbeddingTierErrors"}
+    assert fire | silent | {"RecserveDown"} == lowered.keys(), "a new alert needs an expectation here"
+    rows, problems = [], []
+    for name, expr in as_rendered.items():
+        rows.append((f"{name} (as rendered)", len(query(running.prometheus, expr)), expr))
+    for name, expr in lowered.items():
+        result = query(running.prometheus, expr)
+        rows.append((f"{name} (thresholds 0)", len(result), expr))
+        if name in fire and not result:
+            problems.append(f"{name} does not fire with its threshold at 0: {expr}")
+        if name in silent and result:
+            problems.append(f"{name} fires on a server without a Redis tier: {result}")
+        if name == "RecserveModelLoadFailed" and {r["metric"]["model"] for r in result} != {BROKEN_MODEL}:
+            problems.append(f"{name} should name {BROKEN_MODEL} alone: {result}")
+    result = query(running.prometheus, up)
+    rows.append(("RecserveDown selector (== 1)", len(result), up))
+    if len(result) != 1:
+        problems.append(f"the down alert's selector finds {len(result)} targets, not the one scraped: {up}")
+    width = max(len(r[0]) for r in rows)
+    with capsys.disabled():
+        print("\nAlert rules:\n" + "\n".join(f"{s:<{width}}  {n:>6}  {expr}" for s, n, expr in rows))
     assert not problems, "\n".join(problems)
