@@ -60,6 +60,9 @@ fi
 # its reporter and steal reader (scripts/test_bench_peers_tail.py), and the benchmarks' shared library.
 python -m pytest -q models/tests loadtest/peers scripts/test_bench_peers_tail.py scripts/test_bench_tail.py \
   scripts/test_bench_lib.py
+# The shell commands of README.md and docs/*.md, run against servers on the demo and the fixture or checked against
+# the --help of the debug binaries `cargo test` just built (target/debug/recserve, target/debug/recload).
+python -m pytest -q scripts/test_docs_commands.py
 # Model versions swapped under load, in a short form (small tables, 2 swaps): no failed request, every answer
 # the one of the version that gave it. The full measurement is `scripts/swap-under-load.sh` (docs/benchmarks.md).
 scripts/swap-under-load.sh --short
