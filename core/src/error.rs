@@ -140,6 +140,38 @@ impl LoadError {
             problem: problem.into(),
         }
     }
+
+    /// A file of the repository that cannot be opened (`what`: "cannot open table file"). A permission error also
+    /// says who the server runs as and who may read the file (its owner and mode), since the usual cause is a
+    /// container running as another user than the one who wrote the files.
+    pub fn cannot_open(path: &Path, what: &str, error: &std::io::Error) -> LoadError {
+        let mut problem = format!("{what}: {error}");
+        if error.kind() == std::io::ErrorKind::PermissionDenied {
+            problem.push_str(&permission_detail(path));
+        }
+        LoadError::new(path, problem)
+    }
+}
+
+/// `; the server runs as uid U (gid G); the file is owned by uid O (gid P) with mode 0600: …`.
+fn permission_detail(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid and getegid only read the process's credentials; they cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let server = format!("; the server runs as uid {uid} (gid {gid})");
+    match std::fs::metadata(path) {
+        Ok(m) => format!(
+            "{server}; the file is owned by uid {} (gid {}) with mode {:04o}: make it readable by the server's \
+             user (chmod a+r, or write it with the model toolchain, which writes files 0644 by default)",
+            m.uid(),
+            m.gid(),
+            m.mode() & 0o7777
+        ),
+        Err(_) => format!(
+            "{server}, which cannot search a directory on the way to the file: make the directories \
+             searchable (chmod a+rx DIR)"
+        ),
+    }
 }
 
 impl fmt::Display for LoadError {
@@ -319,6 +351,51 @@ impl ServiceError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file the server may not read: the error says who the server runs as, who owns the file and its mode.
+    /// (The tests run as root, which reads any file, so the error is made here rather than provoked.)
+    #[test]
+    fn a_permission_error_names_the_servers_user_and_the_files_owner_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tables.safetensors");
+        std::fs::write(&file, b"x").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let err = LoadError::cannot_open(&file, "cannot open table file", &denied).to_string();
+        // SAFETY: reads the process's credentials.
+        let uid = unsafe { libc::geteuid() };
+        assert!(
+            err.starts_with(&format!("{}: cannot open table file: ", file.display())),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("the server runs as uid {uid} (gid ")),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("the file is owned by uid {uid} (gid ")),
+            "{err}"
+        );
+        assert!(
+            err.contains("with mode 0600") && err.contains("chmod a+r"),
+            "{err}"
+        );
+
+        let gone = dir.path().join("hidden/tables.safetensors");
+        let err = LoadError::cannot_open(&gone, "cannot open table file", &denied).to_string();
+        assert!(
+            err.contains("cannot search a directory on the way to the file"),
+            "{err}"
+        );
+
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let err = LoadError::cannot_open(&file, "cannot open table file", &missing).to_string();
+        assert!(
+            !err.contains("uid"),
+            "only permission errors say who may read: {err}"
+        );
+    }
 
     #[test]
     fn echoed_client_text_is_cut_and_says_so() {

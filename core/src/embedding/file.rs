@@ -258,8 +258,8 @@ const REPORT_EVERY: Duration = Duration::from_secs(2);
 /// (`MAP_POPULATE`) below `progress_from` bytes, else step by step with a progress line in the log every
 /// [`REPORT_EVERY`]. With [`Preload::OnDemand`], none is, and the map is advised for random access.
 fn map_table_file(path: &Path, preload: Preload, progress_from: u64) -> Result<Mmap, LoadError> {
-    let file = File::open(path)
-        .map_err(|e| LoadError::new(path, format!("cannot open table file: {e}")))?;
+    let file =
+        File::open(path).map_err(|e| LoadError::cannot_open(path, "cannot open table file", &e))?;
     let len = file
         .metadata()
         .map_err(|e| LoadError::new(path, format!("cannot read the table file's size: {e}")))?
@@ -341,8 +341,9 @@ pub fn read_i64_tensor(
     tensor: &str,
     what: &str,
 ) -> Result<(Vec<i64>, Vec<usize>), LoadError> {
-    let file = File::open(path)
-        .map_err(|e| LoadError::new(path, format!("cannot open the file of {what}: {e}")))?;
+    let file = File::open(path).map_err(|e| {
+        LoadError::cannot_open(path, &format!("cannot open the file of {what}"), &e)
+    })?;
     // SAFETY: read-only, and the repository is not modified while served (as for embedding tables); the values
     // are copied out before the map is dropped.
     let map = unsafe { Mmap::map(&file) }

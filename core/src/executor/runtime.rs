@@ -124,6 +124,9 @@ impl Runtime {
         if !path.is_file() {
             return Err(LoadError::new(path, "dense graph file does not exist"));
         }
+        // ONNX Runtime would only say it cannot open the file; who may read it is what the operator needs.
+        std::fs::File::open(path)
+            .map_err(|e| LoadError::cannot_open(path, "cannot open the dense graph", &e))?;
         let mut builder = Session::builder(&self.env)
             .map_err(fail)?
             .with_optimization_level(GraphOptimizationLevel::All)

@@ -184,7 +184,7 @@ fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
 pub fn read_spec(dir: &Path) -> Result<ModelSpec, LoadError> {
     let path = dir.join("model.toml");
     let text = std::fs::read_to_string(&path)
-        .map_err(|e| LoadError::new(&path, format!("cannot read: {e}")))?;
+        .map_err(|e| LoadError::cannot_open(&path, "cannot read", &e))?;
     ModelSpec::parse(&text).map_err(|problem| LoadError::new(&path, problem))
 }
 
