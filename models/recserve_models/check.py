@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, ivf, lightgcn, model_toml
+from . import criteo, files, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
 from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
@@ -296,10 +296,14 @@ def check_version(directory: Path, max_candidates: int = MAX_CANDIDATES) -> Vers
 
 @dataclass(frozen=True)
 class Validation:
-    """Every version of every model, validated: `versions[name][version]` is a `Version` or the error text."""
+    """Every version of every model, validated: `versions[name][version]` is a `Version` or the error text.
+    `warnings`: files and directories of the repository that a user other than their owner could not read
+    (`files.unreadable_by_others`); the server running as the owner loads them, the container image's user does
+    not, so they do not make a version an error."""
 
     models: list[ModelDir]
     versions: dict[str, dict[int, Version | str]]
+    warnings: list[str]
 
     @property
     def errors(self) -> list[str]:
@@ -333,7 +337,7 @@ def validate(root: Path, max_candidates: int = MAX_CANDIDATES) -> Validation:
                 except CheckError as e:
                     error = str(e)
             versions[name][v] = error
-    return Validation(models, versions)
+    return Validation(models, versions, files.unreadable_by_others(root))
 
 
 # --- comparing precisions ------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import files
 from .metrics import auc, log_loss
 
 DENSE_FEATURES = tuple(f"I{i}" for i in range(1, 14))
@@ -292,6 +293,7 @@ def write(generator: Generator, split: str, rows: int, path: Path) -> dict[str, 
             out.write(format_chunk(chunk))
             labels.append(chunk.labels)
             probabilities.append(chunk.teacher_probability)
+    files.finish(path)
     y, p = np.concatenate(labels), np.concatenate(probabilities)
     return {
         "rows": rows,
@@ -448,8 +450,8 @@ def sidecar(path: Path) -> Path:
 def generate(config: GeneratorConfig, split: str, rows: int, out: Path) -> dict[str, object]:
     """Writes the rows and their description (`sidecar(out)`: generator parameters, split, label statistics and
     the teacher's AUC); returns the description."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out.parent, exist_ok=True)
     stats = write(Generator(config), split, rows, out)
     description = {"generator": generator_info(config), "split": split} | stats
-    sidecar(out).write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+    files.write_text(sidecar(out), json.dumps(description, indent=2) + "\n", encoding="utf-8")
     return description

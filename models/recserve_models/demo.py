@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, gowalla_rank, lightgcn, model_toml, report, train_deepfm
+from . import criteo, files, gowalla_rank, lightgcn, model_toml, report, train_deepfm
 from .check import VOCABULARY, Validation, compare_deepfm, compare_lightgcn, validate
 from .export import export_deepfm, export_lightgcn, quantize_version
 from .model_toml import DeepFMToml
@@ -170,7 +170,7 @@ def _table_bytes(version: Path) -> int:
 
 
 def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dict[str, Any]:
-    work.mkdir(parents=True, exist_ok=True)
+    files.mkdir(work, exist_ok=True)
     train_file, test_file = work / "criteo" / "train.tsv", work / "criteo" / "test.tsv"
     train_data = _generated(train_file, "train", TRAIN_ROWS)
     test_data = _generated(test_file, "test", TEST_ROWS)
@@ -222,6 +222,7 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     criteo_models = Validation(
         [m for m in validation.models if m.name not in rankers],
         {name: v for name, v in validation.versions.items() if name not in rankers},
+        validation.warnings,
     )
     deepfm_rows = compare_deepfm(criteo_models, test_file)
     lightgcn_rows = compare_lightgcn(validation, gowalla)
@@ -233,10 +234,11 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     )
 
     _log(f"writing {out}")
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     for name in COMMITTED:
         shutil.rmtree(out / name, ignore_errors=True)
         shutil.copytree(repo / name, out / name)
+        files.finish(out / name)
     quality = {
         "format_version": 1,
         # Paths relative to the working directory, so that the committed file does not depend on the checkout.
@@ -253,11 +255,11 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
         },
         "demo": {name: {"what": what, "files": _files(out / name / "1")} for name, what in COMMITTED.items()},
     }
-    (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
-    (out / "rank-request.json").write_text(json.dumps(_example_request(out), indent=2) + "\n", encoding="utf-8")
-    (out / CONFIG_FILE).write_text(_pipeline_config(), encoding="utf-8")
+    files.write_text(out / "quality.json", json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+    files.write_text(out / "rank-request.json", json.dumps(_example_request(out), indent=2) + "\n", encoding="utf-8")
+    files.write_text(out / CONFIG_FILE, _pipeline_config(), encoding="utf-8")
     if report_path is not None:
-        report_path.write_text(report.render(quality), encoding="utf-8")
+        files.write_text(report_path, report.render(quality), encoding="utf-8")
         _log(f"wrote {report_path}")
     return quality
 

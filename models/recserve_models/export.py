@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import criteo, model_toml
+from . import criteo, files, model_toml
 from .check import VOCABULARY, check_version
 from .lightgcn import LightGCNRun
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
@@ -115,6 +115,7 @@ def export_deepfm(run: DeepFMRun, out: Path, storage: Storages, **options: objec
     model = deepfm_toml(run, storage, "fp32", **options)  # type: ignore[arg-type]
     write_deepfm_version(out, model, run.params.tables, build_graph(run.params))
     shutil.copyfile(run.directory / VOCABULARY, out / VOCABULARY)
+    files.finish(out / VOCABULARY)
 
 
 def lightgcn_toml(run: LightGCNRun, storage: Storages, description: str = "") -> LightGCNToml:
@@ -228,4 +229,5 @@ def quantize_version(
     write_deepfm_version(out, new_model, floats, graph, read_item_features(source, model))
     if (source / VOCABULARY).is_file():
         shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
+        files.finish(out / VOCABULARY)
     check_version(out)

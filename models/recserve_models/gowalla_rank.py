@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import lightgcn, train_deepfm
+from . import files, lightgcn, train_deepfm
 from .check import Version, _history_users
 from .deepfm import DeepFMParams, Layer
 from .lightgcn import Interactions, LightGCNRun
@@ -168,7 +168,7 @@ def run_training(
         seed=config.seed,
     )  # fmt: skip
     params, history, seconds = train_deepfm.train(params, rows, trainer, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     train_deepfm.save_params(params, out / RUN_TENSORS)
     info = {
         "kind": "deepfm-gowalla",
@@ -179,7 +179,7 @@ def run_training(
         "train_seconds": seconds,
         "history": history,
     }
-    (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    files.write_text(out / RUN_JSON, json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return RankRun(params, info, out)
 
 

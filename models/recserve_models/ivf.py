@@ -28,6 +28,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from . import files
 from .model_toml import LightGCNToml, TableSpec
 from .progress import Progress
 from .quantize import INT8_TRAILER, quantize_rowwise_int8
@@ -284,6 +285,7 @@ def build_file(
         "seed": str(seed),
     }
     save_file(tensors, str(path), metadata=metadata)
+    files.finish(path)  # save_file writes 0600
     sizes = tensors["list_sizes"]
     return Built(
         path, items, nlist, trained_on, time.monotonic() - started, path.stat().st_size, int(sizes.max(initial=0))

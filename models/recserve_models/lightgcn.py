@@ -37,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 from safetensors.numpy import load_file, save_file
 
+from . import files
 from .optim import Adam
 from .progress import Progress
 
@@ -147,13 +148,13 @@ def read_interactions(train_path: Path, test_path: Path) -> Interactions:
 
 def write_interactions(directory: Path, data: Interactions) -> None:
     """Writes `directory/train.txt` and `directory/test.txt` in the format `read_interactions` reads."""
-    directory.mkdir(parents=True, exist_ok=True)
+    files.mkdir(directory, exist_ok=True)
     for name, indptr, indices in (
         ("train.txt", data.train_indptr, data.train_indices),
         ("test.txt", data.test_indptr, data.test_indices),
     ):
         lines = [" ".join(map(str, [u, *indices[indptr[u] : indptr[u + 1]]])) for u in range(data.users)]
-        (directory / name).write_text("\n".join(lines) + "\n", encoding="ascii")
+        files.write_text(directory / name, "\n".join(lines) + "\n", encoding="ascii")
 
 
 def synthetic_interactions(
@@ -448,10 +449,11 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
     history = history_vectors(graph, result.items0, result.users0, config.layers)
     metrics = evaluate(users, items, data)
     progress(f"test Recall@20 {metrics.recall:.4f}, NDCG@20 {metrics.ndcg:.4f} ({metrics.users} users)")
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     popularity = data.item_degrees().astype(np.int64)
     tensors = {"user.layer0": result.users0, "item.layer0": result.items0, "user": users, "item": items}
     save_file(tensors | {"history": history, "item.popularity": popularity}, str(out / RUN_TENSORS))
+    files.finish(out / RUN_TENSORS)
     info = {
         "kind": "lightgcn",
         "data": {
@@ -467,5 +469,5 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
         "history": result.history,
         "test": asdict(metrics),
     }
-    (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    files.write_text(out / RUN_JSON, json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return LightGCNRun(users, items, history, info, popularity)

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from . import files
 from .deepfm import DeepFMParams
 
 OPSET = 17
@@ -119,4 +120,4 @@ def build_graph(params: DeepFMParams) -> onnx.ModelProto:
 
 def save(model: onnx.ModelProto, path: Path) -> None:
     """Write `model` to `path` as one self-contained file (no external data)."""
-    path.write_bytes(model.SerializeToString(deterministic=True))
+    files.write_bytes(path, model.SerializeToString(deterministic=True))

@@ -21,7 +21,7 @@ import onnx
 from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
-from . import model_toml
+from . import files, model_toml
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec, id_range
 from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
@@ -76,10 +76,10 @@ def write_deepfm_version(
                 f"[items, {len(features.fields)}]"
             )
         extra[features.file] = {features.tensor: np.ascontiguousarray(item_features)}
-    directory.mkdir(parents=True)
+    files.mkdir(directory)
     _write_tables(directory, model, tables, extra)
     save_onnx(graph, directory / model.dense_graph.file)
-    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
+    files.write_text(directory / MODEL_TOML, model_toml.to_toml(model), encoding="utf-8")
 
 
 def write_lightgcn_version(
@@ -104,9 +104,9 @@ def write_lightgcn_version(
             )
         extra[item.file] = {POPULARITY: popularity}
         model = replace(model, recall=replace(model.recall, popularity=POPULARITY))
-    directory.mkdir(parents=True)
+    files.mkdir(directory)
     _write_tables(directory, model, tables, extra)
-    (directory / MODEL_TOML).write_text(model_toml.to_toml(model), encoding="utf-8")
+    files.write_text(directory / MODEL_TOML, model_toml.to_toml(model), encoding="utf-8")
 
 
 def read_popularity(directory: Path, model: LightGCNToml) -> np.ndarray | None:
@@ -174,13 +174,13 @@ def _write_tables(
     tables: Mapping[str, np.ndarray],
     extra: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> None:
-    files: dict[str, dict[str, np.ndarray]] = {}
+    by_file: dict[str, dict[str, np.ndarray]] = {}
     for spec in model.tables:
-        files.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
+        by_file.setdefault(spec.file, {})[spec.name] = encode_table(spec, tables[spec.name])
     for file, tensors in (extra or {}).items():
-        files.setdefault(file, {}).update(tensors)
-    for file, tensors in files.items():
-        (directory / file).write_bytes(save(tensors))
+        by_file.setdefault(file, {}).update(tensors)
+    for file, tensors in by_file.items():
+        files.write_bytes(directory / file, save(tensors))
 
 
 @dataclass(frozen=True)

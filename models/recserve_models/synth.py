@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from . import criteo, deepfm
+from . import criteo, deepfm, files
 from .check import open_graph, run_graph
 from .export import GRAPH_FILE, TABLES_FILE
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec, to_toml
@@ -171,7 +171,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
     except OSError:
-        target.write_bytes(source.read_bytes())
+        files.write_bytes(target, source.read_bytes())
 
 
 def synth(
@@ -232,29 +232,29 @@ def synth(
     )
     dense = count_like_dense(rng, CALIBRATION_ROWS)
     int8_graph = quantize_dense_graph(fp32_graph, emb, dense, progress=progress)
-    int8_dir.mkdir(parents=True)
+    files.mkdir(int8_dir)
     _link_or_copy(fp32_dir / TABLES_FILE, int8_dir / TABLES_FILE)
     save_onnx(int8_graph, int8_dir / GRAPH_FILE)
-    (int8_dir / MODEL_TOML).write_text(to_toml(int8_model), encoding="utf-8")
+    files.write_text(int8_dir / MODEL_TOML, to_toml(int8_model), encoding="utf-8")
     versions = [(int8_dir, int8_model), (fp32_dir, fp32_model)]
     if split_graph is not None:
         progress("calibrating the split INT8 graph on the same rows; writing the split versions")
         graphs = {"int8": quantize_dense_graph(split_graph, emb, dense, progress=progress), "fp32": split_graph}
         for directory, (precision, graph) in zip(split_dirs, graphs.items(), strict=True):
             model = model_of(preset, rows, precision, split=True)
-            directory.mkdir(parents=True)
+            files.mkdir(directory)
             _link_or_copy(fp32_dir / TABLES_FILE, directory / TABLES_FILE)
             save_onnx(graph, directory / GRAPH_FILE)
             user, item = split_parts(graph)
             save_onnx(user, directory / USER_FILE)
             save_onnx(item, directory / ITEM_FILE)
-            (directory / MODEL_TOML).write_text(to_toml(model), encoding="utf-8")
+            files.write_text(directory / MODEL_TOML, to_toml(model), encoding="utf-8")
             versions.append((directory, model))
 
     progress(f"writing {count} requests of {candidates} candidates")
     bodies = requests(rng, fp32_model, count, candidates)
     lines = "".join(json.dumps(b, separators=(",", ":")) + "\n" for b in bodies)
-    (out / f"{preset.name}-requests.jsonl").write_text(lines, encoding="utf-8")
+    files.write_text(out / f"{preset.name}-requests.jsonl", lines, encoding="utf-8")
 
     scored = []
     sessions = {d.parent.name: (m, open_graph(d, m)) for d, m in versions}
@@ -271,7 +271,7 @@ def synth(
         "tolerance": 1e-5,
         "cases": scored,
     }
-    (out / f"{preset.name}-cases.json").write_text(json.dumps(document) + "\n", encoding="utf-8")
+    files.write_text(out / f"{preset.name}-cases.json", json.dumps(document) + "\n", encoding="utf-8")
     table_bytes = (fp32_dir / TABLES_FILE).stat().st_size
     return {
         "preset": preset.name,

@@ -32,7 +32,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from . import criteo, deepfm
+from . import criteo, deepfm, files
 from .deepfm import DeepFMParams, Layer
 from .metrics import auc, log_loss
 from .optim import Adam
@@ -74,6 +74,7 @@ class Dataset:
 
     def save(self, path: Path) -> None:
         np.savez(path, ids=self.ids, dense=self.dense, labels=self.labels)
+        files.finish(path)
 
     @staticmethod
     def load(path: Path) -> Dataset:
@@ -269,6 +270,7 @@ def save_params(params: DeepFMParams, path: Path) -> None:
         tensors[f"mlp.{i}.weight"] = layer.weight
         tensors[f"mlp.{i}.bias"] = layer.bias
     save_file(tensors, str(path), metadata={"field_tables": json.dumps(list(params.field_tables))})
+    files.finish(path)
 
 
 def load_params(path: Path) -> DeepFMParams:
@@ -349,11 +351,12 @@ def run_training(
     params, history, seconds = train(params, data, config, heldout=heldout, progress=progress)
     final = history[-1]
 
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     save_params(params, out / RUN_TENSORS)
-    (out / VOCABULARY).write_text(vocabulary.to_json(), encoding="utf-8")
+    files.write_text(out / VOCABULARY, vocabulary.to_json(), encoding="utf-8")
     calibration = rng.choice(len(data), min(config.calibration_rows, len(data)), replace=False)
     np.savez(out / CALIBRATION, ids=data.ids[np.sort(calibration)], dense=data.dense[np.sort(calibration)])
+    files.finish(out / CALIBRATION)
     heldout.save(out / HELDOUT)
     info = {
         "kind": "deepfm",
@@ -372,5 +375,5 @@ def run_training(
         "history": history,
         "heldout": {"auc": final["heldout_auc"], "log_loss": final["heldout_log_loss"]},
     }
-    (out / RUN_JSON).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    files.write_text(out / RUN_JSON, json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return DeepFMRun(params, vocabulary, info, out)

@@ -3,13 +3,15 @@
 Each command module provides `add_arguments(parser)` (its options) and `run(args)` (parse-level checks, a call
 into the library, the lines it prints, its exit status), and nothing else: what a command computes lives in the
 library modules of `recserve_models`, and what it generates for the tests in `recserve_models.testing`.
-`--help` lists the commands.
+`--help` lists the commands. `--file-mode` (before or after the command) sets the mode of every file written
+(`recserve_models.files`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from .. import files
 from . import (
     check,
     demo,
@@ -51,11 +53,34 @@ COMMANDS = {
 }
 
 
+def _file_mode(text: str) -> int:
+    try:
+        return files.parse_file_mode(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _add_file_mode(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--file-mode",
+        type=_file_mode,
+        default=default,
+        metavar="MODE",
+        help="octal mode of every file written, whatever the umask (default 644: readable by the serving user, "
+        "uid 65532 in the container image); directories get it plus x where it grants r (755)",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse `argv` and run the chosen command."""
     parser = argparse.ArgumentParser(prog="python -m recserve_models", description="The recserve model toolchain.")
+    _add_file_mode(parser, files.DEFAULT_FILE_MODE)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, summary) in COMMANDS.items():
-        module.add_arguments(commands.add_parser(name, help=summary, description=summary))
+        command = commands.add_parser(name, help=summary, description=summary)
+        module.add_arguments(command)
+        # SUPPRESS: given after the command, it overrides the one before; absent, it leaves that one alone.
+        _add_file_mode(command, argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    files.set_file_mode(args.file_mode)
     COMMANDS[args.command][0].run(args)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import criteo, lightgcn
+from .. import criteo, files, lightgcn
 from ..check import MAX_CANDIDATES, CheckError, Version, compare_deepfm, compare_lightgcn, validate
 from ..model_toml import LightGCNToml
 
@@ -38,7 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     """Validates (and compares); returns the results. Raises `CheckError` for a repository-level error."""
     validation = validate(args.repository, args.max_candidates)
-    result: dict[str, Any] = {"format_version": JSON_FORMAT_VERSION, "repository": str(args.repository), "models": {}}
+    result: dict[str, Any] = {
+        "format_version": JSON_FORMAT_VERSION,
+        "repository": str(args.repository),
+        "models": {},
+        "warnings": validation.warnings,
+    }
+    for warning in validation.warnings:
+        print(f"check: warning: {warning}", file=sys.stderr)
     for model in validation.models:
         result["models"][model.name] = {
             "served_version": model.served,
@@ -70,16 +77,18 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Run the `check` command: exit status 1 when any version would be refused by the server."""
+    """Run the `check` command: exit status 1 when any version would be refused by the server. Files that other
+    users cannot read are warnings (`Validation.warnings`): exit status 0."""
     try:
         result = run_check(args)
     except (CheckError, criteo.CriteoError, lightgcn.InteractionsError) as e:
         print(f"check: {e}", file=sys.stderr)
         raise SystemExit(1) from e
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        files.write_text(args.json, json.dumps(result, indent=2) + "\n", encoding="utf-8")
     errors = [v for m in result["models"].values() for v in m["versions"].values() if v != "ok"]
     if errors:
         print(f"check: {len(errors)} model version(s) would be refused by the server", file=sys.stderr)
         raise SystemExit(1)
-    print(f"check: every model version in {args.repository} loads")
+    unreadable = f", but {len(result['warnings'])} path(s) only their owner can read (above)" if result["warnings"] else ""
+    print(f"check: every model version in {args.repository} loads{unreadable}")

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import files
 from ..testing.demo_cases import SIZES, demo_cases
 
 
@@ -21,6 +22,6 @@ def run(args: argparse.Namespace) -> None:
     if not (args.repository / "quality.json").is_file():
         raise SystemExit(f"demo-cases: {args.repository} has no quality.json: is it the demo repository?")
     document = demo_cases(args.repository, SIZES)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document) + "\n", encoding="utf-8")
+    files.mkdir(args.out.parent, exist_ok=True)
+    files.write_text(args.out, json.dumps(document) + "\n", encoding="utf-8")
     print(f"wrote {len(document['cases'])} held-out rank cases to {args.out}")

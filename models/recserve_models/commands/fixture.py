@@ -7,6 +7,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from .. import files
 from ..testing import fixture_recall
 from ..testing.fixture import SEED, VERSIONS, build, outputs
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     build(out, args.seed)
     print(
         f"wrote {out / 'repo'} ({len(VERSIONS)} model versions), {out / 'cases.json'} and "

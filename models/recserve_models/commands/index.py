@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .. import ivf, model_toml
+from .. import files, ivf, model_toml
 from ..model_toml import IndexSpec, LightGCNToml
 from ..progress import to_stderr
 from ..repository import MODEL_TOML, TableError, load_tables, values
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"index: {e}") from e
     index = IndexSpec(args.file, nprobe, args.max_candidates)
     updated = dataclasses.replace(model, recall=dataclasses.replace(model.recall, index=index))
-    path.write_text(model_toml.to_toml(updated), encoding="utf-8")
+    files.write_text(path, model_toml.to_toml(updated), encoding="utf-8")
     print(
         f"wrote {built.path}: {built.items} items in {built.nlist} lists (largest {built.largest_list}), k-means on "
         f"{built.trained_on} items, {built.bytes} bytes, {built.seconds:.1f} s; [recall.index] nprobe = {nprobe}"

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import files
 from ..report import render
 
 
@@ -21,5 +22,5 @@ def run(args: argparse.Namespace) -> None:
         quality = json.loads(args.quality.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise SystemExit(f"report: cannot read {args.quality}: {e}") from e
-    args.out.write_text(render(quality), encoding="utf-8")
+    files.write_text(args.out, render(quality), encoding="utf-8")
     print(f"wrote {args.out}")

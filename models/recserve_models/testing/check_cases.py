@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 from safetensors.numpy import save
 
-from .. import deepfm
+from .. import deepfm, files
 from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
 from ..onnx_export import IR_VERSION, OPSET, build_graph
 from ..onnx_export import save as save_onnx
@@ -144,11 +144,11 @@ def _edit(version: Path, old: str, new: str) -> None:
     text = path.read_text(encoding="utf-8")
     if old not in text:
         raise AssertionError(f"case set-up: {old!r} is not in {path}")
-    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    files.write_text(path, text.replace(old, new, 1), encoding="utf-8")
 
 
 def _tensors(version: Path, tensors: dict[str, np.ndarray]) -> None:
-    (version / TABLES).write_bytes(save(tensors))
+    files.write_bytes(version / TABLES, save(tensors))
 
 
 def _graph(model: onnx.ModelProto) -> Callable[[Path], None]:
@@ -450,12 +450,12 @@ def _cases() -> list[Case]:
             "",
             lambda v: None,
             lambda root: (
-                (root / MODEL / "tmp").mkdir(),
-                (root / MODEL / "01").mkdir(),
-                (root / MODEL / "0").mkdir(),
-                (root / MODEL / "README").write_text("not a version"),
-                (root / ".hidden" / "x").mkdir(parents=True),
-                (root / "notes.txt").write_text("not a model"),
+                files.mkdir(root / MODEL / "tmp"),
+                files.mkdir(root / MODEL / "01"),
+                files.mkdir(root / MODEL / "0"),
+                files.write_text(root / MODEL / "README", "not a version"),
+                files.mkdir(root / ".hidden" / "x"),
+                files.write_text(root / "notes.txt", "not a model"),
             ),
         ),
         Case(
@@ -483,7 +483,7 @@ def _cases() -> list[Case]:
 
 def write(out: Path) -> list[dict[str, object]]:
     """Writes every case under `out` and `out/cases.json`."""
-    out.mkdir(parents=True, exist_ok=True)
+    files.mkdir(out, exist_ok=True)
     results = []
     for case in _cases():
         root = out / case.name
@@ -493,5 +493,5 @@ def write(out: Path) -> list[dict[str, object]]:
         if case.layout is not None:
             case.layout(root)
         results.append({"name": case.name, "kind": case.kind, "intended": case.intended, "blame": case.blame})
-    (out / "cases.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    files.write_text(out / "cases.json", json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return results

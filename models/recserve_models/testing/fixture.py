@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from .. import deepfm, model_toml
+from .. import deepfm, files, model_toml
 from ..deepfm import DeepFMParams
 from ..model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from ..onnx_export import DENSE, EMBEDDINGS, build_graph
@@ -432,7 +432,7 @@ def build(out: Path, seed: int = SEED) -> None:
         "cases": cases,
         "error_cases": error_cases,
     }
-    (out / "cases.json").write_text(_dump(document) + "\n", encoding="utf-8")
+    files.write_text(out / "cases.json", _dump(document) + "\n", encoding="utf-8")
     check_cases.write(out / "check-cases")
     fixture_recall.build(out, seed)
 

@@ -44,7 +44,7 @@ import numpy as np
 import onnxruntime as ort
 from safetensors.numpy import save
 
-from .. import deepfm
+from .. import deepfm, files
 from ..model_toml import DEFAULT_K, DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
 from ..onnx_export import DENSE, EMBEDDINGS, build_graph
 from ..rank_request import rank_inputs
@@ -89,13 +89,13 @@ def _write_tables(
     values: dict[str, np.ndarray],
     extra: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> None:
-    files: dict[str, dict[str, np.ndarray]] = {}
+    by_file: dict[str, dict[str, np.ndarray]] = {}
     for spec in specs:
-        files.setdefault(spec.file, {})[spec.name] = encode_table(spec, values[spec.name])
+        by_file.setdefault(spec.file, {})[spec.name] = encode_table(spec, values[spec.name])
     for file, tensors in (extra or {}).items():
-        files[file] |= tensors
-    for file, tensors in files.items():
-        (directory / file).write_bytes(save(tensors))
+        by_file[file] |= tensors
+    for file, tensors in by_file.items():
+        files.write_bytes(directory / file, save(tensors))
 
 
 def _f32(values: np.ndarray) -> list[float]:
@@ -183,7 +183,7 @@ def _write_lightgcn(repo: Path, rng: np.random.Generator) -> dict[str, Any]:
         for name, rows in (("user", USERS), ("item", ITEMS), ("history", ITEMS))
     ]
     directory = repo / LIGHTGCN / "1"
-    directory.mkdir(parents=True)
+    files.mkdir(directory)
     _write_tables(directory, specs, model, {"tables.safetensors": {POPULARITY: model["degree"].astype(np.int64)}})
     text = _lightgcn_toml(
         "test fixture: tiny LightGCN (random interactions, K = 2), fp32 tables with history vectors",
@@ -196,7 +196,7 @@ def _write_lightgcn(repo: Path, rng: np.random.Generator) -> dict[str, Any]:
             "default_k": LIGHTGCN_DEFAULT_K,
         },
     )
-    (directory / MODEL_TOML).write_text(text, encoding="utf-8")
+    files.write_text(directory / MODEL_TOML, text, encoding="utf-8")
     return model
 
 
@@ -208,14 +208,14 @@ def _write_lightgcn_int8(repo: Path, rng: np.random.Generator) -> dict[str, Any]
         TableSpec("item", "tables.safetensors", INT8_ITEMS, INT8_DIM, "int8", "default", 0),
     ]
     directory = repo / LIGHTGCN_INT8 / "1"
-    directory.mkdir(parents=True)
+    files.mkdir(directory)
     _write_tables(directory, specs, {"user": users, "item": items})
     text = _lightgcn_toml(
         "test fixture: random two-tower vectors, int8 item table, fp16 user table, no history table",
         specs,
         {"user_table": "user", "item_table": "item"},
     )
-    (directory / MODEL_TOML).write_text(text, encoding="utf-8")
+    files.write_text(directory / MODEL_TOML, text, encoding="utf-8")
     stored = {s.name: encode_table(s, v) for s, v in zip(specs, (users, items), strict=True)}
     return {"user": stored["user"].astype(np.float32), "item_fused": stored["item"]}
 
@@ -248,7 +248,7 @@ def _write_ranking(repo: Path, rng: np.random.Generator) -> tuple[DeepFMToml, de
     write_deepfm_version(directory, model, params.tables, build_graph(params))
     features = np.stack([rng.integers(0, 12, ITEMS), rng.integers(0, 40, ITEMS)], axis=1).astype(np.int64)
     features[[11, 57, 250], 1] = [-1, 40, 1000]  # brands out of vocabulary: the default row (3)
-    (directory / "item_features.safetensors").write_bytes(save({"item_features": features}))
+    files.write_bytes(directory / "item_features.safetensors", save({"item_features": features}))
     section = '\n[item_features]\nfile = "item_features.safetensors"\nfields = ["category", "brand"]\n'
     with (directory / MODEL_TOML).open("a", encoding="utf-8") as f:
         f.write(section)
@@ -467,9 +467,9 @@ def build(out: Path, seed: int) -> None:
     config = f"[pipelines.{pipeline['name']}]\n" + "".join(
         f"{key} = {_toml_value(value)}\n" for key, value in pipeline.items() if key != "name"
     )
-    (out / CONFIG_FILE).write_text(
+    files.write_text(
+        out / CONFIG_FILE,
         "# The test fixture's pipeline: recserve serve --repository repo --config recserve.toml\n" + config,
-        encoding="utf-8",
     )
     identity_users = [11, 20, 33]
     document = {
@@ -508,7 +508,7 @@ def build(out: Path, seed: int) -> None:
         "pipeline": pipeline,
         "recommend_cases": _recommend_cases(lgcn, model, params, tables, features, ranking_dir / "dense.onnx"),
     }
-    (out / CASES_FILE).write_text(_dump(document) + "\n", encoding="utf-8")
+    files.write_text(out / CASES_FILE, _dump(document) + "\n", encoding="utf-8")
 
 
 def _dump(document: dict[str, Any]) -> str:
