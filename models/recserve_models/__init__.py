@@ -7,3 +7,5 @@ end-to-end tests run against. Run it as `python -m recserve_models <command>`.
 The modules directly in this package are the library; `commands/` holds the command line (one module per
 command), and `testing/` the test support (fixtures and parity cases), which is not part of the library API.
 """
+
+__version__ = "0.1.0"  # the workspace version of Cargo.toml (tests/test_cli.py compares them); pyproject.toml reads it

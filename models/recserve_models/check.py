@@ -42,13 +42,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnxruntime as ort
 
 from . import criteo, files, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
 from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
+
+if TYPE_CHECKING:
+    import onnxruntime as ort  # imported where used: --help needs none of it
 
 MAX_CANDIDATES = 1000  # the server's default --max-candidates: its warm-up runs a batch of this size
 VOCABULARY = "vocabulary.json"
@@ -143,6 +147,8 @@ def _session(path: Path, what: str) -> ort.InferenceSession:
     """An ONNX Runtime CPU session of the graph at `path` (`what`: for the message when it is missing)."""
     if not path.is_file():
         raise CheckError(f"{path}: {what} file does not exist")
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3

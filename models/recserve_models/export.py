@@ -28,13 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from . import criteo, files, model_toml
 from .check import VOCABULARY, check_version
 from .lightgcn import LightGCNRun
 from .model_toml import DeepFMToml, DenseGraphSpec, FieldSpec, LightGCNToml, RankingSpec, RecallSpec, TableSpec
-from .onnx_export import build_graph
 from .quantize import quantize_dense_graph
 from .repository import (
     MODEL_TOML,
@@ -113,6 +111,8 @@ def deepfm_toml(
 
 def export_deepfm(run: DeepFMRun, out: Path, storage: Storages, **options: object) -> None:
     model = deepfm_toml(run, storage, "fp32", **options)  # type: ignore[arg-type]
+    from .onnx_export import build_graph  # here: onnx is slow to import, and --help needs none of it
+
     write_deepfm_version(out, model, run.params.tables, build_graph(run.params))
     shutil.copyfile(run.directory / VOCABULARY, out / VOCABULARY)
     files.finish(out / VOCABULARY)
@@ -195,6 +195,8 @@ def quantize_version(
         write_lightgcn_version(out, new, floats, read_popularity(source, model))
         check_version(out)
         return
+    import onnx
+
     graph = onnx.load(str(source / model.dense_graph.file))
     precision = model.dense_graph.precision
     new_model = DeepFMToml(

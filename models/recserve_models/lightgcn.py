@@ -33,13 +33,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import scipy.sparse as sp
 from safetensors.numpy import load_file, save_file
 
 from . import files
 from .optim import Adam
 from .progress import Progress
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp  # imported where used: scipy is slow to import, and --help needs none of it
 
 RUN_TENSORS = "lightgcn.safetensors"
 FEW_STEPS = 1000  # fewer Adam steps in a run than this draws a warning (models/README.md)
@@ -66,6 +70,8 @@ class Interactions:
         return len(self.train_indices)
 
     def train_matrix(self) -> sp.csr_matrix:
+        import scipy.sparse as sp
+
         """The binary user × item training matrix."""
         data = np.ones(len(self.train_indices), dtype=np.float32)
         return sp.csr_matrix((data, self.train_indices, self.train_indptr), shape=(self.users, self.items))
@@ -194,6 +200,8 @@ class Graph:
 
     @staticmethod
     def of(data: Interactions) -> Graph:
+        import scipy.sparse as sp
+
         r = data.train_matrix()
         du = np.asarray(r.sum(axis=1)).ravel()
         di = np.asarray(r.sum(axis=0)).ravel()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -13,6 +12,8 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     positives, negatives = int(y.sum()), int((~y).sum())
     if positives == 0 or negatives == 0:
         raise ValueError("AUC needs at least one positive and one negative label")
+    from scipy.stats import rankdata  # here: importing scipy.stats takes most of a second
+
     ranks = rankdata(np.asarray(scores, dtype=np.float64))
     return float((ranks[y].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 

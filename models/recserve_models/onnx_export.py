@@ -12,13 +12,15 @@ float32.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from . import files
 from .deepfm import DeepFMParams
+
+if TYPE_CHECKING:  # imported where used: onnx is slow to import, and modules reading the names below need none
+    import onnx
 
 OPSET = 17
 # IR version 8 is what opset 17 was released with; older runtimes than the one we pin can still load it.
@@ -39,16 +41,23 @@ class _GraphBuilder:
         self.initializers: list[onnx.TensorProto] = []
 
     def const(self, name: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
         self.initializers.append(numpy_helper.from_array(value, name))
         return name
 
     def node(self, op: str, inputs: list[str], output: str, **attributes: object) -> str:
+        from onnx import helper
+
         self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attributes))
         return output
 
 
 def build_graph(params: DeepFMParams) -> onnx.ModelProto:
     """The fp32 ONNX model of `deepfm.forward` for these parameters."""
+    import onnx
+    from onnx import TensorProto, helper
+
     g = _GraphBuilder()
     k, fields, n = params.factors, params.num_fields, params.num_dense
     axis_1 = g.const("axis_1", np.array([1], dtype=np.int64))

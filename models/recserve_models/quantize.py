@@ -22,12 +22,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from .onnx_export import DENSE, EMBEDDINGS
 from .progress import Progress, to_stderr
+
+if TYPE_CHECKING:  # imported where used: onnx and onnxruntime are slow to import; the table codecs need neither
+    import onnx
 
 INT8_TRAILER = 8  # bytes after the codes of a fused int8 row: scale f32 LE, bias f32 LE
 
@@ -82,24 +85,28 @@ def _check_table(name: str, table: np.ndarray) -> None:
         raise ValueError(f"table {name!r}: row {row} holds a non-finite value")
 
 
-class _Samples(CalibrationDataReader):
-    """Feeds the calibration samples to the quantizer in batches."""
+def _calibration_reader(embeddings: np.ndarray, dense: np.ndarray, batch: int, progress: Progress) -> object:
+    """Feeds the calibration samples to the quantizer in batches (a class defined here, since its base lives in
+    onnxruntime, which is imported only when a graph is quantized)."""
+    from onnxruntime.quantization import CalibrationDataReader
 
-    def __init__(self, embeddings: np.ndarray, dense: np.ndarray, batch: int, progress: Progress) -> None:
-        self._progress = progress
-        feeds = []
-        for start in range(0, len(embeddings), batch):
-            feed = {EMBEDDINGS: embeddings[start : start + batch]}
-            if dense.shape[1]:  # a graph without dense features has no `dense` input
-                feed[DENSE] = dense[start : start + batch]
-            feeds.append(feed)
-        self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
+    class Samples(CalibrationDataReader):
+        def __init__(self) -> None:
+            feeds = []
+            for start in range(0, len(embeddings), batch):
+                feed = {EMBEDDINGS: embeddings[start : start + batch]}
+                if dense.shape[1]:  # a graph without dense features has no `dense` input
+                    feed[DENSE] = dense[start : start + batch]
+                feeds.append(feed)
+            self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
 
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        feed = next(self._feeds, None)
-        if feed is not None:
-            self._progress.advance(len(feed[EMBEDDINGS]), note="calibrating the INT8 graph")
-        return feed
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            feed = next(self._feeds, None)
+            if feed is not None:
+                progress.advance(len(feed[EMBEDDINGS]), note="calibrating the INT8 graph")
+            return feed
+
+    return Samples()
 
 
 def quantize_dense_graph(
@@ -123,6 +130,9 @@ def quantize_dense_graph(
     gemms = [node.name for node in model.graph.node if node.op_type == "Gemm"]
     if not gemms:
         raise ValueError("the graph has no Gemm node to quantize: is it a graph from onnx_export?")
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
     with tempfile.TemporaryDirectory(prefix="recserve-quantize-") as scratch:
         # The quantizer reads a file and keeps its augmented calibration model beside it.
         source = Path(scratch, "fp32.onnx")
@@ -131,7 +141,7 @@ def quantize_dense_graph(
             quantize_static(
                 source,
                 Path(scratch, "int8.onnx"),
-                _Samples(embeddings, dense, batch, Progress("calibration rows", len(embeddings), progress)),
+                _calibration_reader(embeddings, dense, batch, Progress("calibration rows", len(embeddings), progress)),
                 quant_format=QuantFormat.QDQ,
                 nodes_to_quantize=gemms,
                 per_channel=True,

@@ -16,15 +16,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
 from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
 from . import files, model_toml
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec, id_range
-from .onnx_export import save as save_onnx
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
+
+if TYPE_CHECKING:
+    import onnx
 
 MODEL_TOML = "model.toml"
 # A LightGCN version's popularity order: training interactions per item, int64 [items], in the item table's file,
@@ -78,6 +81,8 @@ def write_deepfm_version(
         extra[features.file] = {features.tensor: np.ascontiguousarray(item_features)}
     files.mkdir(directory)
     _write_tables(directory, model, tables, extra)
+    from .onnx_export import save as save_onnx  # here: onnx is slow to import, and reading tables needs none
+
     save_onnx(graph, directory / model.dense_graph.file)
     files.write_text(directory / MODEL_TOML, model_toml.to_toml(model), encoding="utf-8")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from recserve_models.commands import COMMANDS
+from recserve_models.commands import COMMANDS, command_module
 
 PACKAGE = Path(__file__).parents[1] / "recserve_models"
 README = Path(__file__).parents[1] / "README.md"
@@ -35,10 +35,11 @@ def test_the_library_imports_neither_the_commands_nor_the_test_support() -> None
 
 
 def test_every_command_is_a_module_with_its_options_and_its_run() -> None:
-    modules = {m.__name__.rsplit(".", 1)[1] for m, _ in COMMANDS.values()}
+    modules = {m for m, _ in COMMANDS.values()}
     files = {p.stem for p in (PACKAGE / "commands").glob("*.py") if not p.name.startswith("_")}
     assert modules == files, "one module per command, and no command module unused"
-    for name, (module, _) in COMMANDS.items():
+    for name in COMMANDS:
+        module = command_module(name)
         assert callable(module.add_arguments) and callable(module.run), name
         assert module.__name__.endswith(name.replace("-", "_")), f"command {name!r} lives in {module.__name__}"
 

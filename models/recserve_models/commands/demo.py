@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..demo import build
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,5 +21,7 @@ def run(args: argparse.Namespace) -> None:
     """Run the `demo` command."""
     if not (args.gowalla / "train.txt").is_file():
         raise SystemExit(f"demo: no Gowalla data in {args.gowalla} (train.txt, test.txt): pass --gowalla DIR")
+    from ..demo import build  # here: it loads onnxruntime and scipy, which --help needs none of
+
     build(args.out, args.work, args.gowalla, args.report)
     print(f"wrote {args.out}")

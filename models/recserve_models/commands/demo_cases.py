@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from .. import files
-from ..testing.demo_cases import SIZES, demo_cases
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +20,8 @@ def run(args: argparse.Namespace) -> None:
     """Run the `demo-cases` command."""
     if not (args.repository / "quality.json").is_file():
         raise SystemExit(f"demo-cases: {args.repository} has no quality.json: is it the demo repository?")
+    from ..testing.demo_cases import SIZES, demo_cases  # here: it loads onnxruntime, which --help needs none of
+
     document = demo_cases(args.repository, SIZES)
     files.mkdir(args.out.parent, exist_ok=True)
     files.write_text(args.out, json.dumps(document) + "\n", encoding="utf-8")
