@@ -105,6 +105,25 @@ impl Tensors<'_> {
         inputs
     }
 
+    /// What each categorical field takes, for a client that knows only the metadata: `field.NAME.min` and
+    /// `field.NAME.max` (the ids its table holds) and `field.NAME.oov` (`reject`: other ids are refused with 400;
+    /// `default`: they read the table's default row), whichever tensor (row or grouped form) carries the field.
+    pub(crate) fn id_properties(&self) -> Vec<(String, String)> {
+        let spec = &self.contract.spec;
+        spec.fields
+            .iter()
+            .flat_map(|field| {
+                let table = &spec.tables[field.table].spec;
+                [
+                    ("min", "0".to_owned()),
+                    ("max", table.rows.saturating_sub(1).to_string()),
+                    ("oov", table.oov.as_str().to_owned()),
+                ]
+                .map(|(key, value)| (format!("field.{}.{key}", field.name), value))
+            })
+            .collect()
+    }
+
     pub(crate) fn outputs(&self) -> Vec<TensorSpec> {
         vec![TensorSpec {
             name: self.output_name().to_owned(),
@@ -286,7 +305,9 @@ impl TensorContract for DeepFm<'_> {
     }
 
     fn properties(&self) -> Vec<(String, String)> {
-        vec![self.tensors.grouped_property()]
+        let mut properties = vec![self.tensors.grouped_property()];
+        properties.extend(self.tensors.id_properties());
+        properties
     }
 
     fn run<'a>(
@@ -370,6 +391,15 @@ mod tests {
             (DENSE, Datatype::Fp32, [-1, 2].as_slice())
         );
         assert_eq!(inputs[1].columns, ["d0", "d1"]);
+        let properties: std::collections::BTreeMap<String, String> =
+            tensors.id_properties().into_iter().collect();
+        let field = |name: &str| {
+            ["min", "max", "oov"].map(|key| properties[&format!("field.{name}.{key}")].as_str())
+        };
+        assert_eq!(properties.len(), 9, "{properties:?}");
+        assert_eq!(field("u"), ["0", "9", "reject"]);
+        assert_eq!(field("item"), ["0", "99", "default"]);
+        assert_eq!(field("cat"), ["0", "4", "reject"]);
         let outputs = tensors.outputs();
         assert_eq!(outputs.len(), 1);
         assert_eq!(
