@@ -18,7 +18,7 @@ use recserve_core::error::LoadError;
 use recserve_core::metrics::Metrics;
 use recserve_core::models::Model;
 use recserve_core::registry::Loadable;
-use recserve_core::registry::Registry;
+use recserve_core::registry::{ModelState, Registry};
 use recserve_core::repository::{ModelSpec, ModelVersion, discover, read_spec};
 
 /// Version of the `--json` document; the model toolchain's `check` reads it.
@@ -139,6 +139,22 @@ pub fn start(config: &Config) -> ExitCode {
             ExitCode::FAILURE
         }
         Ok(loaded) => {
+            let failed: Vec<(String, String)> = registry
+                .status()
+                .into_iter()
+                .filter_map(|(name, status)| match status.state {
+                    ModelState::Failed { reason, .. } => Some((name, reason)),
+                    _ => None,
+                })
+                .collect();
+            for (name, reason) in &failed {
+                eprintln!(
+                    "check-config: ERROR model {name:?}: {reason} (with --model-control {}, the server starts without it)",
+                    clap::ValueEnum::to_possible_value(&config.model_control)
+                        .map(|v| v.get_name().to_owned())
+                        .unwrap_or_default()
+                );
+            }
             for served in loaded.models.models() {
                 eprintln!(
                     "check-config: model {:?} version {} ({}, {}, {}) loads",
@@ -157,12 +173,21 @@ pub fn start(config: &Config) -> ExitCode {
                 );
             }
             eprintln!(
-                "check-config: the server would start on {} ({} model(s), {} pipeline(s); not warmed up)",
+                "check-config: the server would start on {} ({} model(s), {} pipeline(s); not warmed up){}",
                 config.repository.display(),
                 loaded.models.models().count(),
-                loaded.pipelines.len()
+                loaded.pipelines.len(),
+                if failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", without {} model(s) that fail to load", failed.len())
+                }
             );
-            ExitCode::SUCCESS
+            if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

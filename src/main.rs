@@ -33,8 +33,8 @@ fn main() -> ExitCode {
     match serve(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Once, in the log (on stderr, as text or JSON as --log-format says).
             tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -587,6 +587,103 @@ async fn polling_swaps_in_a_complete_new_version_and_unloads_a_removed_model() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A model the pipeline uses stays served when its directory goes, and the log says so once, not every poll.
+    capture_log();
+    std::fs::remove_dir_all(repo.join("lightgcn")).expect("remove the pipeline's recall model");
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let (status, body) = server
+        .post("/v1/models/lightgcn/recall", &json!({"user_id": 1, "k": 5}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let said = captured_log()
+        .lines()
+        .filter(|l| l.contains("the model's directory is gone") && l.contains("lightgcn"))
+        .count();
+    assert_eq!(said, 1, "said once over 4 polls:\n{}", captured_log());
+    server.stop().await.expect("clean shutdown");
+}
+
+/// The log of this test binary from the first [`capture_log`] on (a global subscriber: the server's poll thread
+/// logs outside the test's tasks).
+static LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct Captured;
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        LOG.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture_log() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(|| Captured)
+        .with_ansi(false)
+        .try_init();
+}
+
+fn captured_log() -> String {
+    String::from_utf8_lossy(
+        &LOG.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned()
+}
+
+/// With models that change while the server runs (`poll`, `explicit`), a model that fails to load at start does not
+/// stop the server: it is left out, its status says why and its load counts as failed, the others serve; polling
+/// loads it once its directory is fixed. (With `none` a failed model still stops the start: `tests/startup.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_fails_at_start_is_left_out_while_the_others_serve_and_loaded_once_fixed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, token) = repository(dir.path());
+    let toml = repo.join("swap/2/model.toml");
+    let good = std::fs::read_to_string(&toml).expect("read");
+    std::fs::write(&toml, format!("{good}\ngarbage = \n")).expect("break swap/2");
+    let server = start(&repo, Some(&token), ModelControl::Poll).await;
+
+    let (status, body) = server
+        .post("/v1/models/deepfm-int8/rank", &rank_request())
+        .await;
+    assert_eq!(status, 200, "the other models serve: {body}");
+    let (status, body) = server.post("/v1/models/swap/rank", &rank_request()).await;
+    assert_eq!(status, 404, "{body}");
+    let (_, index) = admin(&server, "/v2/repository/index", Some(&bearer())).await;
+    let entry = index_of(&index, "swap");
+    assert_eq!(entry["state"], json!("UNAVAILABLE"), "{entry}");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("swap/2/model.toml") && r.contains("TOML parse error")),
+        "{entry}"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert_eq!(
+        metric_sample(
+            &metrics,
+            "recserve_model_loads_total{model=\"swap\",outcome=\"invalid_model\"}"
+        ),
+        1.0
+    );
+
+    std::fs::write(&toml, good).expect("fix swap/2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = server.post("/v1/models/swap/rank", &rank_request()).await;
+        if status == 200 {
+            assert_eq!(body["version"], json!(2), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fixed model was never loaded: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     server.stop().await.expect("clean shutdown");
 }
 

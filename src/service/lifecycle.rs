@@ -36,6 +36,9 @@ pub(super) struct Lifecycle {
     token: Option<String>,
     /// Versions whose load failed, with when their directory last changed: polling retries them only once it has.
     failed: Mutex<HashMap<String, (u64, Option<SystemTime>)>>,
+    /// Served models whose directory is gone but that cannot be unloaded (a pipeline uses them), with why: polling
+    /// says so once, not at every look.
+    kept: Mutex<HashMap<String, String>>,
 }
 
 /// Reads the admin token: the file's contents without surrounding whitespace, not empty.
@@ -67,6 +70,7 @@ impl Lifecycle {
             poll_every: Duration::from_secs(config.repository_poll_s),
             token,
             failed: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -371,9 +375,20 @@ impl Service {
             .snapshot()
             .map(|s| s.models().map(|m| m.name.clone()).collect())
             .unwrap_or_default();
+        let mut kept = life.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|name, _| served.contains(name) && !on_disk.contains(name));
         for name in served.iter().filter(|n| !on_disk.contains(n)) {
-            if let Err(e) = self.unload(name) {
-                tracing::warn!(model = %name, error = %e, "the model's directory is gone, but it stays served");
+            match self.unload(name) {
+                Ok(_) => {
+                    kept.remove(name);
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    if kept.get(name) != Some(&why) {
+                        tracing::warn!(model = %name, error = %why, "the model's directory is gone, but it stays served (said once, until this changes)");
+                        kept.insert(name.clone(), why);
+                    }
+                }
             }
         }
     }

@@ -24,17 +24,18 @@ use recserve_core::metrics::Metrics;
 use recserve_core::pipeline::Pipeline;
 use recserve_core::registry::{LoadContext, Registry};
 
-/// Why the server could not start serving.
+/// Why the server could not start serving. Each message holds its cause whole, so none has a `source` (a report
+/// that prints an error's chain would print the cause twice).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("cannot load model: {0}")]
-    Load(#[from] LoadError),
+    Load(LoadError),
     #[error("--device: {0}")]
-    Device(#[from] GpuError),
+    Device(GpuError),
     #[error("{0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// A `[pipelines.NAME]` of the config file that the loaded models cannot serve.
     #[error("pipeline {name:?} (--config [pipelines.{name}]): {problem}")]
     Pipeline { name: String, problem: String },
@@ -78,7 +79,10 @@ impl StartLoad {
             warm_up,
             ..config.load_context(runtime, metrics.clone(), placement)
         };
-        let models = registry.load(&ctx, &config.repository, &config.pin)?;
+        // A server whose models change while it serves starts without a model that fails (its status says why);
+        // one that loads only at start could never serve it, and refuses to start.
+        let keep_going = config.model_control != crate::config::ModelControl::None;
+        let models = registry.load(&ctx, &config.repository, &config.pin, keep_going)?;
         let pipelines =
             recserve_core::models::build_pipelines(&config.pipelines, &models, &metrics)
                 .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
@@ -88,6 +92,24 @@ impl StartLoad {
             models,
             pipelines,
         })
+    }
+}
+
+impl From<LoadError> for StartError {
+    fn from(e: LoadError) -> StartError {
+        StartError::Load(e)
+    }
+}
+
+impl From<GpuError> for StartError {
+    fn from(e: GpuError) -> StartError {
+        StartError::Device(e)
+    }
+}
+
+impl From<std::io::Error> for StartError {
+    fn from(e: std::io::Error) -> StartError {
+        StartError::Io(e)
     }
 }
 

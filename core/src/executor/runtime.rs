@@ -20,13 +20,14 @@ use crate::gpu::{self, GpuProvider, ProviderRequest, TensorRtOptions};
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(
-        "cannot load the ONNX Runtime library from {path}: {source}. Set --ort-library (RECSERVE_ORT_LIBRARY) or \
+        "cannot load the ONNX Runtime library from {path}: {error}. Set --ort-library (RECSERVE_ORT_LIBRARY) or \
          ORT_DYLIB_PATH to a libonnxruntime.so of version 1.17 or newer (`scripts/setup.sh` installs one under \
          .venv from the pinned PyPI onnxruntime wheel)"
     )]
+    /// (`error` is in the message and deliberately not a `source`: a report of the chain would repeat it.)
     Load {
         path: PathBuf,
-        source: ort::LoadDynamicError,
+        error: ort::LoadDynamicError,
     },
     #[error("cannot create the ONNX Runtime environment: {0}")]
     Environment(ort::Error),
@@ -98,9 +99,9 @@ impl Runtime {
             return Ok(runtime.clone());
         }
         let env = ort::init_from(path)
-            .map_err(|source| RuntimeError::Load {
+            .map_err(|error| RuntimeError::Load {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?
             .with_name("recserve")
             .with_telemetry(false)

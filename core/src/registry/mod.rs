@@ -209,7 +209,7 @@ impl<M: Loadable> Registry<M> {
             self.release(old, metrics);
         }
         drop(serving);
-        tracing::info!(model = %name, version = ?switch.previous, "model unloaded; draining");
+        tracing::info!(model = %name, version = switch.previous, "model unloaded; draining");
         Ok(switch)
     }
 
@@ -224,21 +224,46 @@ impl<M: Loadable> Registry<M> {
         );
         self.releaser.push(old);
     }
-    /// Loads every model of `repository` (the version `pins` names, else the highest), in name order; the first
-    /// that cannot be loaded stops the load. The result is not served until it is [installed](Self::install).
+    /// Loads every model of `repository` (the version `pins` names, else the highest), in name order. The first
+    /// that cannot be loaded stops the load, unless `keep_going` (a server whose models change while it serves):
+    /// then the model is left out, its status says why (and its load counts as failed), and the others load. The
+    /// result is not served until it is [installed](Self::install).
     pub fn load(
         &self,
         ctx: &LoadContext,
         repository: &Path,
         pins: &HashMap<String, u64>,
+        keep_going: bool,
     ) -> Result<Snapshot<M>, LoadError> {
         let mut models = Vec::new();
         for mv in repository::discover(repository, pins)? {
             let started = Instant::now();
-            let served = load_version(ctx, mv)?;
-            ctx.metrics
-                .model_loaded(&served.name, "loaded", started.elapsed().as_secs_f64());
-            models.push(served);
+            let (name, version) = (mv.name.clone(), mv.version);
+            match load_version(ctx, mv) {
+                Ok(served) => {
+                    ctx.metrics
+                        .model_loaded(&name, "loaded", started.elapsed().as_secs_f64());
+                    models.push(served);
+                }
+                Err(e) if keep_going => {
+                    let failure = LoadFailure::Invalid(e);
+                    tracing::error!(model = %name, version, error = %failure, "model load failed; the server starts without it");
+                    ctx.metrics.model_loaded(
+                        &name,
+                        failure.outcome(),
+                        started.elapsed().as_secs_f64(),
+                    );
+                    self.set_status(
+                        &name,
+                        None,
+                        ModelState::Failed {
+                            version: Some(version),
+                            reason: failure.describe(repository),
+                        },
+                    );
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(Snapshot::new(models))
     }
@@ -262,7 +287,7 @@ impl<M: Loadable> Registry<M> {
             .and_then(|s| s.get(name, None).ok().map(|m| m.version));
         let started = Instant::now();
         let fail = |version: Option<u64>, failure: LoadFailure| {
-            tracing::error!(model = %name, ?version, error = %failure, "model load failed; the serving version goes on");
+            tracing::error!(model = %name, version, error = %failure, "model load failed; the serving version goes on");
             ctx.metrics
                 .model_loaded(name, failure.outcome(), started.elapsed().as_secs_f64());
             self.set_status(
@@ -304,7 +329,7 @@ impl<M: Loadable> Registry<M> {
         if let Some(old) = old {
             self.release(old, &ctx.metrics);
         }
-        tracing::info!(model = %name, version, previous = ?switch.previous, "switched to the new version");
+        tracing::info!(model = %name, version, previous = switch.previous, "switched to the new version");
         Ok(Some(switch))
     }
 }
