@@ -31,14 +31,15 @@ same function, checked against `deepfm.forward` with the same tolerances.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
-from onnx.utils import Extractor
 
 from .deepfm import DeepFMParams
 from .onnx_export import BATCH, DENSE, EMBEDDINGS, IR_VERSION, OPSET, PRODUCER, PROBABILITY, _GraphBuilder
+
+if TYPE_CHECKING:
+    import onnx
 
 USER_STATE = "user_state"
 
@@ -51,6 +52,9 @@ def state_width(params: DeepFMParams) -> int:
 def build_split_graph(params: DeepFMParams, user_fields: Sequence[int]) -> onnx.ModelProto:
     """The fp32 ONNX model of `deepfm.forward` in split form (see the module documentation); `user_fields` are the
     indices (F axis) of the user-side fields, the others are item-side. The dense features are user-side."""
+    import onnx  # imported here: a command's --help must not pay for onnx
+    from onnx import TensorProto, helper
+
     fields, k, n = params.num_fields, params.factors, params.num_dense
     user = sorted(set(user_fields))
     if len(user) != len(user_fields) or any(not 0 <= f < fields for f in user):
@@ -167,6 +171,9 @@ def build_split_graph(params: DeepFMParams, user_fields: Sequence[int]) -> onnx.
 
 def split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The user graph and the item graph of a graph from `build_split_graph` (fp32, or its INT8 QDQ version)."""
+    import onnx
+    from onnx.utils import Extractor
+
     names = {i.name for i in model.graph.input}
     produced = {o for node in model.graph.node for o in node.output}
     if USER_STATE not in produced:

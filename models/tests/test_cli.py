@@ -24,7 +24,6 @@ except SystemExit:
     pass
 print(sorted({{m.split(".")[0] for m in sys.modules}} & set({SLOW!r})))
 """
-STILL_SLOW = {"fixture", "synth"}  # their option defaults come from modules that import onnx at the top
 
 
 def imported_by(*argv: str) -> str:
@@ -33,13 +32,7 @@ def imported_by(*argv: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="still imports onnx")) if c in STILL_SLOW else c
-        for c in ["", *COMMANDS]
-    ],
-)
+@pytest.mark.parametrize("command", ["", *COMMANDS])
 def test_help_imports_no_slow_package(command: str) -> None:
     assert imported_by(*([command] if command else []), "--help") == "[]"
 

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from .. import deepfm, files, model_toml
 from ..deepfm import DeepFMParams
@@ -52,7 +51,7 @@ from ..onnx_export import DENSE, EMBEDDINGS, build_graph
 from ..quantize import quantize_dense_graph
 from ..rank_request import I64_MAX, I64_MIN, RequestError, rank_inputs
 from ..repository import MODEL_TOML, Table, encode_table, gather, load_tables, write_deepfm_version
-from . import check_cases, fixture_recall
+from . import fixture_recall
 from ._weights import random_params
 
 SEED = 20261130
@@ -353,6 +352,8 @@ def _model_summary(model: DeepFMToml, served_version: int) -> dict[str, Any]:
 def _scorer(
     version: _Version, params: DeepFMParams, graph_path: Path
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    import onnxruntime as ort  # imported here: a command's --help must not pay for onnxruntime
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(graph_path, options, providers=["CPUExecutionProvider"])
@@ -424,6 +425,8 @@ def build(out: Path, seed: int = SEED) -> None:
                 error_cases.append(
                     {"model": version.model, "what": what, "request": request, "status": 400, "input": input_path}
                 )
+    import onnxruntime as ort
+
     document = {
         "format_version": CASES_FORMAT_VERSION,
         "seed": seed,
@@ -433,6 +436,8 @@ def build(out: Path, seed: int = SEED) -> None:
         "error_cases": error_cases,
     }
     files.write_text(out / "cases.json", _dump(document) + "\n", encoding="utf-8")
+    from . import check_cases  # builds ONNX graphs: imported when used, so that `fixture --help` stays fast
+
     check_cases.write(out / "check-cases")
     fixture_recall.build(out, seed)
 

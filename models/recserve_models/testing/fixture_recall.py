@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 from safetensors.numpy import save
 
 from .. import deepfm, files
@@ -385,6 +384,8 @@ def _recommend_cases(
     features: np.ndarray,
     graph: Path,
 ) -> list[dict[str, Any]]:
+    import onnxruntime as ort  # imported here: a command's --help must not pay for onnxruntime
+
     session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
     requests = [
         ("user 3, the pipeline's k", {"user_id": 3, "user": {"fields": {"age": 2, "city": 7}, "dense": [13.0, 2.0]}}),
