@@ -1,5 +1,6 @@
 //! The latency-bounded throughput search: open-loop runs at increasing offered rates until a rate exceeds the
-//! largest SLA (its p99 over the bound, or too many failed requests), then bisection between the last passing and
+//! largest SLA (its p99 over the bound, or too many failed requests) and a few rates past it (so the chart shows
+//! the knee; they do not change the answer), then bisection between the last passing and
 //! the first failing rate of each SLA, one run per rate. The answer for an SLA is the highest rate such that it and
 //! every lower rate tried passed. One sweep is one sample: a rate is never run again to give it another chance
 //! (on a machine whose p99 swings between identical runs, that picks the lucky run); a benchmark repeats whole
@@ -111,6 +112,10 @@ pub struct SlaResult {
     pub first_failing_rps: Option<f64>,
     /// Why that rate failed.
     pub failure: Option<String>,
+    /// Index in `steps` of the run at `first_failing_rps` (the first to miss this SLA); `null` when none missed
+    /// it, and in reports older than the field.
+    #[serde(default)]
+    pub first_failing_step: Option<usize>,
 }
 
 /// A sweep, as `recload sweep --json` writes it.
@@ -133,6 +138,10 @@ pub struct SweepReport {
     /// Steps measure for at least this many requests (`duration_s` is the shortest window).
     #[serde(default)]
     pub min_requests: u64,
+    /// Rates run past the first that missed the largest SLA, so the chart shows the knee (`0` in reports older
+    /// than the field, which stopped there).
+    #[serde(default)]
+    pub past_knee: u32,
     /// Every run, by ascending offered rate.
     pub steps: Vec<RunReport>,
     /// One per `--sla`, ascending.
@@ -171,6 +180,44 @@ pub struct SearchRules {
     pub refine: u32,
     /// Most failed requests (a fraction of the window's) a passing run may have.
     pub max_error_ratio: f64,
+    /// Rates of the list still run after the first that missed the largest SLA.
+    pub past_knee: u32,
+}
+
+/// The `--max-error-ratio` of a sweep, and the rule `recload run --sla` judges a run by.
+pub const DEFAULT_MAX_ERROR_RATIO: f64 = 0.001;
+
+/// Whether the stepping through the rate list goes on: until the first rate that misses the largest SLA, then
+/// for `past_knee` more rates, so the chart shows how latency grows past the knee. A rate at which no request
+/// succeeded ends it early: every higher rate would add nothing to draw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stepping {
+    past_knee: u32,
+    /// Rates run since the first miss; `None` before it.
+    since_miss: Option<u32>,
+}
+
+impl Stepping {
+    pub fn new(past_knee: u32) -> Stepping {
+        Stepping {
+            past_knee,
+            since_miss: None,
+        }
+    }
+
+    /// After a run that `missed` the largest SLA (or not), and that had a `latency` (some request succeeded):
+    /// whether to run the next rate.
+    pub fn next(&mut self, missed: bool, latency: bool) -> bool {
+        self.since_miss = match self.since_miss {
+            Some(n) => Some(n + 1),
+            None if missed => Some(0),
+            None => None,
+        };
+        match self.since_miss {
+            None => true,
+            Some(n) => latency && n < self.past_knee,
+        }
+    }
 }
 
 /// A rate's verdict for one SLA: its run that met it, or why it failed.
@@ -206,6 +253,13 @@ fn bounds(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> (Option<f64>
     )
 }
 
+/// The index in `runs` (by ascending rate) of the first run that missed `sla_ms`: the run at the SLA's
+/// `first_failing_rps`.
+pub fn first_failing_step(runs: &[RunReport], sla_ms: f64, max_error_ratio: f64) -> Option<usize> {
+    runs.iter()
+        .position(|r| failure(r, sla_ms, max_error_ratio).is_some())
+}
+
 /// Runs the search: `probe(rate)` performs one open-loop run. Returns every run (ascending rate) and one result
 /// per SLA (`slas_ms` ascending).
 pub async fn search<F, Fut, E>(
@@ -221,14 +275,17 @@ where
     let SearchRules {
         refine,
         max_error_ratio,
+        past_knee,
     } = rules;
     let largest = slas_ms.iter().copied().fold(0.0, f64::max);
     let mut runs: Vec<RunReport> = Vec::new();
+    let mut stepping = Stepping::new(past_knee);
     for &rate in rates {
         let report = probe(rate).await?;
-        let failed = failure(&report, largest, max_error_ratio).is_some();
+        let missed = failure(&report, largest, max_error_ratio).is_some();
+        let latency = report.latency_ms.is_some();
         runs.push(report);
-        if failed {
+        if !stepping.next(missed, latency) {
             break;
         }
     }
@@ -264,10 +321,14 @@ where
             p99_at_max_ms: pass.and_then(RunReport::p99_ms),
             first_failing_rps: hi,
             failure: fail,
+            first_failing_step: None,
         });
     }
     // Stable: runs at the same rate stay in the order they ran.
     runs.sort_by(|a, b| rate_of(a).total_cmp(&rate_of(b)));
+    for result in &mut results {
+        result.first_failing_step = first_failing_step(&runs, result.p99_ms, max_error_ratio);
+    }
     Ok((runs, results))
 }
 
@@ -320,7 +381,10 @@ impl fmt::Display for SweepReport {
                 None => write!(f, "  p99 ≤ {} ms: not met at the lowest rate", s.p99_ms)?,
             }
             match (&s.first_failing_rps, &s.failure) {
-                (Some(rate), Some(why)) => write!(f, "; {rate:.0}/s failed: {why}")?,
+                (Some(rate), Some(why)) => match s.first_failing_step {
+                    Some(step) => write!(f, "; {rate:.0}/s (step {}) failed: {why}", step + 1)?,
+                    None => write!(f, "; {rate:.0}/s failed: {why}")?,
+                },
                 _ => write!(f, "; never failed: a lower bound, try higher --rates")?,
             }
             writeln!(f)?;
@@ -384,6 +448,7 @@ mod tests {
         SearchRules {
             refine,
             max_error_ratio,
+            past_knee: 0,
         }
     }
 
@@ -493,6 +558,86 @@ mod tests {
             "ascending"
         );
         assert_eq!(steps.len(), probed.len());
+    }
+
+    #[test]
+    fn stepping_goes_past_the_first_miss_by_past_knee_rates() {
+        // (missed, had a latency) of successive runs → whether the next rate runs.
+        let steps = |past_knee: u32, runs: &[(bool, bool)]| -> Vec<bool> {
+            let mut s = Stepping::new(past_knee);
+            runs.iter().map(|&(m, l)| s.next(m, l)).collect()
+        };
+        let ok = (false, true);
+        let miss = (true, true);
+        assert_eq!(steps(0, &[ok, ok, miss]), [true, true, false]);
+        assert_eq!(steps(2, &[ok, miss, ok, miss]), [true, true, true, false]);
+        // A rate past the first miss that passes again does not restart the count.
+        assert_eq!(steps(1, &[miss, ok]), [true, false]);
+        // No request succeeded: nothing more to draw, whatever is left of past_knee.
+        assert_eq!(steps(3, &[ok, miss, (true, false)]), [true, true, false]);
+        // Before the first miss a run without latency is a miss like any other.
+        assert_eq!(steps(1, &[(true, false)]), [false]);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_runs_past_the_knee_without_changing_the_answer() {
+        let search_with = |past_knee: u32| async move {
+            let mut probed = Vec::new();
+            let (steps, results) = search(
+                &parse_rates("250:16000:x2").expect("rates"),
+                &[5.0, 20.0],
+                SearchRules {
+                    past_knee,
+                    ..rules(0, 0.001)
+                },
+                |rate| {
+                    probed.push(rate);
+                    async move { Ok::<_, Infallible>(report(rate, server(rate), 0)) }
+                },
+            )
+            .await
+            .expect("search");
+            (probed, steps, results)
+        };
+        let (probed, _, before) = search_with(0).await;
+        assert_eq!(probed, [250.0, 500.0, 1000.0, 2000.0, 4000.0]);
+        let (probed, steps, after) = search_with(2).await;
+        // 4000/s is the first over 20 ms; two more rates follow.
+        assert_eq!(
+            probed,
+            [250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0]
+        );
+        assert_eq!(steps.len(), 7);
+        // The answer is the same; which step first missed each SLA is reported: 2000/s (p99 11 ms) for 5 ms,
+        // 4000/s for 20 ms.
+        let answer = |r: &[SlaResult]| -> Vec<(Option<f64>, Option<f64>)> {
+            r.iter().map(|r| (r.max_rps, r.first_failing_rps)).collect()
+        };
+        assert_eq!(answer(&after), answer(&before));
+        assert_eq!(after[0].first_failing_step, Some(3));
+        assert_eq!(after[1].first_failing_step, Some(4));
+        assert_eq!(rate_of(&steps[3]), 2000.0);
+        assert_eq!(before[1].first_failing_step, Some(4));
+    }
+
+    #[tokio::test]
+    async fn the_first_failing_step_counts_bisection_runs_below_it() {
+        // Bisection adds runs between passing and failing rates; the index is into the sorted steps.
+        let (steps, results) = search(
+            &[1000.0, 2000.0],
+            &[20.0],
+            rules(1, 0.001),
+            |rate| async move {
+                let p99 = if rate > 1400.0 { 50.0 } else { 5.0 };
+                Ok::<_, Infallible>(report(rate, p99, 0))
+            },
+        )
+        .await
+        .expect("search");
+        let rates: Vec<f64> = steps.iter().map(rate_of).collect();
+        assert_eq!(rates, [1000.0, 1500.0, 2000.0]);
+        assert_eq!(results[0].first_failing_rps, Some(1500.0));
+        assert_eq!(results[0].first_failing_step, Some(1));
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use clap::Parser;
 use common::fixture_repo;
 use recload::ceiling::{self, CeilingOptions};
 use recload::check::{self, CheckError, ScoresFile};
-use recload::cli::{Cli, Command, build_workload, run_report};
+use recload::cli::{Cli, Command, build_workload, run_command, run_report};
 use recload::report::RunReport;
 use recload::target::{Envelope, HttpTarget, Target, TensorLayout};
 use recload::workload::IdDistribution;
@@ -182,6 +182,71 @@ async fn recserve_answers_every_request_recload_generates() {
         every_request_answered(&server, &case, &timing).await;
     }
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_draws_its_percentiles_against_the_sla() {
+    let server = start_recserve().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let svg = dir.path().join("run.svg");
+    let json = dir.path().join("run.json");
+    let url = format!("http://{}", server.addr);
+    let args = [
+        "recload",
+        "run",
+        "--url",
+        &url,
+        "--model",
+        "deepfm-int8",
+        "--rate",
+        "50",
+        "--warmup",
+        "200ms",
+        "--duration",
+        "1s",
+        "--timeout",
+        "60s",
+        "--quiet",
+        "--sla",
+        "1h,1ns",
+    ];
+    let paths = [
+        "--svg",
+        svg.to_str().expect("UTF-8"),
+        "--json",
+        json.to_str().expect("UTF-8"),
+    ];
+    let cli = Cli::try_parse_from(args.iter().chain(&paths)).expect("valid flags");
+    let Command::Run(run) = cli.command else {
+        panic!("parsed as a run")
+    };
+    run_command(&run).await.expect("the run completes");
+    server.stop().await;
+    let report: RunReport =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("run JSON");
+    all_answered(&report);
+    let chart = std::fs::read_to_string(&svg).expect("chart written");
+    // Each bar's percentile labels the x axis (plotters writes a text's content on a line of its own).
+    for name in ["p50", "p90", "p99", "p99.9", "max"] {
+        assert!(
+            chart.contains(&format!("\n{name}\n</text>")),
+            "{name}: {chart}"
+        );
+    }
+    // The SLAs, each labelled in the SLA red, and the verdicts: no run is answered within a nanosecond, every run
+    // within an hour.
+    assert!(
+        chart.contains("fill=\"#C8102E\">\nSLA 0 ms\n</text>"),
+        "{chart}"
+    );
+    assert!(
+        chart.contains("fill=\"#C8102E\">\nSLA 3600000 ms\n</text>"),
+        "{chart}"
+    );
+    assert!(
+        chart.contains(": missed, p99 ") && chart.contains(": met (p99 "),
+        "{chart}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -204,6 +204,13 @@ pub struct RunArgs {
     /// Largest absolute difference from a saved score that --check-scores accepts.
     #[arg(long, env = "RECLOAD_CHECK_TOLERANCE", default_value_t = 1e-6)]
     pub check_tolerance: f64,
+    /// p99 bounds, e.g. `5ms,20ms`, drawn on the --svg chart with the verdict for each (met: p99 within the bound
+    /// and at most 0.1% of requests failed, the sweep's default rule).
+    #[arg(long, env = "RECLOAD_SLA")]
+    pub sla: Option<String>,
+    /// Draw the run's latency percentiles (p50, p90, p99, p99.9, max) against the --sla bounds into this SVG file.
+    #[arg(long, env = "RECLOAD_SVG")]
+    pub svg: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -224,8 +231,12 @@ pub struct SweepArgs {
     #[arg(long, env = "RECLOAD_REFINE", default_value_t = 3)]
     pub refine: u32,
     /// Most failed requests a passing step may have, as a fraction.
-    #[arg(long, env = "RECLOAD_MAX_ERROR_RATIO", default_value_t = 0.001)]
+    #[arg(long, env = "RECLOAD_MAX_ERROR_RATIO", default_value_t = crate::sweep::DEFAULT_MAX_ERROR_RATIO)]
     pub max_error_ratio: f64,
+    /// Rates of --rates still run after the first that missed the largest --sla, so the chart shows how latency
+    /// grows past the knee (they do not change the answer; 0 stops at the first miss).
+    #[arg(long, env = "RECLOAD_PAST_KNEE", default_value_t = 2)]
+    pub past_knee: u32,
     /// Lengthen a step's measurement window to hold at least this many requests (a p99 from 200 requests is
     /// their second-worst).
     #[arg(long, env = "RECLOAD_MIN_REQUESTS", default_value_t = 1000)]
@@ -468,6 +479,7 @@ mod tests {
         assert!(!a.closed);
         assert_eq!(a.concurrency, 8);
         assert_eq!(a.json, None);
+        assert_eq!((a.sla, a.svg), (None, None));
     }
 
     #[test]
@@ -475,7 +487,7 @@ mod tests {
         let a = sweep(&[]);
         assert_eq!(a.rates, "50:20000:x1.5");
         assert_eq!(a.sla, "5ms,20ms");
-        assert_eq!((a.refine, a.min_requests), (3, 1000));
+        assert_eq!((a.refine, a.min_requests, a.past_knee), (3, 1000, 2));
         assert_eq!(a.max_error_ratio, 0.001);
         assert_eq!((a.json, a.svg), (None, None));
         // The shared groups are the same flags as run's.

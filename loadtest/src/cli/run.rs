@@ -13,6 +13,7 @@ use crate::check::{AnswerCheck, ScoresFile};
 use crate::engine::{self, Mode, RunOptions};
 use crate::report::{RunReport, now_rfc3339};
 use crate::target::Target;
+use crate::{plot, sweep};
 
 /// The engine's options for one run in `mode`, from the timing flags (a sweep then lengthens each step's window).
 pub(super) fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOptions {
@@ -35,6 +36,7 @@ pub(super) fn run_options(timing: &TimingArgs, mode: Mode, seed: u64) -> RunOpti
 
 /// `recload run`: prints the summary and writes the report where `--json` says.
 pub async fn run_command(args: &RunArgs) -> Result<(), CliError> {
+    let slas_ms = run_slas(args)?;
     let report = run_report(args).await?;
     match &args.json {
         Some(path) if path == Path::new("-") => {
@@ -47,7 +49,21 @@ pub async fn run_command(args: &RunArgs) -> Result<(), CliError> {
         }
         None => print!("{report}"),
     }
+    if let Some(path) = &args.svg {
+        let title = format!("{} {}", report.workload.kind, report.workload.path);
+        let chart = plot::run::svg(&title, &report, &slas_ms, sweep::DEFAULT_MAX_ERROR_RATIO)?;
+        write_out(path, &chart)?;
+    }
     Ok(())
+}
+
+/// The `--sla` bounds of a run in milliseconds (none without the flag), refused before anything is sent.
+fn run_slas(args: &RunArgs) -> Result<Vec<f64>, CliError> {
+    let Some(text) = &args.sla else {
+        return Ok(Vec::new());
+    };
+    let slas = sweep::parse_slas(text).map_err(CliError::Usage)?;
+    Ok(slas.iter().map(|d| d.as_secs_f64() * 1e3).collect())
 }
 
 /// Performs the run `args` describe and returns its report, printing nothing but the progress line.
@@ -154,6 +170,21 @@ mod tests {
             connections: a.timing.connections,
         };
         run_options(&a.timing, mode, a.workload.seed)
+    }
+
+    #[tokio::test]
+    async fn a_bad_sla_is_refused_before_anything_is_sent() {
+        // Nothing listens at port 1: the error must come before recload tries to reach it.
+        for (sla, message) in [
+            ("0ms", "--sla: an SLA must be positive"),
+            ("fast", "--sla: \"fast\" is not a duration like 5ms ("),
+        ] {
+            let a = run(&["--url", "http://127.0.0.1:1", "--rate", "10", "--sla", sla]);
+            let err = run_command(&a).await.expect_err("refused");
+            assert!(err.to_string().starts_with(message), "{sla}: {err}");
+        }
+        let a = run(&["--rate", "10", "--sla", "20ms,5ms"]);
+        assert_eq!(run_slas(&a).expect("valid"), [5.0, 20.0]);
     }
 
     #[test]

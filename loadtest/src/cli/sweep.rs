@@ -44,6 +44,7 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
     let rules = sweep::SearchRules {
         refine: args.refine,
         max_error_ratio: args.max_error_ratio,
+        past_knee: args.past_knee,
     };
     let (steps, sla) = sweep::search(&rates, &slas_ms, rules, |rate| {
         let mut options = run_options(
@@ -95,6 +96,7 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         timeout_s: args.timing.timeout.as_secs_f64(),
         max_error_ratio: args.max_error_ratio,
         min_requests: args.min_requests,
+        past_knee: args.past_knee,
         steps,
         sla,
     })
