@@ -409,9 +409,11 @@ EOF
           -z "$OHA_DURATION" -w -t "$TIMEOUT" -m POST --no-tui --output-format json -o "$out/oha-$name.json" \
           "${oha_args[@]}"
       done
+      # Only the SLA answers are reported: no overloaded steps past the knee (they would also set the generator's
+      # busiest-step CPU that the report shows).
       step "$out/sweep" "${on_client[@]}" "$recload_bin" sweep "${target[@]}" "${common[@]}" "${timing[@]}" \
         "${labelled[@]}" --duration "$SWEEP_DURATION" --rates "$RATES" --sla 5ms,20ms --refine "$REFINE" \
-        --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
+        --past-knee 0 --min-requests "$MIN_REQUESTS" --json "$out/sweep.json" > "$out/sweep.txt"
       stop_server
     done
   done
