@@ -682,7 +682,10 @@ async fn a_model_that_fails_at_start_is_left_out_while_the_others_serve_and_load
             assert_eq!(body["version"], json!(2), "{body}");
             break;
         }
-        assert!(Instant::now() < deadline, "the fixed model was never loaded: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "the fixed model was never loaded: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     server.stop().await.expect("clean shutdown");

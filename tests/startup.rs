@@ -530,9 +530,16 @@ fn check_config_loads_the_repository_and_the_pipelines_as_the_server_would_start
     // A broken model: with --model-control poll the server would start without it, and the check says so (exit 1).
     let broken = dir.path().join("repo");
     copy_dir(&fixture_repo(), &broken);
-    std::fs::write(broken.join("deepfm-fp16/1/model.toml"), "format_version = 1\n").expect("break");
+    std::fs::write(
+        broken.join("deepfm-fp16/1/model.toml"),
+        "format_version = 1\n",
+    )
+    .expect("break");
     let broken = broken.to_str().expect("UTF-8 path");
-    let (code, stderr) = check(&["--repository", broken, "--model-control", "poll"], &config);
+    let (code, stderr) = check(
+        &["--repository", broken, "--model-control", "poll"],
+        &config,
+    );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("check-config: ERROR model \"deepfm-fp16\": deepfm-fp16/1/model.toml:")
@@ -543,7 +550,8 @@ fn check_config_loads_the_repository_and_the_pipelines_as_the_server_would_start
     let (code, stderr) = check(&["--repository", broken], &config);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("the server would not start") && stderr.contains("deepfm-fp16/1/model.toml"),
+        stderr.contains("the server would not start")
+            && stderr.contains("deepfm-fp16/1/model.toml"),
         "{stderr}"
     );
 }
