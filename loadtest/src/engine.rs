@@ -263,7 +263,14 @@ impl<T: Target> Shared<T> {
             }
             Err(kind) => {
                 *r.errors.entry(kind).or_default() += 1;
-                if let (Some(sent), ErrorKind::Status(_) | ErrorKind::Connection) = (sent, kind) {
+                if let (
+                    Some(sent),
+                    ErrorKind::Status(_)
+                    | ErrorKind::Connection
+                    | ErrorKind::Grpc(_)
+                    | ErrorKind::WrongAnswer,
+                ) = (sent, kind)
+                {
                     r.error_response
                         .entry(kind)
                         .or_default()

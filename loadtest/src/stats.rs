@@ -23,18 +23,40 @@ pub enum ErrorKind {
     Connect,
     /// The connection broke while the request was in flight (reset, closed early, malformed response).
     Connection,
+    /// The server answered a gRPC call with this status code (`tonic::Code` as its number), other than OK.
+    Grpc(i32),
+    /// The server answered with success, but not with what was asked (e.g. not one score per candidate).
+    WrongAnswer,
 }
 
 impl ErrorKind {
-    /// The key under `errors` in the JSON report: `http_503`, `timeout`, `connect`, `connection`.
+    /// The key under `errors` in the JSON report: `http_503`, `timeout`, `connect`, `connection`,
+    /// `grpc_resource_exhausted` (the gRPC code's name in snake case), `wrong_answer`.
     pub fn label(self) -> String {
         match self {
+            ErrorKind::Grpc(code) => format!(
+                "grpc_{}",
+                snake_case(&format!("{:?}", tonic::Code::from_i32(code)))
+            ),
+            ErrorKind::WrongAnswer => "wrong_answer".to_owned(),
             ErrorKind::Status(code) => format!("http_{code}"),
             ErrorKind::Timeout => "timeout".to_owned(),
             ErrorKind::Connect => "connect".to_owned(),
             ErrorKind::Connection => "connection".to_owned(),
         }
     }
+}
+
+/// `ResourceExhausted` as `resource_exhausted`.
+fn snake_case(name: &str) -> String {
+    let mut snake = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            snake.push('_');
+        }
+        snake.push(c.to_ascii_lowercase());
+    }
+    snake
 }
 
 /// A histogram of durations in nanoseconds.
@@ -234,5 +256,13 @@ mod tests {
                 ("timeout".to_owned(), 1)
             ]
         );
+        let grpc = |code: tonic::Code| ErrorKind::Grpc(code as i32).label();
+        assert_eq!(grpc(tonic::Code::NotFound), "grpc_not_found");
+        assert_eq!(
+            grpc(tonic::Code::ResourceExhausted),
+            "grpc_resource_exhausted"
+        );
+        assert_eq!(grpc(tonic::Code::Unavailable), "grpc_unavailable");
+        assert_eq!(ErrorKind::WrongAnswer.label(), "wrong_answer");
     }
 }

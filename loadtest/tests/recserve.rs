@@ -31,6 +31,7 @@ fn ort_library() -> PathBuf {
 
 struct Server {
     addr: SocketAddr,
+    grpc_addr: SocketAddr,
     stop: oneshot::Sender<()>,
     handle: tokio::task::JoinHandle<Result<(), recserve::service::StartError>>,
 }
@@ -64,6 +65,7 @@ async fn start_recserve_with(mut config: recserve::config::Config) -> Server {
         grpc: bind().await,
     };
     let addr = listeners.http.local_addr().expect("address");
+    let grpc_addr = listeners.grpc.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(recserve::server::run(config, listeners, async {
         let _ = stopped.await;
@@ -77,7 +79,12 @@ async fn start_recserve_with(mut config: recserve::config::Config) -> Server {
             "recserve stopped before it was ready"
         );
         if let Ok((200, _)) = probe.get("/health/ready").await {
-            return Server { addr, stop, handle };
+            return Server {
+                addr,
+                grpc_addr,
+                stop,
+                handle,
+            };
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -412,6 +419,99 @@ async fn kserve_v2_tensors_score_as_the_v1_body_they_were_made_from() {
         &["--closed", "--concurrency", "4", "--duration", "1s"],
     )
     .await;
+    server.stop().await;
+}
+
+/// The sum of `recserve_requests_total` over the series whose labels hold every one of `labels`.
+async fn requests_total(server: &Server, labels: &[&str]) -> u64 {
+    let target = HttpTarget::new(&format!("http://{}", server.addr), Envelope::None)
+        .await
+        .expect("URL");
+    let (status, body) = target.get("/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body.to_vec()).expect("UTF-8 metrics");
+    text.lines()
+        .filter_map(|line| line.strip_prefix("recserve_requests_total{"))
+        .filter(|series| labels.iter().all(|l| series.contains(l)))
+        .map(|series| {
+            let value = series.rsplit(' ').next().expect("a value");
+            value.parse::<f64>().expect("a count") as u64
+        })
+        .sum()
+}
+
+/// `--envelope kserve-v2-grpc`: a run over gRPC is answered throughout, the server counts every request it sent as
+/// a gRPC rank request, and a run against a model the server does not have reports only failures, by their gRPC
+/// code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_run_is_answered_and_counted_by_the_server_as_grpc() {
+    let server = start_recserve().await;
+    let url = format!("http://{}", server.grpc_addr);
+    let repo = fixture_repo();
+    let repo = repo.to_str().expect("UTF-8 path");
+    // No warm-up and no settling: every request sent is one of the report's.
+    let flags = |v2_model: &'static str| {
+        vec![
+            "--url",
+            url.as_str(),
+            "--envelope",
+            "kserve-v2-grpc",
+            "--model",
+            "deepfm-int8",
+            "--v2-model",
+            v2_model,
+            "--repository",
+            repo,
+            "--candidates",
+            "20",
+            "--closed",
+            "--concurrency",
+            "3",
+            "--warmup",
+            "0s",
+            "--settle-timeout",
+            "0s",
+            "--duration",
+            "1s",
+            "--timeout",
+            "60s",
+            "--quiet",
+        ]
+    };
+    let grpc = ["protocol=\"grpc\""];
+    let ok = [
+        "code=\"200\"",
+        "endpoint=\"rank\"",
+        "model=\"deepfm-int8\"",
+        "protocol=\"grpc\"",
+    ];
+    let (before, ok_before) = (
+        requests_total(&server, &grpc).await,
+        requests_total(&server, &ok).await,
+    );
+    let report = run(&flags("deepfm-int8")).await;
+    all_answered(&report);
+    assert_eq!(report.target.protocol, "kserve-v2-grpc");
+    assert_eq!(report.target.v2_model.as_deref(), Some("deepfm-int8"));
+    assert_eq!(report.requests.sent, report.requests.scheduled, "{report}");
+    let (after, ok_after) = (
+        requests_total(&server, &grpc).await,
+        requests_total(&server, &ok).await,
+    );
+    assert_eq!(after - before, report.requests.sent, "{report}");
+    assert_eq!(ok_after - ok_before, report.requests.ok, "{report}");
+
+    let report = run(&flags("no-such-model")).await;
+    assert!(report.requests.sent > 0, "{report}");
+    assert_eq!(report.requests.ok, 0, "{report}");
+    assert_eq!(
+        report.errors.into_iter().collect::<Vec<_>>(),
+        [("grpc_not_found".to_owned(), report.requests.sent)]
+    );
+    assert_eq!(
+        requests_total(&server, &grpc).await - after,
+        report.requests.sent
+    );
     server.stop().await;
 }
 

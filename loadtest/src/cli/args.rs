@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::CliError;
 use crate::arrivals::Arrivals;
-use crate::target::Envelope;
+use crate::target::{Envelope, TensorLayout};
 use crate::workload::{BodyForm, IdDistribution, RecallInput};
 
 /// Where requests go.
@@ -21,10 +21,12 @@ pub struct TargetArgs {
     #[arg(long, env = "RECLOAD_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// How the JSON body travels: as is, as one BYTES tensor of a KServe v2 request (Triton Python-backend
-    /// models that parse recserve's /v1 JSON), or rewritten into KServe v2 tensors as binary data (rank workload,
-    /// needs --repository for the tensors' column order): the DeepFM model's own row tensors
-    /// (`kserve-v2-tensors`), or the user once and the candidates' item ids as a matrix, each tensor with a leading
-    /// request dimension of 1, as a model behind Triton's dynamic batcher takes them (`kserve-v2-grouped-batched`).
+    /// models that parse recserve's /v1 JSON), or rewritten into KServe v2 tensors (rank workload, needs
+    /// --repository for the tensors' column order): the DeepFM model's own row tensors as binary data
+    /// (`kserve-v2-tensors`), the same tensors in a KServe v2 gRPC ModelInfer call's raw_input_contents to --url,
+    /// the server's gRPC address (`kserve-v2-grpc`, run and sweep), or the user once and the candidates' item ids
+    /// as a matrix, each tensor with a leading request dimension of 1, as a model behind Triton's dynamic batcher
+    /// takes them (`kserve-v2-grouped-batched`).
     #[arg(long, env = "RECLOAD_ENVELOPE", value_enum, default_value_t = EnvelopeKind::None)]
     pub envelope: EnvelopeKind,
     /// KServe v2 model name [default: --model].
@@ -41,6 +43,14 @@ pub enum EnvelopeKind {
     KserveV2Bytes,
     KserveV2Tensors,
     KserveV2GroupedBatched,
+    KserveV2Grpc,
+}
+
+/// Where and how requests go: over HTTP/1.1 in an envelope, or over KServe v2 gRPC as the model's tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Transport {
+    Http(Envelope),
+    Grpc { model: String, layout: TensorLayout },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -330,8 +340,21 @@ pub struct CeilingArgs {
 }
 
 impl TargetArgs {
-    /// How bodies travel: a KServe v2 envelope needs a model name, from --v2-model or else --model.
+    /// How bodies travel over HTTP, for the commands that send HTTP only (check, bodies).
     pub(super) fn envelope(&self, workload: &WorkloadArgs) -> Result<Envelope, CliError> {
+        match self.transport(workload)? {
+            Transport::Http(envelope) => Ok(envelope),
+            Transport::Grpc { .. } => Err(CliError::Usage(
+                "--envelope kserve-v2-grpc is for recload run and sweep; this command sends HTTP: use \
+                 --envelope kserve-v2-tensors for the same tensors over HTTP"
+                    .to_owned(),
+            )),
+        }
+    }
+
+    /// Where and how requests go: a KServe v2 envelope needs a model name, from --v2-model or else --model; the
+    /// tensor envelopes (HTTP or gRPC) a rank workload and the model's --repository.
+    pub(super) fn transport(&self, workload: &WorkloadArgs) -> Result<Transport, CliError> {
         let v2_model = |flag: &str| {
             self.v2_model
                 .clone()
@@ -341,14 +364,17 @@ impl TargetArgs {
                 })
         };
         Ok(match self.envelope {
-            EnvelopeKind::None => Envelope::None,
-            EnvelopeKind::KserveV2Bytes => Envelope::KserveV2Bytes {
+            EnvelopeKind::None => Transport::Http(Envelope::None),
+            EnvelopeKind::KserveV2Bytes => Transport::Http(Envelope::KserveV2Bytes {
                 model: v2_model("kserve-v2-bytes")?,
                 input: self.v2_input.clone(),
-            },
-            EnvelopeKind::KserveV2Tensors | EnvelopeKind::KserveV2GroupedBatched => {
+            }),
+            EnvelopeKind::KserveV2Tensors
+            | EnvelopeKind::KserveV2GroupedBatched
+            | EnvelopeKind::KserveV2Grpc => {
                 let flag = match self.envelope {
                     EnvelopeKind::KserveV2Tensors => "kserve-v2-tensors",
+                    EnvelopeKind::KserveV2Grpc => "kserve-v2-grpc",
                     _ => "kserve-v2-grouped-batched",
                 };
                 if workload.workload != WorkloadKind::Rank {
@@ -368,8 +394,11 @@ impl TargetArgs {
                     workload.model.as_deref().unwrap_or(&model),
                 )?;
                 match self.envelope {
-                    EnvelopeKind::KserveV2Tensors => Envelope::KserveV2Tensors { model, layout },
-                    _ => Envelope::KserveV2GroupedBatched { model, layout },
+                    EnvelopeKind::KserveV2Tensors => {
+                        Transport::Http(Envelope::KserveV2Tensors { model, layout })
+                    }
+                    EnvelopeKind::KserveV2Grpc => Transport::Grpc { model, layout },
+                    _ => Transport::Http(Envelope::KserveV2GroupedBatched { model, layout }),
                 }
             }
         })
@@ -670,6 +699,53 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "--envelope kserve-v2-bytes needs --v2-model or --model"
+        );
+    }
+
+    #[test]
+    fn the_grpc_envelope_sends_a_rank_workload_s_tensors_from_run_and_sweep_only() {
+        let repo = super::super::testing::fixture_repo();
+        let repo = super::super::testing::arg(&repo);
+        let args = |extra: &[&str]| {
+            run(&[
+                &[
+                    "--rate",
+                    "1",
+                    "--envelope",
+                    "kserve-v2-grpc",
+                    "--model",
+                    "deepfm-int8",
+                ],
+                extra,
+            ]
+            .concat())
+        };
+        let a = args(&["--repository", repo, "--v2-model", "other"]);
+        let Transport::Grpc { model, layout } = a.target.transport(&a.workload).expect("gRPC")
+        else {
+            panic!("a gRPC transport")
+        };
+        // Sent to --v2-model, in the columns of --model's model.toml.
+        assert_eq!(model, "other");
+        assert_eq!((layout.fields.len(), layout.dense), (26, 13));
+        let err = a.target.envelope(&a.workload).expect_err("not HTTP");
+        assert!(
+            err.to_string()
+                .starts_with("--envelope kserve-v2-grpc is for recload run and sweep;"),
+            "{err}"
+        );
+        let a = args(&[]);
+        let err = a.target.transport(&a.workload).expect_err("no repository");
+        assert!(
+            err.to_string()
+                .starts_with("--envelope kserve-v2-grpc needs --repository DIR"),
+            "{err}"
+        );
+        let a = args(&["--repository", repo, "--workload", "recall"]);
+        let err = a.target.transport(&a.workload).expect_err("not ranking");
+        assert_eq!(
+            err.to_string(),
+            "--envelope kserve-v2-grpc carries ranking requests: use --workload rank"
         );
     }
 

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use super::output::{io_error, write_out};
-use super::workload::prepare;
+use super::workload::prepare_http;
 use super::{BodiesArgs, CliError};
 
 pub(super) async fn bodies_command(args: &BodiesArgs) -> Result<(), CliError> {
@@ -17,7 +17,8 @@ pub(super) async fn bodies_command(args: &BodiesArgs) -> Result<(), CliError> {
 
 /// Writes the bodies to `--out` and describes how to send them.
 async fn write_bodies(args: &BodiesArgs) -> Result<Value, CliError> {
-    let p = prepare(&args.target, &args.workload).await?;
+    let envelope = args.target.envelope(&args.workload)?;
+    let p = prepare_http(&args.target, envelope, &args.workload).await?;
     let first = p
         .prepared
         .first()

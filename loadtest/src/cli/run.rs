@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::output::{io_error, to_json, write_out};
-use super::workload::prepare;
+use super::workload::{AnyPrepared, Prepared, prepare};
 use super::{CliError, RunArgs, TimingArgs};
 use crate::check::{AnswerCheck, ScoresFile};
 use crate::engine::{self, Mode, RunOptions};
@@ -68,7 +68,14 @@ fn run_slas(args: &RunArgs) -> Result<Vec<f64>, CliError> {
 
 /// Performs the run `args` describe and returns its report, printing nothing but the progress line.
 pub async fn run_report(args: &RunArgs) -> Result<RunReport, CliError> {
-    let p = prepare(&args.target, &args.workload).await?;
+    match prepare(&args.target, &args.workload).await? {
+        AnyPrepared::Http(p) => run_on(args, p).await,
+        AnyPrepared::Grpc(p) => run_on(args, p).await,
+    }
+}
+
+/// The run `args` describe, against `p`'s target with its pool.
+async fn run_on<T: Target>(args: &RunArgs, p: Prepared<T>) -> Result<RunReport, CliError> {
     let mode = match (args.closed, args.rate) {
         (true, _) => Mode::Closed {
             concurrency: args.concurrency,

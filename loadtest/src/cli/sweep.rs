@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::output::{to_json, write_out};
 use super::run::run_options;
-use super::workload::prepare;
+use super::workload::{AnyPrepared, Prepared, prepare};
 use super::{CliError, SweepArgs};
 use crate::engine::{self, Mode};
 use crate::plot;
@@ -37,7 +37,19 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
             "--max-error-ratio must be between 0 and 1".to_owned(),
         ));
     }
-    let p = prepare(&args.target, &args.workload).await?;
+    match prepare(&args.target, &args.workload).await? {
+        AnyPrepared::Http(p) => sweep_on(args, &rates, &slas, p).await,
+        AnyPrepared::Grpc(p) => sweep_on(args, &rates, &slas, p).await,
+    }
+}
+
+/// The sweep `args` describe over `rates` and `slas`, against `p`'s target with its pool.
+async fn sweep_on<T: Target>(
+    args: &SweepArgs,
+    rates: &[f64],
+    slas: &[Duration],
+    p: Prepared<T>,
+) -> Result<SweepReport, CliError> {
     let started_at = now_rfc3339();
     let slas_ms: Vec<f64> = slas.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     let quiet = args.timing.quiet;
@@ -46,7 +58,7 @@ pub async fn sweep_report(args: &SweepArgs) -> Result<SweepReport, CliError> {
         max_error_ratio: args.max_error_ratio,
         past_knee: args.past_knee,
     };
-    let (steps, sla) = sweep::search(&rates, &slas_ms, rules, |rate| {
+    let (steps, sla) = sweep::search(rates, &slas_ms, rules, |rate| {
         let mut options = run_options(
             &args.timing,
             Mode::Open {

@@ -1,12 +1,13 @@
 //! What run, sweep and check send, built from their flags: the [`Workload`] (ranking, recall or recommend), with
-//! the ranking model's fields from [`super::schema`]; and, for run and sweep, the target and the pool of requests
-//! generated and put in its wire form before the clock starts.
+//! the ranking model's fields from [`super::schema`]; and, for run and sweep, the target (HTTP or gRPC) and the pool
+//! of requests generated and put in its wire form before the clock starts.
 
 use std::sync::Arc;
 
+use super::args::Transport;
 use super::schema::{schema_from_repository, schema_from_server};
 use super::{CliError, TargetArgs, WorkloadArgs, WorkloadKind};
-use crate::target::{HttpTarget, Target};
+use crate::target::{GrpcTarget, HttpTarget, Target};
 use crate::workload::{
     BodyForm, Dataset, Population, RankOptions, RankWorkload, RecallOptions, RecallWorkload,
     RecommendOptions, RecommendWorkload, Request, Workload, WorkloadInfo,
@@ -16,6 +17,15 @@ use crate::workload::{
 pub async fn build_workload(
     args: &WorkloadArgs,
     target: &HttpTarget,
+) -> Result<(Workload, String), CliError> {
+    workload_from(args, Some(target)).await
+}
+
+/// Builds the workload; a ranking workload reads its model's fields from --repository, else from `server`'s
+/// GET /v1/models (none for a gRPC target).
+async fn workload_from(
+    args: &WorkloadArgs,
+    server: Option<&HttpTarget>,
 ) -> Result<(Workload, String), CliError> {
     let dataset = args
         .dataset
@@ -40,9 +50,15 @@ pub async fn build_workload(
     let workload = match args.workload {
         WorkloadKind::Rank => {
             let model = model()?;
-            let schema = match &args.repository {
-                Some(repo) => schema_from_repository(repo, &model)?,
-                None => schema_from_server(target, &model).await?,
+            let schema = match (&args.repository, server) {
+                (Some(repo), _) => schema_from_repository(repo, &model)?,
+                (None, Some(server)) => schema_from_server(server, &model).await?,
+                (None, None) => {
+                    return Err(CliError::Usage(
+                        "--repository is needed: a gRPC target does not describe its models' fields"
+                            .to_owned(),
+                    ));
+                }
             };
             Workload::Rank(Box::new(RankWorkload::new(
                 schema,
@@ -92,29 +108,58 @@ pub async fn build_workload(
 }
 
 /// Target, workload and prepared request pool for run and sweep.
-pub(super) struct Prepared {
-    pub(super) target: Arc<HttpTarget>,
+pub(super) struct Prepared<T: Target> {
+    pub(super) target: Arc<T>,
     pub(super) pool: Vec<Request>,
-    pub(super) prepared: Arc<[<HttpTarget as Target>::Prepared]>,
+    pub(super) prepared: Arc<[T::Prepared]>,
     pub(super) workload: WorkloadInfo,
 }
 
+/// A run's target and pool, over the transport --envelope names.
+pub(super) enum AnyPrepared {
+    Http(Prepared<HttpTarget>),
+    Grpc(Prepared<GrpcTarget>),
+}
+
+/// The target --url and --envelope name, and the pool of requests in its wire form.
 pub(super) async fn prepare(
     target: &TargetArgs,
     workload: &WorkloadArgs,
-) -> Result<Prepared, CliError> {
-    let envelope = target.envelope(workload)?;
-    let http = Arc::new(HttpTarget::new(&target.url, envelope).await?);
+) -> Result<AnyPrepared, CliError> {
+    Ok(match target.transport(workload)? {
+        Transport::Http(envelope) => {
+            AnyPrepared::Http(prepare_http(target, envelope, workload).await?)
+        }
+        Transport::Grpc { model, layout } => {
+            let grpc = GrpcTarget::new(&target.url, model, layout).await?;
+            let (w, ids) = workload_from(workload, None).await?;
+            AnyPrepared::Grpc(pooled(grpc, &w, ids, workload))
+        }
+    })
+}
+
+/// The HTTP target --url names, with `envelope`, and the pool of requests in its wire form.
+pub(super) async fn prepare_http(
+    target: &TargetArgs,
+    envelope: crate::target::Envelope,
+    workload: &WorkloadArgs,
+) -> Result<Prepared<HttpTarget>, CliError> {
+    let http = HttpTarget::new(&target.url, envelope).await?;
     let (w, ids) = build_workload(workload, &http).await?;
-    let pool = w.pool(workload.pool, workload.seed);
-    let prepared: Arc<[_]> = pool.iter().map(|r| http.prepare(r)).collect();
-    let info = w.info(&pool, workload.seed, ids);
-    Ok(Prepared {
-        target: http,
+    Ok(pooled(http, &w, ids, workload))
+}
+
+/// `w`'s pool of --pool requests, each put in `target`'s wire form.
+fn pooled<T: Target>(target: T, w: &Workload, ids: String, args: &WorkloadArgs) -> Prepared<T> {
+    let pool = w.pool(args.pool, args.seed);
+    let prepared: Arc<[_]> = pool.iter().map(|r| target.prepare(r)).collect();
+    let info = w.info(&pool, args.seed, ids);
+    Prepared {
+        target: Arc::new(target),
         pool,
         prepared,
         workload: info,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -290,7 +335,9 @@ mod tests {
             "--seed",
             "9",
         ]);
-        let p = prepare(&a.target, &a.workload).await.expect("prepared");
+        let AnyPrepared::Http(p) = prepare(&a.target, &a.workload).await.expect("prepared") else {
+            panic!("an HTTP target")
+        };
         assert_eq!((p.pool.len(), p.prepared.len()), (6, 6));
         assert_eq!(p.target.info().protocol, "kserve-v2-bytes");
         assert_eq!(p.target.info().v2_model.as_deref(), Some("deepfm-int8"));

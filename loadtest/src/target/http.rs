@@ -20,8 +20,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpStream;
 
+use super::tensors::{Tensor, TensorLayout, grouped_batched_tensors, row_tensors};
 use super::{Failure, Target, TargetInfo};
-use crate::workload::{RankBody, Request};
+use crate::workload::Request;
 
 /// How a workload's JSON body travels.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,41 +38,6 @@ pub enum Envelope {
     /// `POST <url>/v2/models/<model>/infer`: a `/v1` rank body rewritten into the user's ids and dense values once
     /// and the candidates' item ids as a matrix ([`kserve_v2_grouped_batched`]), sent as binary tensor data.
     KserveV2GroupedBatched { model: String, layout: TensorLayout },
-}
-
-/// The columns of a DeepFM model's KServe v2 tensors, from its `model.toml`: `categorical` INT64 `[N, fields]` (a
-/// row per candidate: its item fields, the request's user fields), `dense` FP32 `[N, dense]` (the request's
-/// `user.dense` on every row); or, grouped, the user fields and the item fields apart, each in that order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorLayout {
-    /// Field names in `[[fields]]` order: the columns of `categorical`.
-    pub fields: Vec<String>,
-    /// Those of `fields` on the user side, in the same order; the others are the item side's.
-    pub user_fields: Vec<String>,
-    /// The item-side field that a candidate's `id` feeds.
-    pub item_id_field: Option<String>,
-    /// Dense features per row.
-    pub dense: usize,
-}
-
-impl TensorLayout {
-    /// The layout of a DeepFM model's tensors, as its `model.toml` declares them.
-    pub fn from_spec(spec: &recserve_core::repository::ModelSpec) -> TensorLayout {
-        let ranking = spec.ranking.as_ref();
-        TensorLayout {
-            fields: spec.fields.iter().map(|f| f.name.clone()).collect(),
-            user_fields: spec
-                .fields
-                .iter()
-                .filter(|f| f.side == recserve_core::repository::Side::User)
-                .map(|f| f.name.clone())
-                .collect(),
-            item_id_field: ranking
-                .and_then(|r| r.item_id_field)
-                .map(|f| spec.fields[f].name.clone()),
-            dense: ranking.map_or(0, |r| r.dense_features.len()),
-        }
-    }
 }
 
 /// A target URL that cannot be used.
@@ -136,43 +102,14 @@ const QUOTED_BYTES: usize = 300;
 impl HttpTarget {
     /// Parses `url` (`http://host:port[/prefix]`) and resolves its host once.
     pub async fn new(url: &str, envelope: Envelope) -> Result<HttpTarget, TargetError> {
-        let bad = |problem: &str| TargetError::Url {
+        let (uri, addr) = resolve(url).await?;
+        let invalid_host = || TargetError::Url {
             url: url.to_owned(),
-            problem: problem.to_owned(),
+            problem: "invalid host".to_owned(),
         };
-        let uri: Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => {
-                return Err(bad(&format!(
-                    "scheme {other:?} is not supported; use http://"
-                )));
-            }
-            None => return Err(bad("needs a scheme: http://host:port")),
-        }
-        if uri.query().is_some() {
-            return Err(bad("must not have a query string"));
-        }
-        let authority = uri.authority().ok_or_else(|| bad("needs a host"))?;
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let port = authority.port_u16().unwrap_or(80);
-        let addr = tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|e| TargetError::Resolve {
-                url: url.to_owned(),
-                host: host.to_owned(),
-                reason: e.to_string(),
-            })?
-            .next()
-            .ok_or_else(|| TargetError::Resolve {
-                url: url.to_owned(),
-                host: host.to_owned(),
-                reason: "no address".to_owned(),
-            })?;
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| bad("invalid host"))?;
+        // `resolve` refused a URL without a host.
+        let authority = uri.authority().ok_or_else(invalid_host)?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| invalid_host())?;
         Ok(HttpTarget {
             url: url.trim_end_matches('/').to_owned(),
             addr,
@@ -209,6 +146,47 @@ impl HttpTarget {
     }
 }
 
+/// Parses `url` (`http://host:port[/path]`, no query) and resolves its host once: the URI and the address.
+pub(super) async fn resolve(url: &str) -> Result<(Uri, SocketAddr), TargetError> {
+    let bad = |problem: &str| TargetError::Url {
+        url: url.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let uri: Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(bad(&format!(
+                "scheme {other:?} is not supported; use http://"
+            )));
+        }
+        None => return Err(bad("needs a scheme: http://host:port")),
+    }
+    if uri.query().is_some() {
+        return Err(bad("must not have a query string"));
+    }
+    let authority = uri.authority().ok_or_else(|| bad("needs a host"))?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(80);
+    let addr = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| TargetError::Resolve {
+            url: url.to_owned(),
+            host: host.to_owned(),
+            reason: e.to_string(),
+        })?
+        .next()
+        .ok_or_else(|| TargetError::Resolve {
+            url: url.to_owned(),
+            host: host.to_owned(),
+            reason: "no address".to_owned(),
+        })?;
+    Ok((uri, addr))
+}
+
 async fn exchange(
     conn: &mut HttpConn,
     request: hyper::Request<Full<Bytes>>,
@@ -243,17 +221,9 @@ pub fn quote(body: &[u8]) -> String {
     }
 }
 
-/// One input of a KServe v2 request in binary tensor data: its header entry and its bytes.
-struct BinaryInput {
-    name: String,
-    datatype: &'static str,
-    shape: Vec<usize>,
-    data: BytesMut,
-}
-
 /// A KServe v2 inference request of `inputs` with the binary tensor data extension: a JSON header naming each input
 /// with its `binary_data_size`, then the inputs' bytes in order. Returns the body and the length of its header.
-fn binary_request(inputs: Vec<BinaryInput>) -> (Bytes, usize) {
+fn binary_request(inputs: Vec<Tensor>) -> (Bytes, usize) {
     let header = json!({
         "inputs": inputs.iter().map(|i| json!({
             "name": i.name,
@@ -272,22 +242,6 @@ fn binary_request(inputs: Vec<BinaryInput>) -> (Bytes, usize) {
     (body.freeze(), header.len())
 }
 
-fn int64s(values: impl Iterator<Item = i64>) -> BytesMut {
-    let mut data = BytesMut::new();
-    for v in values {
-        data.put_i64_le(v);
-    }
-    data
-}
-
-fn fp32s<'a>(values: impl Iterator<Item = &'a f32>) -> BytesMut {
-    let mut data = BytesMut::new();
-    for &v in values {
-        data.put_f32_le(v);
-    }
-    data
-}
-
 /// A KServe v2 inference request carrying `payload` as the one element of a `BYTES` input: the JSON header, then
 /// the element as binary data (a 4-byte little-endian length, then the bytes). Returns the body and the length of
 /// its JSON header.
@@ -296,128 +250,27 @@ pub fn kserve_v2_bytes(input: &str, payload: &[u8]) -> (Bytes, usize) {
     let mut data = BytesMut::with_capacity(4 + payload.len());
     data.put_u32_le(element_len);
     data.put_slice(payload);
-    binary_request(vec![BinaryInput {
+    binary_request(vec![Tensor {
         name: input.to_owned(),
         datatype: "BYTES",
         shape: vec![1, 1],
-        data,
+        data: data.freeze(),
     }])
 }
 
-/// The id of `field` for candidate `row` of `body`: the candidate's `id` for the item id field, else its own
-/// column, else the user's.
-fn id_of(layout: &TensorLayout, body: &RankBody, field: &str, row: usize) -> Result<i64, String> {
-    let id = if layout.item_id_field.as_deref() == Some(field) {
-        body.candidate_ids.as_ref().map(|ids| ids[row])
-    } else if let Ok(column) = body.item_fields.binary_search_by(|f| f.as_str().cmp(field)) {
-        Some(body.row(row)[column])
-    } else {
-        body.user_fields.get(field).copied()
-    };
-    id.ok_or_else(|| format!("candidates[{row}] has no integer id for field {field:?}"))
-}
-
-/// The body's `user.dense`, as many values as the layout's dense features.
-fn dense_of<'a>(layout: &TensorLayout, body: &'a RankBody) -> Result<&'a [f32], String> {
-    let dense = match &body.dense {
-        None if layout.dense == 0 => &[][..],
-        None => return Err("the body has no user.dense".to_owned()),
-        Some(values) => values,
-    };
-    if dense.len() != layout.dense {
-        return Err(format!(
-            "user.dense holds {} values, the model {}",
-            dense.len(),
-            layout.dense
-        ));
-    }
-    Ok(dense)
-}
-
-/// `body`, a `/v1` rank request in either form, as a KServe v2 inference request of `layout`'s tensors in binary
-/// tensor data: the body and the length of its JSON header.
+/// `body`, a `/v1` rank request in either form, as a KServe v2 inference request of `layout`'s row tensors
+/// ([`row_tensors`]) in binary tensor data: the body and the length of its JSON header.
 pub fn kserve_v2_tensors(layout: &TensorLayout, body: &[u8]) -> Result<(Bytes, usize), String> {
-    let request = RankBody::parse(body)?;
-    let dense = dense_of(layout, &request)?;
-    let rows = request.candidates;
-    let mut ids = Vec::with_capacity(rows * layout.fields.len());
-    for row in 0..rows {
-        for field in &layout.fields {
-            ids.push(id_of(layout, &request, field, row)?);
-        }
-    }
-    let mut inputs = vec![BinaryInput {
-        name: "categorical".to_owned(),
-        datatype: "INT64",
-        shape: vec![rows, layout.fields.len()],
-        data: int64s(ids.into_iter()),
-    }];
-    if layout.dense > 0 {
-        inputs.push(BinaryInput {
-            name: "dense".to_owned(),
-            datatype: "FP32",
-            shape: vec![rows, layout.dense],
-            data: fp32s((0..rows).flat_map(|_| dense.iter())),
-        });
-    }
-    Ok(binary_request(inputs))
+    Ok(binary_request(row_tensors(layout, body)?))
 }
 
 /// `body`, a `/v1` rank request in either form, as the compact KServe v2 request of one user and its candidates
-/// for a model that batches requests (Triton's dynamic batcher): `user_categorical` INT64 `[1, user fields]`,
-/// `user_dense` FP32 `[1, dense]` (when the model has dense features) and `item_categorical` INT64
-/// `[1, candidates, item fields]`, columns in the model's field order (the item id field among the item fields),
-/// each with a leading dimension of 1, the request being one element of the server's batch.
+/// ([`grouped_batched_tensors`]) in binary tensor data: the body and the length of its JSON header.
 pub fn kserve_v2_grouped_batched(
     layout: &TensorLayout,
     body: &[u8],
 ) -> Result<(Bytes, usize), String> {
-    let request = RankBody::parse(body)?;
-    let dense = dense_of(layout, &request)?;
-    let rows = request.candidates;
-    let user: Vec<i64> = layout
-        .user_fields
-        .iter()
-        .map(|f| {
-            request
-                .user_fields
-                .get(f)
-                .copied()
-                .ok_or_else(|| format!("user.fields has no integer id for field {f:?}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let item_fields: Vec<&String> = layout
-        .fields
-        .iter()
-        .filter(|f| !layout.user_fields.contains(f))
-        .collect();
-    let mut items = Vec::with_capacity(rows * item_fields.len());
-    for row in 0..rows {
-        for field in &item_fields {
-            items.push(id_of(layout, &request, field, row)?);
-        }
-    }
-    let mut inputs = vec![BinaryInput {
-        name: "user_categorical".to_owned(),
-        datatype: "INT64",
-        shape: vec![1, user.len()],
-        data: int64s(user.into_iter()),
-    }];
-    if layout.dense > 0 {
-        inputs.push(BinaryInput {
-            name: "user_dense".to_owned(),
-            datatype: "FP32",
-            shape: vec![1, layout.dense],
-            data: fp32s(dense.iter()),
-        });
-    }
-    inputs.push(BinaryInput {
-        name: "item_categorical".to_owned(),
-        datatype: "INT64",
-        shape: vec![1, rows, item_fields.len()],
-        data: int64s(items.into_iter()),
-    });
-    Ok(binary_request(inputs))
+    Ok(binary_request(grouped_batched_tensors(layout, body)?))
 }
 
 impl Target for HttpTarget {

@@ -1,8 +1,11 @@
 //! Where requests go: the [`Target`] trait is everything the single worker loop needs from a protocol (open a
-//! connection, send one prepared request, tell success from failure), so HTTP JSON now and KServe v2 HTTP or gRPC
-//! later share that loop, its timing and its accounting. [`http::HttpTarget`] is the HTTP/1.1 implementation.
+//! connection, send one prepared request, tell success from failure), so HTTP (JSON or KServe v2) and KServe v2
+//! gRPC share that loop, its timing and its accounting. [`http::HttpTarget`] is the HTTP/1.1 implementation,
+//! [`grpc::GrpcTarget`] the gRPC one; both build KServe v2 tensors with [`tensors`].
 
+pub mod grpc;
 pub mod http;
+pub mod tensors;
 
 use std::future::Future;
 
@@ -12,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::stats::ErrorKind;
 use crate::workload::Request;
 
-pub use http::{Envelope, HttpTarget, TensorLayout};
+pub use grpc::GrpcTarget;
+pub use http::{Envelope, HttpTarget};
+pub use tensors::TensorLayout;
 
 /// Why one request failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -26,6 +31,12 @@ pub enum Failure {
     /// The connection failed while the request was in flight.
     #[error("connection failed: {0}")]
     Connection(String),
+    /// The server answered a gRPC call with a status other than OK.
+    #[error("gRPC {code:?}: {message}")]
+    Grpc { code: tonic::Code, message: String },
+    /// The server answered with success, but not with what was asked (e.g. not one score per candidate).
+    #[error("wrong answer: {0}")]
+    Answer(String),
 }
 
 impl Failure {
@@ -34,13 +45,15 @@ impl Failure {
             Failure::Status { status, .. } => ErrorKind::Status(*status),
             Failure::Connect { .. } => ErrorKind::Connect,
             Failure::Connection(_) => ErrorKind::Connection,
+            Failure::Grpc { code, .. } => ErrorKind::Grpc(*code as i32),
+            Failure::Answer(_) => ErrorKind::WrongAnswer,
         }
     }
 
     /// The connection cannot carry another request after this failure.
     pub fn breaks_connection(&self) -> bool {
         match self {
-            Failure::Status { .. } => false,
+            Failure::Status { .. } | Failure::Grpc { .. } | Failure::Answer(_) => false,
             Failure::Connect { .. } | Failure::Connection(_) => true,
         }
     }
@@ -50,10 +63,11 @@ impl Failure {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetInfo {
     pub url: String,
-    /// `http-json` (the body as the workload made it), `kserve-v2-bytes` (wrapped in a KServe v2 request) or
-    /// `kserve-v2-tensors` (rewritten into the model's KServe v2 tensors).
+    /// `http-json` (the body as the workload made it), `kserve-v2-bytes` (wrapped in a KServe v2 request),
+    /// `kserve-v2-tensors` or `kserve-v2-grouped-batched` (rewritten into the model's KServe v2 tensors), or
+    /// `kserve-v2-grpc` (the model's KServe v2 tensors over gRPC).
     pub protocol: String,
-    /// The KServe v2 model the body is sent to, for `kserve-v2-bytes`.
+    /// The KServe v2 model the request is sent to, for every `kserve-v2-*` protocol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v2_model: Option<String>,
 }
