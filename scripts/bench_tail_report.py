@@ -66,8 +66,8 @@ def server_figures(prefix: Path, model: str) -> dict:
         "batches": batches,
     }
     slow = Path(f"{prefix}.slow.json")
-    sums = {s: d.get(f'recserve_request_stage_seconds_sum{{model="{model}",stage="{s}"}}') for s in STAGES}
-    counts = {s: d.get(f'recserve_request_stage_seconds_count{{model="{model}",stage="{s}"}}') for s in STAGES}
+    sums = {s: total(d, "recserve_request_stage_seconds_sum", model=model, stage=s) for s in STAGES}
+    counts = {s: total(d, "recserve_request_stage_seconds_count", model=model, stage=s) for s in STAGES}
     out["all"] = {s: 1e3 * sums[s] / counts[s] for s in STAGES if sums[s] is not None and counts[s]}
     if slow.exists():
         records = [r for r in json.loads(slow.read_text())["requests"] if r["model"] == model and r["status"] == 200]

@@ -20,7 +20,7 @@ MODEL = "m"
 
 def prom(requests: float, io_s: float, exec_s: float, stages_s: dict[str, float], batches: dict[str, float]) -> str:
     lines = [
-        f'recserve_requests_total{{code="200",endpoint="rank",model="{MODEL}",protocol="v1"}} {requests}',
+        f'recserve_requests_total{{code="200",endpoint="rank",model="{MODEL}",pipeline="",protocol="v1"}} {requests}',
         f'recserve_thread_cpu_seconds_total{{model="",role="io"}} {io_s}',
         f'recserve_thread_cpu_seconds_total{{model="{MODEL}",role="executor"}} {exec_s}',
         f'recserve_thread_run_queue_wait_seconds_total{{model="",role="io"}} {io_s / 10}',
@@ -31,8 +31,8 @@ def prom(requests: float, io_s: float, exec_s: float, stages_s: dict[str, float]
         f'recserve_request_rows_count{{model="{MODEL}"}} {requests}',
     ]
     for stage, seconds in stages_s.items():
-        lines.append(f'recserve_request_stage_seconds_sum{{model="{MODEL}",stage="{stage}"}} {seconds}')
-        lines.append(f'recserve_request_stage_seconds_count{{model="{MODEL}",stage="{stage}"}} {requests}')
+        lines.append(f'recserve_request_stage_seconds_sum{{model="{MODEL}",pipeline="",stage="{stage}"}} {seconds}')
+        lines.append(f'recserve_request_stage_seconds_count{{model="{MODEL}",pipeline="",stage="{stage}"}} {requests}')
     for reason, n in batches.items():
         lines.append(f'recserve_batches_total{{model="{MODEL}",reason="{reason}"}} {n}')
     return "\n".join(lines) + "\n"

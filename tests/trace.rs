@@ -146,7 +146,7 @@ async fn requests_of_every_kind_are_traced_from_their_first_byte_to_their_last()
         let count = metric_sample(
             &metrics,
             &format!(
-                "recserve_request_stage_seconds_count{{model=\"deepfm-int8\",stage=\"{stage}\"}}"
+                "recserve_request_stage_seconds_count{{model=\"deepfm-int8\",pipeline=\"\",stage=\"{stage}\"}}"
             ),
         );
         assert_eq!(count, 1.0, "{stage}: the 400 is not counted");
@@ -205,7 +205,7 @@ async fn a_slow_upload_is_read_time_and_its_deadline_counts_from_the_first_byte(
     let (_, metrics) = server.get("/metrics").await;
     let duration = metric_sample(
         &metrics,
-        "recserve_request_duration_seconds_sum{endpoint=\"rank\",model=\"deepfm-int8\",protocol=\"v1\"}",
+        "recserve_request_duration_seconds_sum{endpoint=\"rank\",model=\"deepfm-int8\",pipeline=\"\",protocol=\"v1\"}",
     );
     assert!(
         duration >= pause.as_secs_f64(),

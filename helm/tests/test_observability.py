@@ -107,7 +107,9 @@ def test_dashboard_shows_what_operators_need() -> None:
     for stage in ["request", "queue", "gather", "inference", "topk"]:
         for quantile in ["0.5", "0.99"]:
             histogram = f"recserve_{stage}_duration_seconds_bucket"
-            pattern = rf"histogram_quantile\({quantile}, sum by \(le, model\) \(rate\({histogram}"
+            # The request latency also splits pipelines (recommend) from models.
+            by = r"le, model, pipeline" if stage == "request" else r"le, model"
+            pattern = rf"histogram_quantile\({quantile}, sum by \({by}\) \(rate\({histogram}"
             assert re.search(pattern, text), f"no p{quantile} of the {stage} stage"
 
 

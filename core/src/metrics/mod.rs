@@ -141,8 +141,8 @@ mod tests {
         m.set_gpu_memory_bytes("deepfm", "C1", 1, "cuda:0", 4096);
         let text = m.render().expect("render");
         for needle in [
-            "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",protocol=\"http\"} 1",
-            "recserve_request_duration_seconds_bucket{endpoint=\"rank\",model=\"deepfm\",protocol=\"http\",le=\"0.001\"} 1",
+            "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\"} 1",
+            "recserve_request_duration_seconds_bucket{endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\",le=\"0.001\"} 1",
             "recserve_gather_duration_seconds_bucket{device=\"cpu\",model=\"deepfm\",le=\"0.0001\"} 1",
             "recserve_embedding_oov_total{model=\"deepfm\",table=\"C1\"} 1",
             "recserve_model_info{device=\"cpu\",kind=\"deepfm\",model=\"deepfm\",precision=\"int8\",version=\"3\"} 1",

@@ -28,24 +28,25 @@ impl Requests {
         Requests {
             requests: counter(
                 "recserve_requests_total",
-                "Requests answered, by model, endpoint, protocol and status code.",
-                &["model", "endpoint", "protocol", "code"],
+                "Requests answered, by model (or pipeline, for recommend), endpoint, protocol and status code.",
+                &["model", "pipeline", "endpoint", "protocol", "code"],
             ),
             request_duration: histogram(
                 "recserve_request_duration_seconds",
-                "Time from receiving a request to having its response ready, by model, endpoint and protocol.",
+                "Time from receiving a request to having its response ready, by model (or pipeline, for \
+                 recommend), endpoint and protocol.",
                 LATENCY_BUCKETS,
-                &["model", "endpoint", "protocol"],
+                &["model", "pipeline", "endpoint", "protocol"],
             ),
             traces: Arc::new(TraceSink {
                 stages: histogram(
                     "recserve_request_stage_seconds",
                     "Time answered requests spent in each stage, from their first byte to their response handed \
-                     to the connection (stages in docs/metrics.md), by model and stage.",
+                     to the connection (stages in docs/metrics.md), by model (or pipeline, for recommend) and stage.",
                     LATENCY_BUCKETS,
-                    &["model", "stage"],
+                    &["model", "pipeline", "stage"],
                 ),
-                by_model: std::sync::Mutex::new(HashMap::new()),
+                by_name: std::sync::Mutex::new([HashMap::new(), HashMap::new()]),
                 slow: SlowRequests::default(),
             }),
             request_rows: histogram(
@@ -91,8 +92,19 @@ impl Requests {
     }
 }
 
+/// The `model` and `pipeline` labels of a request that named `name` at `endpoint`: a recommend request names a
+/// pipeline (`model` empty), every other a model (`pipeline` empty).
+fn named<'a>(name: &'a str, endpoint: &str) -> (&'a str, &'a str) {
+    if endpoint == "recommend" {
+        ("", name)
+    } else {
+        (name, "")
+    }
+}
+
 impl Metrics {
-    /// Counts one answered request and its duration.
+    /// Counts one answered request and its duration; `model` is the name the request called (a pipeline's for
+    /// recommend).
     pub fn observe_request(
         &self,
         model: &str,
@@ -102,13 +114,14 @@ impl Metrics {
         seconds: f64,
     ) {
         let code = code.to_string();
+        let (model, pipeline) = named(model, endpoint);
         self.requests
             .requests
-            .with_label_values(&[model, endpoint, protocol, code.as_str()])
+            .with_label_values(&[model, pipeline, endpoint, protocol, code.as_str()])
             .inc();
         self.requests
             .request_duration
-            .with_label_values(&[model, endpoint, protocol])
+            .with_label_values(&[model, pipeline, endpoint, protocol])
             .observe(seconds);
     }
 
@@ -143,15 +156,16 @@ pub struct ModelMetrics {
 #[derive(Debug)]
 pub struct TraceSink {
     stages: HistogramVec,
-    /// Each model's stage histograms, resolved once so that a finished request costs no label lookup per stage.
-    by_model: std::sync::Mutex<HashMap<String, Arc<[Histogram; Stage::ALL.len()]>>>,
+    /// Each model's stage histograms (`[0]`) and each pipeline's (`[1]`), by name, resolved once so that a
+    /// finished request costs no label lookup per stage.
+    by_name: std::sync::Mutex<[HashMap<String, Arc<[Histogram; Stage::ALL.len()]>>; 2]>,
     slow: SlowRequests,
 }
 
 impl TraceSink {
     pub fn finish(&self, finished: Finished) {
         if finished.outcome.status == 200 {
-            let histograms = self.histograms(&finished.outcome.model);
+            let histograms = self.histograms(&finished.outcome.model, finished.outcome.endpoint);
             for (stage, took) in &finished.stages {
                 let i = Stage::ALL.iter().position(|s| s == stage).unwrap_or(0);
                 histograms[i].observe(took.as_secs_f64());
@@ -160,18 +174,21 @@ impl TraceSink {
         self.slow.offer(finished);
     }
 
-    fn histograms(&self, model: &str) -> Arc<[Histogram; Stage::ALL.len()]> {
-        let mut by_model = self
-            .by_model
+    fn histograms(&self, name: &str, endpoint: &str) -> Arc<[Histogram; Stage::ALL.len()]> {
+        let (model, pipeline) = named(name, endpoint);
+        let mut by_name = self
+            .by_name
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(found) = by_model.get(model) {
+        let by_name = &mut by_name[usize::from(!pipeline.is_empty())];
+        if let Some(found) = by_name.get(name) {
             return Arc::clone(found);
         }
-        let made: Arc<[Histogram; Stage::ALL.len()]> = Arc::new(
-            Stage::ALL.map(|stage| self.stages.with_label_values(&[model, stage.as_str()])),
-        );
-        by_model.insert(model.to_owned(), Arc::clone(&made));
+        let made: Arc<[Histogram; Stage::ALL.len()]> = Arc::new(Stage::ALL.map(|stage| {
+            self.stages
+                .with_label_values(&[model, pipeline, stage.as_str()])
+        }));
+        by_name.insert(name.to_owned(), Arc::clone(&made));
         made
     }
 

@@ -88,7 +88,8 @@ pub struct BatchInfo {
 /// What the service knows of a request once its response is ready.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    /// The model's name (a pipeline's for recommend); the `model` label of the request metrics.
+    /// The name the request called: a model's, or a pipeline's for recommend (the request metrics' `model` or
+    /// `pipeline` label, by `endpoint`).
     pub model: String,
     pub endpoint: &'static str,
     pub protocol: &'static str,
