@@ -129,8 +129,9 @@ impl Report {
 /// the device, every model, not warmed up, and the pipelines), reported on stderr, one line per model and
 /// pipeline; exit status 1 when the server would not start, naming why.
 pub fn start(config: &Config) -> ExitCode {
-    let registry = Registry::new(Metrics::new());
-    match StartLoad::run(config, &registry, Metrics::new(), false) {
+    let metrics = Metrics::new();
+    let registry = Registry::new(metrics.clone());
+    match StartLoad::run(config, &registry, metrics, false) {
         Err(e) => {
             eprintln!(
                 "check-config: ERROR the server would not start on {}: {e}",

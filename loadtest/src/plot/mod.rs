@@ -130,6 +130,27 @@ fn header<'a>(
     Ok(below.split_vertically(legend_height(entries)))
 }
 
+/// A whole chart as SVG text: the title, the subtitle `lines` and the legend's `entries` at the top, then `draw`
+/// on the area below them.
+fn canvas(
+    title: &str,
+    lines: &[String],
+    entries: &[(Glyph, String)],
+    draw: impl FnOnce(&Area<'_>) -> Result<(), PlotError>,
+) -> Result<String, PlotError> {
+    let mut out = String::new();
+    {
+        let size = (WIDTH, chart_height(lines.len(), entries.len()));
+        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error)?;
+        let (band, area) = header(&root, title, lines, entries.len())?;
+        legend(&band, entries)?;
+        draw(&area)?;
+        root.present().map_err(draw_error)?;
+    }
+    Ok(out)
+}
+
 /// A chart on `area` over `x` and the latency `y_ticks` (from [`log_ticks`]): its grid (light grey, at the key points only), axes, tick labels and axis titles.
 /// `x_labels`: how many labels x has at most; `x_grid`: whether x has grid lines too.
 fn chart<'a, 'b, X, XT>(
@@ -403,16 +424,10 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
         ));
     }
 
-    let mut out = String::new();
-    {
-        let size = (WIDTH, chart_height(lines.len(), entries.len()));
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_error)?;
-        let (band, area) = header(&root, title, &lines, entries.len())?;
-        legend(&band, &entries)?;
+    canvas(title, &lines, &entries, |area| {
         let x_label = |v: &f64| format!("{v:.0}");
         let mut chart = chart(
-            &area,
+            area,
             rate_axis(x_max),
             &y_ticks,
             ("achieved requests/s", &x_label),
@@ -462,9 +477,8 @@ pub fn svg(title: &str, sweeps: &[SweepReport]) -> Result<String, PlotError> {
                     .map_err(draw_error)?;
             }
         }
-        root.present().map_err(draw_error)?;
-    }
-    Ok(out)
+        Ok(())
+    })
 }
 
 #[cfg(test)]

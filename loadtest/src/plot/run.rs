@@ -6,8 +6,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::{
-    COLOURS, Glyph, INK, LABEL_SIZE, PlotError, SLA, SLA_DASH, WIDTH, chart, chart_height,
-    draw_error, font, header, legend, log_ticks, sla_lines, tick_label_exact,
+    COLOURS, Glyph, INK, LABEL_SIZE, PlotError, SLA, SLA_DASH, canvas, chart, draw_error, font,
+    log_ticks, sla_lines, tick_label_exact,
 };
 use crate::engine::Mode;
 use crate::report::RunReport;
@@ -84,13 +84,7 @@ pub fn svg(
         entries.push((Glyph::Dashed(SLA, SLA_DASH), "SLA (p99 bound)".to_owned()));
     }
 
-    let mut out = String::new();
-    {
-        let size = (WIDTH, chart_height(lines.len(), entries.len()));
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_error)?;
-        let (band, area) = header(&root, title, &lines, entries.len())?;
-        legend(&band, &entries)?;
+    canvas(title, &lines, &entries, |area| {
         // One segment per percentile, labelled at its centre.
         let x_label = |v: &SegmentValue<i32>| match v {
             SegmentValue::CenterOf(i) => usize::try_from(*i)
@@ -101,7 +95,7 @@ pub fn svg(
             _ => String::new(),
         };
         let mut chart = chart(
-            &area,
+            area,
             (
                 (0..bars.len() as i32 - 1).into_segmented(),
                 bars.len(),
@@ -131,10 +125,8 @@ pub fn svg(
                     + Text::new(Ms(*v).to_string(), (0, -5), above.clone())
             }))
             .map_err(draw_error)?;
-        sla_lines(&mut chart, slas_ms)?;
-        root.present().map_err(draw_error)?;
-    }
-    Ok(out)
+        sla_lines(&mut chart, slas_ms)
+    })
 }
 
 #[cfg(test)]
