@@ -1,8 +1,11 @@
 """DeepFM training: hand-written gradients against finite differences of the float64 reference, a quick run
-that learns, and the export of trained weights equal to the reference forward pass."""
+that learns, the export of trained weights equal to the reference forward pass, the warning on few steps, and
+the epoch chosen on the validation split."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ from recserve_models import criteo, deepfm, train_deepfm
 from recserve_models.commands import main
 from recserve_models.deepfm import DeepFMParams, Layer
 from recserve_models.onnx_export import build_graph
-from recserve_models.train_deepfm import Dataset, TrainConfig, loss_and_gradients
+from recserve_models.train_deepfm import Dataset, TrainConfig, kept_epoch, loss_and_gradients
 
 TINY = criteo.GeneratorConfig(seed=5, vocab_scale=0.002, max_vocab=300)
 
@@ -89,14 +92,15 @@ def test_gradients_match_finite_differences() -> None:
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A few seconds of training on 6,000 generated rows, through the command line."""
+    """A few seconds of training on 6,000 generated rows, through the command line, on every row of --train
+    (no validation split: the export and check tests compare AUCs across runtimes on a run they know)."""
     directory = tmp_path_factory.mktemp("deepfm")
     criteo.write(criteo.Generator(TINY), "train", 5000, directory / "train.tsv")
     criteo.write(criteo.Generator(TINY), "test", 1000, directory / "test.tsv")
     main(
         ["train-deepfm", "--train", str(directory / "train.tsv"), "--test", str(directory / "test.tsv"),
          "--out", str(directory / "run"), "--factors", "4", "--hidden", "16,8", "--epochs", "3", "--batch", "256",
-         "--lr", "0.003", "--min-count", "3"]
+         "--lr", "0.003", "--min-count", "3", "--validation-share", "0"]
     )  # fmt: skip
     return directory / "run"
 
@@ -111,6 +115,8 @@ def test_quick_training_learns(quick_run: Path) -> None:
     assert run.info["heldout"]["auc"] == pytest.approx(train_deepfm.evaluate(run.params, heldout)["auc"], abs=1e-9)
     assert run.params.dim == 5 and [layer.weight.shape[1] for layer in run.params.layers] == [16, 8, 1]
     assert run.info["data"]["table_rows"]["C1"] == run.vocabulary.rows("C1") == len(run.params.tables["C1"])
+    assert (run.info["data"]["train_rows"], run.info["data"]["validation_rows"]) == (5000, 0)
+    assert run.info["selection"]["kept_epoch"] == 3 and run.info["heldout"]["auc"] == history[-1]["heldout_auc"]
 
 
 def test_exported_graph_equals_the_reference_on_trained_weights(quick_run: Path) -> None:
@@ -138,19 +144,27 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
         main(["train-deepfm", "--train", "x", "--out", str(tmp_path), "--epochs", "0"])
     with pytest.raises(SystemExit):
         main(["train-deepfm", "--train", "x", "--out", str(tmp_path), "--hidden", "4,x"])
+    with pytest.raises(SystemExit, match="--patience must be at least 1"):
+        main(["train-deepfm", "--train", "x", "--out", str(tmp_path), "--patience", "0"])
+    with pytest.raises(SystemExit, match="--validation-share must be at least 0 and below 1"):
+        main(["train-deepfm", "--train", "x", "--out", str(tmp_path), "--validation-share", "1"])
     with pytest.raises(SystemExit, match=r"train-deepfm: .*absent\.tsv: cannot read"):
         main(["train-deepfm", "--train", str(tmp_path / "absent.tsv"), "--out", str(tmp_path / "run")])
 
 
-def test_training_is_reproducible() -> None:
-    rng = np.random.default_rng(2)
-    data = Dataset(
+def noise(rng: np.random.Generator, rows: int) -> Dataset:
+    """Rows for `small_params` with labels independent of the features."""
+    return Dataset(
         np.stack(
-            [rng.integers(0, 7, 300), rng.integers(0, 5, 300), rng.integers(0, 9, 300), rng.integers(0, 7, 300)], 1
+            [rng.integers(0, 7, rows), rng.integers(0, 5, rows), rng.integers(0, 9, rows), rng.integers(0, 7, rows)], 1
         ),
-        np.floor(rng.lognormal(1.0, 1.0, (300, 2))).astype(np.float32),
-        rng.integers(0, 2, 300).astype(np.int8),
+        np.floor(rng.lognormal(1.0, 1.0, (rows, 2))).astype(np.float32),
+        rng.integers(0, 2, rows).astype(np.int8),
     )
+
+
+def test_training_is_reproducible() -> None:
+    data = noise(np.random.default_rng(2), 300)
     config = TrainConfig(factors=3, hidden=(6, 4), epochs=1, batch=64)
     a, _, _ = train_deepfm.train(small_params(np.random.default_rng(3)), data, config)
     b, _, _ = train_deepfm.train(small_params(np.random.default_rng(3)), data, config)
@@ -185,3 +199,76 @@ def test_export_quantize_and_check_compare_precisions(quick_run: Path, tmp_path:
     with pytest.raises(SystemExit, match="needs --calibration"):
         main(["quantize", "--model", str(repo / "fp32" / "1"), "--out", str(tmp_path / "y"), "--graph", "int8"])
     capsys.readouterr()
+
+
+def test_few_steps_draw_a_warning(tmp_path: Path, capsys) -> None:
+    """Issue 33, item 3: 8,000 real Criteo rows in the default batches of 1,024 took 14 Adam steps, silently."""
+    criteo.write(criteo.Generator(TINY), "train", 1000, tmp_path / "train.tsv")
+    small = ["--train", str(tmp_path / "train.tsv"), "--factors", "2", "--hidden", "4", "--min-count", "3"]
+    main(["train-deepfm", *small, "--out", str(tmp_path / "few")])
+    err = capsys.readouterr().err
+    # The last 100 rows are held out, the 90 before them validate: 810 rows in one batch of 1,024.
+    assert "810 training rows, 90 validation rows, 100 held-out rows" in err
+    assert f"batch {TrainConfig().batch}: 1 step per epoch, {TrainConfig().epochs} in all" in err
+    assert "warning: 2 Adam steps in all (1 per epoch), DeepFM usually needs at least 300" in err
+    epochs = -(-train_deepfm.FEW_STEPS // train_deepfm.steps_per_epoch(810, TrainConfig(batch=16)))
+    main(["train-deepfm", *small, "--out", str(tmp_path / "many"), "--batch", "16", "--epochs", str(epochs)])
+    assert "warning:" not in capsys.readouterr().err
+
+
+def test_the_best_epoch_is_kept_not_the_last() -> None:
+    """A high learning rate on labels that are noise: the model fits the training rows and the validation log loss
+    rises again. The parameters returned are bit for bit those of a run stopped at the kept epoch."""
+    rng = np.random.default_rng(4)
+    data, validation = noise(rng, 400), noise(rng, 200)
+    config = TrainConfig(factors=3, hidden=(6, 4), epochs=4, batch=32, lr=0.05, patience=4)
+    kept, history, _ = train_deepfm.train(small_params(np.random.default_rng(5)), data, config, validation=validation)
+    best = kept_epoch(history)
+    assert len(history) == 4 and best < 4, "the validation log loss rises after its lowest epoch"
+    assert history[best - 1]["validation_log_loss"] == min(h["validation_log_loss"] for h in history)
+    again, _, _ = train_deepfm.train(small_params(np.random.default_rng(5)), data, replace(config, epochs=best))
+    assert kept.bias == again.bias and np.array_equal(kept.dense_weights, again.dense_weights)
+    assert all(np.array_equal(kept.tables[t], again.tables[t]) for t in kept.tables)
+    assert all(
+        np.array_equal(a.weight, b.weight) and np.array_equal(a.bias, b.bias)
+        for a, b in zip(kept.layers, again.layers, strict=True)
+    )
+
+
+def test_patience_stops_training_and_the_run_exports_the_kept_epoch(tmp_path: Path) -> None:
+    """Issue 33, item 3: 8 epochs on 8,000 real Criteo rows peaked in epoch 4 (held-out AUC 0.7375) and exported
+    epoch 8's parameters (0.700)."""
+    criteo.write(criteo.Generator(TINY), "train", 2000, tmp_path / "train.tsv")
+    criteo.write(criteo.Generator(TINY), "test", 500, tmp_path / "test.tsv")
+    main(
+        ["train-deepfm", "--train", str(tmp_path / "train.tsv"), "--test", str(tmp_path / "test.tsv"),
+         "--out", str(tmp_path / "run"), "--factors", "4", "--hidden", "16,8", "--epochs", "8", "--batch", "64",
+         "--lr", "0.05", "--min-count", "1", "--patience", "2"]
+    )  # fmt: skip
+    info = json.loads((tmp_path / "run" / train_deepfm.RUN_JSON).read_text())
+    # The validation rows are the last 10% of --train: the --test rows only measure the kept epoch.
+    assert [info["data"][k] for k in ("train_rows", "validation_rows", "heldout_rows")] == [1800, 200, 500]
+    history, selection = info["history"], info["selection"]
+    best = selection["kept_epoch"]
+    kept = history[best - 1]
+    assert selection["metric"] == "validation_log_loss" and selection["stopped_early"]
+    assert info["epochs"] == selection["epochs_run"] == len(history) == best + 2 < 8
+    assert all(h["validation_log_loss"] >= kept["validation_log_loss"] for h in history)
+    assert f"kept epoch {best} of {best + 2}" in selection["reason"]
+    assert info["heldout"] == {"auc": kept["heldout_auc"], "log_loss": kept["heldout_log_loss"]}
+    assert history[-1]["heldout_auc"] != kept["heldout_auc"]
+    run = train_deepfm.DeepFMRun.load(tmp_path / "run")
+    heldout = Dataset.load(tmp_path / "run" / train_deepfm.HELDOUT)
+    assert train_deepfm.evaluate(run.params, heldout) == info["heldout"]
+
+
+def test_without_a_validation_split_every_epoch_runs_and_the_last_is_kept(tmp_path: Path) -> None:
+    """`TrainConfig`'s default, which the demo trains with: every row before the held-out ones is trained on."""
+    criteo.write(criteo.Generator(TINY), "train", 1000, tmp_path / "train.tsv")
+    config = TrainConfig(factors=2, hidden=(4,), epochs=3, batch=128, min_count=3, patience=1)
+    run = train_deepfm.run_training(tmp_path / "train.tsv", tmp_path / "run", config, progress=lambda _: None)
+    assert (run.info["data"]["train_rows"], run.info["data"]["validation_rows"]) == (900, 0)
+    assert run.info["selection"] | {"reason": ""} == {
+        "metric": None, "kept_epoch": 3, "epochs_run": 3, "stopped_early": False, "reason": ""
+    }  # fmt: skip
+    assert "validation_auc" not in run.info["history"][-1]

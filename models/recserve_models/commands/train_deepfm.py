@@ -9,6 +9,10 @@ from .. import criteo
 from ..train_deepfm import TrainConfig, run_training
 from ._options import require_training_options
 
+# The command's validation split: on by default here, where a person trains on a file of any size, while
+# `TrainConfig` keeps it off for programs with settings of their own (the demo).
+VALIDATION_SHARE = 0.1
+
 
 def _widths(text: str) -> tuple[int, ...]:
     try:
@@ -49,13 +53,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"occurrences a value needs for its own row (default {d.min_count})",
     )
     parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    parser.add_argument(
+        "--validation-share",
+        type=float,
+        default=VALIDATION_SHARE,
+        help="share of the training rows (the last ones, before any held-out rows) kept out of training to choose "
+        "the epoch: the run keeps the epoch with the lowest validation log loss; 0: train on every row and keep "
+        f"the last epoch (default {VALIDATION_SHARE})",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=d.patience,
+        help=f"stop after this many epochs in a row without a lower validation log loss (default {d.patience})",
+    )
 
 
 def config_of(args: argparse.Namespace) -> TrainConfig:
     """The training configuration from the options; exits naming the flag when one is out of range."""
-    require_training_options(args, ("factors", "epochs", "batch", "min_count"), "l2")
+    require_training_options(args, ("factors", "epochs", "batch", "min_count", "patience"), "l2")
+    if not 0 <= args.validation_share < 1:
+        raise SystemExit("--validation-share must be at least 0 and below 1")
     return TrainConfig(
-        args.factors, tuple(args.hidden), args.epochs, args.batch, args.lr, args.l2, args.min_count, args.seed
+        factors=args.factors,
+        hidden=tuple(args.hidden),
+        epochs=args.epochs,
+        batch=args.batch,
+        lr=args.lr,
+        l2=args.l2,
+        min_count=args.min_count,
+        seed=args.seed,
+        validation_share=args.validation_share,
+        patience=args.patience,
     )
 
 
@@ -67,5 +96,5 @@ def run(args: argparse.Namespace) -> None:
         )
     except criteo.CriteoError as e:
         raise SystemExit(f"train-deepfm: {e}") from e
-    held = result.info["heldout"]
-    print(f"wrote {args.out} (held-out AUC {held['auc']:.4f}, log loss {held['log_loss']:.4f})")
+    held, kept = result.info["heldout"], result.info["selection"]["kept_epoch"]
+    print(f"wrote {args.out} (epoch {kept}: held-out AUC {held['auc']:.4f}, log loss {held['log_loss']:.4f})")
