@@ -32,14 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from . import files
-from .optim import Adam
+from .optim import Adam, report_steps
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -444,13 +443,10 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
 
     data = read_interactions(data_dir / "train.txt", data_dir / "test.txt")
     progress(f"{data.users} users, {data.items} items, {data.train_pairs} training interactions")
-    steps = steps_per_epoch(data, config)
-    progress(f"batch {config.batch}: {steps} step{'s' if steps != 1 else ''} per epoch, {steps * config.epochs} in all")
-    if steps * config.epochs < FEW_STEPS:
-        progress(
-            f"warning: {steps * config.epochs} Adam steps in all ({steps} per epoch), LightGCN usually needs "
-            "thousands: lower --batch or raise --epochs (models/README.md, 'Choosing the LightGCN settings')"
-        )
+    report_steps(
+        progress, config.batch, steps_per_epoch(data, config), config.epochs, fewest=FEW_STEPS, model="LightGCN",
+        guide="models/README.md, 'Choosing the LightGCN settings'",
+    )  # fmt: skip
     result = train(data, config, progress=progress, evaluate_every=evaluate_every)
     graph = Graph.of(data)
     users, items = final_embeddings(graph, result.users0, result.items0, config.layers)

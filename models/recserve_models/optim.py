@@ -5,13 +5,32 @@ embeddings, whose gradient is dense after propagation), and `Adam.step_rows` upd
 embedding table ("lazy" Adam, as TensorFlow's LazyAdam and PyTorch's SparseAdam do): rows that a batch does not
 touch keep their moments and their values, so a step costs O(batch), not O(table). Bias correction uses the
 global step count in both forms.
+
+What trains a model is its number of Adam steps, `epochs × ceil(rows / batch)`, not its number of epochs: a batch
+that suits a large file leaves a small one with a handful of steps. `report_steps` says how many a run will take,
+and warns when they are fewer than the trainer's threshold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def report_steps(
+    progress: Callable[[str], None], batch: int, per_epoch: int, epochs: int, *, fewest: int, model: str, guide: str
+) -> None:
+    """Reports `batch 1024: 8 steps per epoch, 16 in all`, and a warning when the steps in all are fewer than
+    `fewest` (`model` names the trainer, `guide` the documentation that says how to choose the settings)."""
+    steps = per_epoch * epochs
+    progress(f"batch {batch}: {per_epoch} step{'s' if per_epoch != 1 else ''} per epoch, {steps} in all")
+    if steps < fewest:
+        progress(
+            f"warning: {steps} Adam steps in all ({per_epoch} per epoch), {model} usually needs at least {fewest:,}: "
+            f"lower --batch or raise --epochs ({guide})"
+        )
 
 
 @dataclass

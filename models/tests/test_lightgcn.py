@@ -171,7 +171,7 @@ def test_training_says_how_many_steps_it_takes_and_warns_when_they_are_few(tmp_p
     err = capsys.readouterr().err
     assert steps == 1, "a batch larger than the data: one step per epoch"
     assert f"batch {TrainConfig().batch}: 1 step per epoch, {TrainConfig().epochs} in all" in err
-    assert "warning: 20 Adam steps in all (1 per epoch), LightGCN usually needs thousands" in err
+    assert "warning: 20 Adam steps in all (1 per epoch), LightGCN usually needs at least 1,000" in err
     epochs = -(-lightgcn.FEW_STEPS // lightgcn.steps_per_epoch(data, TrainConfig(batch=16)))
     many = ["--dim", "4", "--layers", "1", "--batch", "16", "--epochs", str(epochs)]
     main(["train-lightgcn", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "many"), *many])
