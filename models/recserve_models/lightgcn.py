@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -442,6 +442,20 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
         print(f"train-lightgcn: {message}", file=sys.stderr, flush=True)
 
     data = read_interactions(data_dir / "train.txt", data_dir / "test.txt")
+    return fit_run(data, out, config, {"directory": str(data_dir.resolve())}, progress, evaluate_every)
+
+
+def fit_run(
+    data: Interactions,
+    out: Path,
+    config: TrainConfig,
+    data_info: dict[str, Any],
+    progress: Callable[[str], None],
+    evaluate_every: int = 0,
+    extra_info: dict[str, Any] | None = None,
+) -> LightGCNRun:
+    """Trains on `data`, evaluates on its test lists, and writes the run directory `out`; `data_info` (where the
+    interactions came from) opens the run's `data` record and `extra_info` joins its top level."""
     progress(f"{data.users} users, {data.items} items, {data.train_pairs} training interactions")
     report_steps(
         progress, config.batch, steps_per_epoch(data, config), config.epochs, fewest=FEW_STEPS, model="LightGCN",
@@ -460,14 +474,15 @@ def run_training(data_dir: Path, out: Path, config: TrainConfig, evaluate_every:
     files.finish(out / RUN_TENSORS)
     info = {
         "kind": "lightgcn",
-        "data": {
-            "directory": str(data_dir.resolve()),
+        "data": data_info
+        | {
             "users": data.users,
             "items": data.items,
             "train_interactions": data.train_pairs,
             "test_interactions": len(data.test_indices),
         },
         "config": asdict(config),
+        **(extra_info or {}),
         "epochs": config.epochs,
         "train_seconds": result.seconds,
         "history": result.history,
