@@ -7,7 +7,10 @@ Inputs, per candidate `b` (the server gathers the first one from the embedding t
 
 - `emb[b, f, :]`, `f` in `0..F`: the table row of field `f`, `D = k + 1` values: `k` factors `v_f`
   followed by the field's first-order weight `w_f`.
-- `dense[b, :]`: `N` raw dense features. The model reads them as `x = log(1 + max(dense, 0))`.
+- `dense[b, :]`: `N` raw dense features. The model reads feature `n` as `x_n = (g_n(dense_n) − c_n) / s_n`, its
+  `DenseTransform`: `g` is `log1p` (`log(1 + max(dense, 0))`, for counts) or `linear` (the raw value, for a
+  signed score), `c` a centre and `s` a scale. A model without transforms reads every feature as
+  `log(1 + max(dense, 0))` (`c = 0`, `s = 1`; the Criteo models).
 
 Output:
 
@@ -40,6 +43,25 @@ class Layer:
     bias: np.ndarray  # float32 [outputs]
 
 
+LOG1P, LINEAR = "log1p", "linear"
+TRANSFORM_KINDS = (LOG1P, LINEAR)
+
+
+@dataclass(frozen=True)
+class DenseTransform:
+    """How the model reads one raw dense feature: `x = (g(raw) − centre) / scale`, `g` as `kind` says."""
+
+    kind: str = LOG1P
+    centre: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRANSFORM_KINDS:
+            raise ValueError(f"dense transform kind {self.kind!r} is not one of {', '.join(TRANSFORM_KINDS)}")
+        if not (np.isfinite(self.centre) and np.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"dense transform centre {self.centre} and scale {self.scale}: need finite, scale > 0")
+
+
 @dataclass(frozen=True)
 class DeepFMParams:
     """Every trained number of a DeepFM model.
@@ -53,6 +75,8 @@ class DeepFMParams:
     bias: np.float32  # w0
     dense_weights: np.ndarray  # float32 [N], u
     layers: tuple[Layer, ...]  # the MLP; the last layer has width 1
+    # One per dense feature, or none: every feature read as log(1 + max(x, 0)), the graph exported as before.
+    dense_transforms: tuple[DenseTransform, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.field_tables:
@@ -70,6 +94,8 @@ class DeepFMParams:
         if self.dim < 2:
             raise ValueError(f"rows of width {self.dim} leave no factors: need k + 1 >= 2")
         _check_array("dense_weights", self.dense_weights, 1)
+        if self.dense_transforms and len(self.dense_transforms) != self.num_dense:
+            raise ValueError(f"{len(self.dense_transforms)} dense transforms for {self.num_dense} dense features")
         if not self.layers:
             raise ValueError("the MLP needs at least one layer")
         width = self.num_fields * self.factors + self.num_dense
@@ -103,6 +129,17 @@ class DeepFMParams:
     def num_dense(self) -> int:
         """N, the number of dense features."""
         return int(self.dense_weights.shape[0])
+
+
+def transform_dense(params: DeepFMParams, dense: np.ndarray) -> np.ndarray:
+    """`x` of raw `dense` [B, N], in the dtype of `dense` (float64 for the reference, float32 for training)."""
+    logs = np.log1p(np.maximum(dense, dense.dtype.type(0)))
+    if not params.dense_transforms:
+        return logs
+    kinds = np.array([t.kind == LOG1P for t in params.dense_transforms])
+    centre = np.array([t.centre for t in params.dense_transforms], dtype=dense.dtype)
+    scale = np.array([t.scale for t in params.dense_transforms], dtype=dense.dtype)
+    return (np.where(kinds, logs, dense) - centre) / scale
 
 
 def _check_array(what: str, array: np.ndarray, ndim: int) -> None:
@@ -169,7 +206,7 @@ def forward(params: DeepFMParams, emb: np.ndarray, dense: np.ndarray) -> np.ndar
     k = params.factors
     e = emb.astype(np.float64)
     v = e[:, :, :k]
-    x = np.log1p(np.maximum(dense.astype(np.float64), 0.0))
+    x = transform_dense(params, dense.astype(np.float64))
 
     first_order = e[:, :, k].sum(axis=1) + x @ params.dense_weights.astype(np.float64)
     sum_v = v.sum(axis=1)

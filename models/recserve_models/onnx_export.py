@@ -1,12 +1,12 @@
 """The DeepFM dense network as an ONNX graph, in the form docs/model-repository.md requires.
 
-Inputs `embeddings` float32 [batch, F, D] and `dense` float32 [batch, N] (absent when N = 0), output
-`probability` float32 [batch, 1]; `batch` is symbolic, F, D and N are fixed. The graph computes
-`deepfm.forward`. Its first layer is written as two products, `flatten(factors) @ W_v + x @ W_x + b`, which is
-the concatenated-input layer of `deepfm` split by rows: the quantizer then gives the small FM factors and the
-much larger log-dense values their own activation scales instead of one shared scale. All MLP layers are Gemm
-nodes named `mlp.*`; `quantize.quantize_dense_graph` quantizes those and leaves the FM and first-order terms in
-float32.
+Inputs `embeddings` float32 [batch, F, D] and `dense` float32 [batch, N] (absent when N = 0), output `probability`
+float32 [batch, 1]; `batch` is symbolic, F, D and N are fixed. The graph computes `deepfm.forward`, the dense
+features' transforms included (the server feeds them raw). Its first layer is written as two products,
+`flatten(factors) @ W_v + x @ W_x + b`, which is the concatenated-input layer of `deepfm` split by rows: the
+quantizer then gives the small FM factors and the much larger log-dense values their own activation scales instead
+of one shared scale. All MLP layers are Gemm nodes named `mlp.*`; `quantize.quantize_dense_graph` quantizes those
+and leaves the FM and first-order terms in float32.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import files
-from .deepfm import DeepFMParams
+from .deepfm import LOG1P, DeepFMParams
 
 if TYPE_CHECKING:  # imported where used: onnx is slow to import, and modules reading the names below need none
     import onnx
@@ -53,6 +53,30 @@ class _GraphBuilder:
         return output
 
 
+def _dense_input(g: _GraphBuilder, params: DeepFMParams) -> str:
+    """`deepfm.transform_dense` of the `dense` input: `log(1 + max(dense, 0))`, then, for a model with transforms,
+    the raw value where a feature is `linear` (Where) and `(· − centre) / scale`."""
+    transforms = params.dense_transforms
+    logs = None
+    if not transforms or any(t.kind == LOG1P for t in transforms):
+        relu = g.node("Max", [DENSE, g.const("zero", np.array(0.0, dtype=np.float32))], "dense.relu")
+        plus_one = g.node("Add", [relu, g.const("one", np.array(1.0, dtype=np.float32))], "dense.plus_one")
+        logs = g.node("Log", [plus_one], "dense.log")
+    if not transforms:
+        assert logs is not None
+        return logs
+    if logs is None:
+        chosen = DENSE
+    elif all(t.kind == LOG1P for t in transforms):
+        chosen = logs
+    else:
+        mask = g.const("dense.is_log1p", np.array([t.kind == LOG1P for t in transforms]))
+        chosen = g.node("Where", [mask, logs, DENSE], "dense.chosen")
+    centre = g.const("dense.centre", np.array([t.centre for t in transforms], dtype=np.float32))
+    scale = g.const("dense.scale", np.array([t.scale for t in transforms], dtype=np.float32))
+    return g.node("Div", [g.node("Sub", [chosen, centre], "dense.centred"), scale], "dense.x")
+
+
 def build_graph(params: DeepFMParams) -> onnx.ModelProto:
     """The fp32 ONNX model of `deepfm.forward` for these parameters."""
     import onnx
@@ -75,9 +99,7 @@ def build_graph(params: DeepFMParams) -> onnx.ModelProto:
         )
 
     if n:  # the dense features come in raw; this is the first thing the graph does with them
-        relu = g.node("Max", [DENSE, g.const("zero", np.array(0.0, dtype=np.float32))], "dense.relu")
-        plus_one = g.node("Add", [relu, g.const("one", np.array(1.0, dtype=np.float32))], "dense.plus_one")
-        x = g.node("Log", [plus_one], "dense.log")  # [B, N]
+        x = _dense_input(g, params)  # [B, N]
 
     factors = slice_last_axis("factors", 0, k)  # [B, F, k]
     linear = slice_last_axis("linear", k, k + 1)  # [B, F, 1]

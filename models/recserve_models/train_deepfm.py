@@ -119,7 +119,7 @@ def forward32(params: DeepFMParams, ids: np.ndarray, dense: np.ndarray) -> Forwa
     """The forward pass in float32 on ids (valid rows) instead of gathered rows."""
     k = params.factors
     emb = np.stack([params.tables[t][ids[:, f]] for f, t in enumerate(params.field_tables)], axis=1)
-    x = np.log1p(np.maximum(dense, np.float32(0)))
+    x = deepfm.transform_dense(params, dense)  # log(1 + max(x, 0)) for a model without dense transforms
     v = emb[:, :, :k]
     sum_v = v.sum(axis=1)
     fm = np.float32(0.5) * (sum_v * sum_v - (v * v).sum(axis=1)).sum(axis=1)
