@@ -13,7 +13,9 @@ What only the toolchain checks, on the versions the server accepts: that `[dense
 graphs score sample requests as the unsplit graph does (the server opens and warms up both parts but does not
 compare their numbers with the whole graph's); that every `err` of a `[recall.index]` file bounds its row's
 quantization error (`ivf.verify`; the server checks the file's structure and metadata only); and that its own
-reader (`model_toml`, `repository.load_tables`) reads the version, which the comparisons below need.
+reader (`model_toml`, `repository.load_tables`, and `cooccurrence.read` for a `[cooccurrence]` table: the CSR
+format, and one row per item of the catalogue where the version's item feature table or rejecting item id table
+says how many items it has) reads the version, which the comparisons below need.
 
 **Comparison** (with `--deepfm-data` / `--lightgcn-data`): DeepFM models are evaluated on held-out rows (AUC, log
 loss); models with the same fields and table shapes form a group, and the one with fp32 tables and an fp32 graph
@@ -49,7 +51,18 @@ import numpy as np
 from . import criteo, files, ivf, lightgcn, model_toml
 from .metrics import auc, log_loss
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, ModelTomlError
-from .repository import MODEL_TOML, Table, TableError, gather, load_tables, values
+from .cooccurrence import Cooccurrence
+from .repository import (
+    MODEL_TOML,
+    Table,
+    TableError,
+    catalogue_items,
+    gather,
+    load_tables,
+    read_cooccurrence,
+    read_item_features,
+    values,
+)
 
 if TYPE_CHECKING:
     import onnxruntime as ort  # imported where used: --help needs none of it
@@ -141,6 +154,7 @@ class Version:
     model: ModelToml
     tables: dict[str, Table]
     session: ort.InferenceSession | None  # DeepFM only
+    cooccurrence: Cooccurrence | None = None  # a ranking model's `[cooccurrence]` table, checked
 
 
 def _session(path: Path, what: str) -> ort.InferenceSession:
@@ -224,10 +238,10 @@ def _compare_split(
         ids = rng.integers(0, table.spec.rows, size=rows if f.side == "item" else len(counts))
         columns.append(gather(table, ids if f.side == "item" else ids[request_of]))
     emb = np.ascontiguousarray(np.stack(columns, axis=1), dtype=np.float32)
-    dense = rng.standard_normal((len(counts), len(model.ranking.dense_features))).astype(np.float32)[request_of]
+    dense = rng.standard_normal((len(counts), model.ranking.dense_width)).astype(np.float32)[request_of]
     expected = run_graph(unsplit, model, emb, dense)
     feeds = {spec.embeddings_input: emb[starts]}
-    if model.ranking.dense_features:
+    if model.ranking.dense_width:
         feeds[spec.dense_input] = dense[starts]
     try:
         state = user.run([spec.split.state], feeds)[0]
@@ -246,9 +260,10 @@ def _compare_split(
 
 
 def run_graph(session: ort.InferenceSession, model: DeepFMToml, emb: np.ndarray, dense: np.ndarray) -> np.ndarray:
-    """Probabilities [B] (float64) of gathered rows and raw dense features, as the server feeds the graph."""
+    """Probabilities [B] (float64) of gathered rows and raw dense inputs (the dense features, then the candidate
+    features), as the server feeds the graph."""
     feeds = {model.dense_graph.embeddings_input: emb}
-    if model.ranking.dense_features:
+    if model.ranking.dense_width:
         feeds[model.dense_graph.dense_input] = dense
     out = session.run([model.dense_graph.output], feeds)[0]
     return np.asarray(out, dtype=np.float64).reshape(len(emb), -1)[:, 0]
@@ -260,6 +275,10 @@ def _open_version(directory: Path) -> Version:
     try:
         model = model_toml.read(directory / MODEL_TOML)
         tables = load_tables(directory, model)
+        cooccurrence = None
+        if isinstance(model, DeepFMToml):
+            items = catalogue_items(model, read_item_features(directory, model))
+            cooccurrence = read_cooccurrence(directory, model, items)
     except (ModelTomlError, TableError) as e:
         raise CheckError(str(e)) from e
     if isinstance(model, LightGCNToml):
@@ -269,7 +288,7 @@ def _open_version(directory: Path) -> Version:
     session = open_graph(directory, model)
     if model.dense_graph.split is not None:
         check_split(directory, model, tables, session)
-    return Version(directory, model, tables, session)
+    return Version(directory, model, tables, session, cooccurrence)
 
 
 def _check_index(directory: Path, model: LightGCNToml, tables: dict[str, Table]) -> None:
@@ -353,6 +372,7 @@ def _deepfm_signature(model: DeepFMToml) -> tuple:
     return (
         tuple((f.name, f.side, model.table(f.table).rows, model.table(f.table).dim) for f in model.fields),
         model.ranking.dense_features,
+        model.ranking.candidate_features,
     )
 
 
@@ -377,10 +397,10 @@ def _deepfm_data(path: Path, version: Version) -> tuple[np.ndarray, np.ndarray, 
             raise CheckError(f"{version.directory}: field {missing[0]!r} is not a Criteo column C1..C26")
         ids = all_ids[:, [columns[f.name] for f in model.fields]]
         dense, labels = raw.dense, raw.labels
-    if ids.shape[1] != len(model.fields) or dense.shape[1] != len(model.ranking.dense_features):
+    if ids.shape[1] != len(model.fields) or dense.shape[1] != model.ranking.dense_width:
         raise CheckError(
             f"{path}: ids/dense are {list(ids.shape)}/{list(dense.shape)}, the model has {len(model.fields)} "
-            f"fields and {len(model.ranking.dense_features)} dense features"
+            f"fields and {model.ranking.dense_width} dense inputs (dense and candidate features)"
         )
     return ids, dense, labels
 

@@ -40,6 +40,7 @@ from .repository import (
     encode_table,
     gather,
     load_tables,
+    read_cooccurrence,
     read_item_features,
     read_popularity,
     values,
@@ -156,11 +157,11 @@ def _calibration(path: Path, source: Path, model: DeepFMToml) -> tuple[np.ndarra
     if (
         ids.ndim != 2
         or ids.shape[1] != len(model.fields)
-        or dense.shape != (len(ids), len(model.ranking.dense_features))
+        or dense.shape != (len(ids), model.ranking.dense_width)
     ):
         raise SystemExit(
             f"quantize: calibration rows {path} are ids {list(ids.shape)} and dense {list(dense.shape)}, but the model "
-            f"has {len(model.fields)} fields and {len(model.ranking.dense_features)} dense features"
+            f"has {len(model.fields)} fields and {model.ranking.dense_width} dense inputs"
         )
     return ids, dense
 
@@ -206,6 +207,7 @@ def quantize_version(
         model.ranking,
         model.description if description is None else description,
         model.item_features,
+        model.cooccurrence,
     )
     if graph_precision == "int8" and precision != "int8":
         if calibration is None:
@@ -227,8 +229,11 @@ def quantize_version(
         new_model.ranking,
         new_model.description,
         new_model.item_features,
+        new_model.cooccurrence,
     )
-    write_deepfm_version(out, new_model, floats, graph, read_item_features(source, model))
+    write_deepfm_version(
+        out, new_model, floats, graph, read_item_features(source, model), read_cooccurrence(source, model)
+    )
     if (source / VOCABULARY).is_file():
         shutil.copyfile(source / VOCABULARY, out / VOCABULARY)
         files.finish(out / VOCABULARY)

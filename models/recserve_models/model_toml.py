@@ -23,6 +23,10 @@ TIERS = ("file", "redis")
 UNFETCHED_POLICIES = ("default_row", "unavailable")
 SIDES = ("user", "item")
 PRECISIONS = ("fp32", "int8")
+# The per-candidate features a recall → rank pipeline computes for a ranking model (docs/model-repository.md):
+# the recall score, the 0-based recall position, and the co-occurrence sum of `[cooccurrence]`.
+RECALL_SCORE, RECALL_RANK, COOCCURRENCE = "recall_score", "recall_rank", "cooccurrence"
+CANDIDATE_FEATURES = (RECALL_SCORE, RECALL_RANK, COOCCURRENCE)
 # The server's `k` for a recall request without one when `[recall] default_k` is absent (src/repository/spec.rs).
 DEFAULT_K = 100
 
@@ -89,10 +93,25 @@ class DenseGraphSpec:
 
 @dataclass(frozen=True)
 class RankingSpec:
-    """The `[ranking]` table."""
+    """The `[ranking]` table. The graph's dense input is `dense_features` (per request) followed by
+    `candidate_features` (per candidate, computed by a pipeline), in declared order."""
 
     dense_features: tuple[str, ...] = ()
     item_id_field: str | None = None
+    candidate_features: tuple[str, ...] = ()
+
+    @property
+    def dense_width(self) -> int:
+        """N, the width of the graph's dense input."""
+        return len(self.dense_features) + len(self.candidate_features)
+
+
+@dataclass(frozen=True)
+class CooccurrenceSpec:
+    """The `[cooccurrence]` table: the CSR item co-occurrence table in `file` (tensors `indptr`, `indices`,
+    `weights`: `cooccurrence.read`), required exactly when `candidate_features` lists "cooccurrence"."""
+
+    file: str
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,7 @@ class DeepFMToml:
     ranking: RankingSpec = field(default_factory=RankingSpec)
     description: str = ""
     item_features: ItemFeaturesSpec | None = None
+    cooccurrence: CooccurrenceSpec | None = None
 
     def table(self, name: str) -> TableSpec:
         """The table called `name`."""
@@ -235,6 +255,8 @@ def to_toml(model: ModelToml) -> str:
         ranking.append(("dense_features", model.ranking.dense_features))
     if model.ranking.item_id_field is not None:
         ranking.append(("item_id_field", model.ranking.item_id_field))
+    if model.ranking.candidate_features:
+        ranking.append(("candidate_features", model.ranking.candidate_features))
     if ranking:
         sections.append(_section("[ranking]", ranking))
 
@@ -254,6 +276,8 @@ def to_toml(model: ModelToml) -> str:
         if features.tensor != "item_features":
             pairs_f.append(("tensor", features.tensor))
         sections.append(_section("[item_features]", pairs_f))
+    if model.cooccurrence is not None:
+        sections.append(_section("[cooccurrence]", [("file", model.cooccurrence.file)]))
     sections += [_table_section(t) for t in model.tables]
     for f in model.fields:
         pairs: list[tuple[str, object]] = [("name", f.name), ("side", f.side)]
@@ -322,7 +346,16 @@ def read(path: Path) -> ModelToml:
         raise ModelTomlError(f"{path}: {e}") from e
     top = _Reader(path, "", doc)
     top.only(
-        "format_version", "kind", "description", "tables", "fields", "ranking", "dense_graph", "recall", "item_features"
+        "format_version",
+        "kind",
+        "description",
+        "tables",
+        "fields",
+        "ranking",
+        "dense_graph",
+        "recall",
+        "item_features",
+        "cooccurrence",
     )
     if top.get("format_version", int) != FORMAT_VERSION:
         top.fail("format_version", f"must be {FORMAT_VERSION}")
@@ -365,7 +398,7 @@ def read(path: Path) -> ModelToml:
         fields.append(FieldSpec(name=name, side=f.get("side", str, choices=SIDES), table=f.name("table", name)))
 
     if kind == "lightgcn":
-        for key in ("dense_graph", "ranking", "fields", "item_features"):
+        for key in ("dense_graph", "ranking", "fields", "item_features", "cooccurrence"):
             if key in doc:
                 top.fail(key, 'does not belong to kind = "lightgcn", which takes [recall] and [[tables]] only')
         r = _Reader(path, "recall", top.get("recall", dict))
@@ -401,13 +434,34 @@ def read(path: Path) -> ModelToml:
     if "recall" in doc:
         top.fail("recall", 'belongs to kind = "lightgcn", not "deepfm"')
     r = _Reader(path, "ranking", top.get("ranking", dict, {}))
-    r.only("dense_features", "item_id_field")
+    r.only("dense_features", "item_id_field", "candidate_features")
     features = r.get("dense_features", list, [])
     if not all(isinstance(name, str) for name in features):
         r.fail("dense_features", "must be an array of strings")
     if "" in features:
         r.fail("dense_features", "must not hold an empty name")
-    ranking = RankingSpec(dense_features=tuple(features), item_id_field=r.get("item_id_field", str, None))
+    per_candidate = r.get("candidate_features", list, [])
+    for name in per_candidate:
+        if not isinstance(name, str) or name not in CANDIDATE_FEATURES:
+            known = ", ".join(map(repr, CANDIDATE_FEATURES))
+            r.fail("candidate_features", f"must hold names among {known}, not {name!r}")
+    if len(set(per_candidate)) != len(per_candidate):
+        twice = next(name for i, name in enumerate(per_candidate) if name in per_candidate[:i])
+        r.fail("candidate_features", f"lists {twice!r} twice")
+    ranking = RankingSpec(
+        dense_features=tuple(features),
+        item_id_field=r.get("item_id_field", str, None),
+        candidate_features=tuple(per_candidate),
+    )
+    cooccurrence = None
+    if "cooccurrence" in doc:
+        c = _Reader(path, "cooccurrence", top.get("cooccurrence", dict))
+        c.only("file")
+        cooccurrence = CooccurrenceSpec(c.relative_file("file"))
+    if (cooccurrence is not None) != (COOCCURRENCE in per_candidate):
+        if cooccurrence is None:
+            r.fail("candidate_features", 'lists "cooccurrence", which needs a [cooccurrence] table naming its file')
+        top.fail("cooccurrence", 'is only meaningful when ranking.candidate_features lists "cooccurrence"')
 
     g = _Reader(path, "dense_graph", top.get("dense_graph", dict))
     g.only("file", "precision", "embeddings_input", "dense_input", "output", "split")
@@ -440,6 +494,7 @@ def read(path: Path) -> ModelToml:
         ranking=ranking,
         description=description,
         item_features=item_features,
+        cooccurrence=cooccurrence,
     )
     _check_references(path, model)
     return model
@@ -488,6 +543,9 @@ def _check_references(path: Path, model: DeepFMToml) -> None:
     duplicates = sorted({n for n in features if features.count(n) > 1})
     if duplicates:
         fail(f"dense feature name {duplicates[0]!r} is used more than once")
+    both = [name for name in model.ranking.candidate_features if name in features]
+    if both:
+        fail(f"{both[0]!r} is both a ranking.dense_features and a ranking.candidate_features name")
     if not model.fields:
         fail("a deepfm model needs at least one [[fields]] entry")
     tables = {t.name: t for t in model.tables}

@@ -22,6 +22,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import safe_open, save
 
+from . import cooccurrence as cooc
 from . import files, model_toml
 from .model_toml import DeepFMToml, LightGCNToml, ModelToml, TableSpec, id_range
 from .quantize import INT8_TRAILER, dequantize_rowwise_int8, quantize_rowwise_int8, to_fp16
@@ -61,10 +62,11 @@ def write_deepfm_version(
     tables: Mapping[str, np.ndarray],
     graph: onnx.ModelProto,
     item_features: np.ndarray | None = None,
+    cooccurrence: cooc.Cooccurrence | None = None,
 ) -> None:
     """Write a complete version directory: every table of `model` from its float32 `tables` entry, the item feature
-    table (int64 [items, columns], when `model` has `[item_features]`), the dense graph, then `model.toml`.
-    `directory` must not exist yet."""
+    table (int64 [items, columns], when `model` has `[item_features]`), the co-occurrence table (when it has
+    `[cooccurrence]`), the dense graph, then `model.toml`. `directory` must not exist yet."""
     missing = [spec.name for spec in model.tables if spec.name not in tables]
     if missing:
         raise ValueError(f"no values given for table {missing[0]!r}")
@@ -79,8 +81,12 @@ def write_deepfm_version(
                 f"[items, {len(features.fields)}]"
             )
         extra[features.file] = {features.tensor: np.ascontiguousarray(item_features)}
+    if (model.cooccurrence is None) != (cooccurrence is None):
+        raise ValueError("a co-occurrence table is given exactly when model.toml has [cooccurrence]")
     files.mkdir(directory)
     _write_tables(directory, model, tables, extra)
+    if model.cooccurrence is not None and cooccurrence is not None:
+        cooc.write(directory / model.cooccurrence.file, cooccurrence)
     from .onnx_export import save as save_onnx  # here: onnx is slow to import, and reading tables needs none
 
     save_onnx(graph, directory / model.dense_graph.file)
@@ -171,6 +177,30 @@ def read_item_features(directory: Path, model: DeepFMToml) -> np.ndarray | None:
                 f"table {table.name!r} ({id_range(table.rows)}), which rejects unknown ids"
             )
     return values
+
+
+def catalogue_items(model: DeepFMToml, item_features: np.ndarray | None) -> int | None:
+    """The items a ranking model knows, where its files say: the rows of its item feature table, else those of the
+    `item_id_field`'s table when it rejects unknown ids; None when neither says."""
+    if item_features is not None:
+        return len(item_features)
+    item_id = model.ranking.item_id_field
+    if item_id is not None:
+        table = model.table(next(f.table for f in model.fields if f.name == item_id))
+        if table.oov == "reject":
+            return table.rows
+    return None
+
+
+def read_cooccurrence(directory: Path, model: DeepFMToml, items: int | None = None) -> cooc.Cooccurrence | None:
+    """The co-occurrence table of a ranking model (`[cooccurrence]`), checked by `cooccurrence.read` (with `items`
+    rows when given), or None when it has none. Raises `TableError`."""
+    if model.cooccurrence is None:
+        return None
+    try:
+        return cooc.read(directory / model.cooccurrence.file, items)
+    except cooc.CooccurrenceError as e:
+        raise TableError(f"{e} ([cooccurrence] in {MODEL_TOML})") from e
 
 
 def _write_tables(

@@ -120,3 +120,43 @@ def test_item_features_are_read_checked_and_written(tmp_path: Path) -> None:
     ]:
         with pytest.raises(model_toml.ModelTomlError, match=message):
             read(tmp_path, ITEM_FEATURES.replace(old, new, 1))
+
+
+CANDIDATE_FEATURES = ITEM_FEATURES.replace(
+    'item_id_field = "C2"', 'item_id_field = "C2"\ncandidate_features = ["cooccurrence", "recall_score"]'
+) + """
+[cooccurrence]
+file = "cooccurrence.safetensors"
+"""
+
+
+def test_candidate_features_and_the_cooccurrence_table_are_read_checked_and_written(tmp_path: Path) -> None:
+    model = read(tmp_path, CANDIDATE_FEATURES)
+    assert model.ranking.candidate_features == ("cooccurrence", "recall_score")  # declared order: the graph's
+    assert model.ranking.dense_width == 3  # I1, then the two candidate features
+    assert model.cooccurrence == model_toml.CooccurrenceSpec("cooccurrence.safetensors")
+    assert read(tmp_path, model_toml.to_toml(model)) == model
+    # Without them the file is written as before (no empty key, no section).
+    plain = read(tmp_path, ITEM_FEATURES)
+    assert "candidate_features" not in model_toml.to_toml(plain) and "[cooccurrence]" not in model_toml.to_toml(plain)
+    only_score = CANDIDATE_FEATURES.replace('["cooccurrence", "recall_score"]', '["recall_rank"]').replace(
+        '[cooccurrence]\nfile = "cooccurrence.safetensors"\n', ""
+    )
+    assert read(tmp_path, only_score).cooccurrence is None
+    for old, new, message in [
+        ('"cooccurrence", "recall_score"]', '"cooccurrence", "clicks"]', "must hold names among 'recall_score'"),
+        ('"cooccurrence", "recall_score"]', '"cooccurrence", 3]', "must hold names among .* not 3"),
+        ('"cooccurrence", "recall_score"]', '"recall_score", "recall_score"]', "lists 'recall_score' twice"),
+        ('"cooccurrence", "recall_score"]', '"recall_score"]', r"cooccurrence is only meaningful when"),
+        (
+            '[cooccurrence]\nfile = "cooccurrence.safetensors"\n',
+            "",
+            r'lists "cooccurrence", which needs a \[cooccurrence\]',
+        ),
+        ('file = "cooccurrence.safetensors"', 'file = "../c.safetensors"', "cooccurrence.file must be a path"),
+        ('file = "cooccurrence.safetensors"', 'file = "c"\nrows = 3', "cooccurrence.rows is not a known key"),
+        ('dense_features = ["I1"]', 'dense_features = ["recall_score"]', "'recall_score' is both a ranking.dense"),
+    ]:
+        assert old in CANDIDATE_FEATURES
+        with pytest.raises(model_toml.ModelTomlError, match=message):
+            read(tmp_path, CANDIDATE_FEATURES.replace(old, new, 1))
