@@ -601,7 +601,7 @@ async fn malformed_tensors_are_refused_naming_the_tensor_while_good_requests_go_
         (
             "/v2/models/nope",
             404,
-            "is not served (served models: deepfm-fp16, deepfm-fp32, deepfm-int8, deepfm-items, lightgcn, lightgcn-int8)",
+            "is not served (served models: deepfm-featured, deepfm-fp16, deepfm-fp32, deepfm-int8, deepfm-items, lightgcn, lightgcn-int8)",
         ),
         (
             "/v2/models/deepfm-fp32/versions/x/ready",

@@ -338,7 +338,7 @@ async fn the_repository_api_needs_the_token_and_explicit_control() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(
         body["error"],
-        "model \"lightgcn\" cannot be unloaded: pipeline \"fixture\" uses it as its recall_model; load \
+        "model \"lightgcn\" cannot be unloaded: pipeline \"featured\" uses it as its recall_model; load \
          another version of it instead, or remove the pipeline from the config file and restart"
     );
     let (status, body) = admin(

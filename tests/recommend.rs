@@ -33,18 +33,125 @@ async fn answers_equal_the_reference_with_timings_and_stage_metrics() {
     let (status, text) = server.get("/v1/pipelines").await;
     assert_eq!(status, 200);
     let listed: Value = serde_json::from_str(&text).expect("json");
+    let entry = |p: &Value| {
+        json!({
+            "name": p["name"],
+            "recall_model": {"name": p["recall_model"], "version": 1},
+            "ranking_model": {"name": p["ranking_model"], "version": 1},
+            "candidates": p["candidates"],
+            "k": p["k"],
+        })
+    };
+    // Listed by name.
     assert_eq!(
         listed,
-        json!({"pipelines": [{
-            "name": pipeline["name"],
-            "recall_model": {"name": pipeline["recall_model"], "version": 1},
-            "ranking_model": {"name": pipeline["ranking_model"], "version": 1},
-            "candidates": pipeline["candidates"],
-            "k": pipeline["k"],
-        }]})
+        json!({"pipelines": [entry(&all["featured_pipeline"]), entry(pipeline)]})
     );
-    let path = format!("/v1/recommend/{}", pipeline["name"].as_str().expect("name"));
     let cases = all["recommend_cases"].as_array().expect("recommend_cases");
+    check_cases(&server, pipeline, cases).await;
+
+    // One observation per stage per answered request; ranking is skipped when nothing was recalled.
+    let (_, metrics) = server.get("/metrics").await;
+    let stage = |s: &str| {
+        sample(
+            &metrics,
+            &format!(
+                "recserve_pipeline_stage_duration_seconds_count{{pipeline=\"fixture\",stage=\"{s}\"}}"
+            ),
+        )
+    };
+    let n = cases.len() as f64;
+    assert_eq!(
+        (stage("recall"), stage("features"), stage("rank")),
+        (n, n, n)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "recserve_requests_total{code=\"200\",endpoint=\"recommend\",model=\"\",pipeline=\"fixture\",protocol=\"v1\"}"
+        ),
+        n
+    );
+    server.stop().await.expect("clean shutdown");
+}
+
+/// A ranking model with candidate features: the pipeline computes the recall score, the recall position and the
+/// co-occurrence with the request's history for every candidate, and the answers equal the fixture's reference
+/// (the features computed in numpy, the model's float64 forward pass). A `user_id` request without the history
+/// that `cooccurrence` reads is refused naming `history`; the same ranker answers a rank request that sends the
+/// features itself with the pipeline's scores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidate_features_are_computed_as_the_reference_does() {
+    let all = recall_cases();
+    let server = start().await;
+    let pipeline = &all["featured_pipeline"];
+    let cases = all["featured_cases"].as_array().expect("featured_cases");
+    assert!(cases.len() >= 3);
+    check_cases(&server, pipeline, cases).await;
+
+    let path = format!("/v1/recommend/{}", pipeline["name"].as_str().expect("name"));
+    let mut request = cases[0]["request"].clone();
+    request.as_object_mut().expect("object").remove("history");
+    let (status, body) = server.post(&path, &request).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"].as_str().expect("error");
+    assert!(
+        message.starts_with("history: is required with user_id: the ranking model of pipeline \"featured\" takes the candidate feature \"cooccurrence\""),
+        "{message}"
+    );
+    // The fixture pipeline's ranker takes no history feature: user_id and history together stay refused there.
+    let mut both = cases[0]["request"].clone();
+    both["history"] = json!([1, 2]);
+    let (status, body) = server.post("/v1/recommend/fixture", &both).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .expect("error")
+            .contains("history: cannot be sent together with user_id"),
+        "{body}"
+    );
+
+    // The ranker on its own: a rank request that sends the pipeline's items with their features gets the
+    // pipeline's scores.
+    for case in cases {
+        let expected = case["expected"].as_array().expect("expected");
+        let candidates: Vec<Value> = expected
+            .iter()
+            .map(|item| {
+                json!({"id": item["id"], "fields": item["fields"], "features": item["features"]})
+            })
+            .collect();
+        let rank = json!({"user": case["request"]["user"], "candidates": candidates});
+        let (status, body) = server
+            .post(
+                &format!(
+                    "/v1/models/{}/rank",
+                    pipeline["ranking_model"].as_str().expect("name")
+                ),
+                &rank,
+            )
+            .await;
+        assert_eq!(status, 200, "{}: {body}", case["what"]);
+        let scores = body["scores"].as_array().expect("scores");
+        for (got, want) in scores.iter().zip(expected) {
+            let diff = (got["score"].as_f64().expect("score")
+                - want["score"].as_f64().expect("score"))
+            .abs();
+            assert!(
+                diff <= 1e-5,
+                "{}: rank alone differs by {diff:e}",
+                case["what"]
+            );
+        }
+    }
+    server.stop().await.expect("clean shutdown");
+}
+
+/// Sends every case to `pipeline` and compares the answer with the expected one: ids and order exactly, ranking
+/// scores within the case's tolerance, recall scores bit for bit, timings only when asked.
+async fn check_cases(server: &TestServer, pipeline: &Value, cases: &[Value]) {
+    let path = format!("/v1/recommend/{}", pipeline["name"].as_str().expect("name"));
     for case in cases {
         let (status, body) = server.post(&path, &case["request"]).await;
         assert_eq!(status, 200, "{}: {body}", case["what"]);
@@ -91,30 +198,6 @@ async fn answers_equal_the_reference_with_timings_and_stage_metrics() {
             assert!((ms("total_ms") - stages).abs() <= 0.003, "{t}");
         }
     }
-
-    // One observation per stage per answered request; ranking is skipped when nothing was recalled.
-    let (_, metrics) = server.get("/metrics").await;
-    let stage = |s: &str| {
-        sample(
-            &metrics,
-            &format!(
-                "recserve_pipeline_stage_duration_seconds_count{{pipeline=\"fixture\",stage=\"{s}\"}}"
-            ),
-        )
-    };
-    let n = cases.len() as f64;
-    assert_eq!(
-        (stage("recall"), stage("features"), stage("rank")),
-        (n, n, n)
-    );
-    assert_eq!(
-        sample(
-            &metrics,
-            "recserve_requests_total{code=\"200\",endpoint=\"recommend\",model=\"\",pipeline=\"fixture\",protocol=\"v1\"}"
-        ),
-        n
-    );
-    server.stop().await.expect("clean shutdown");
 }
 
 /// A history none of whose items had training interactions carries no signal: the candidates are the recall
@@ -197,7 +280,7 @@ async fn bad_requests_name_the_field() {
             "/v1/recommend/nope",
             good.clone(),
             404,
-            "pipeline \"nope\" is not configured (pipelines: fixture)",
+            "pipeline \"nope\" is not configured (pipelines: featured, fixture)",
         ),
         (
             "missing user field",
@@ -338,6 +421,10 @@ async fn a_request_the_ranking_queue_would_refuse_is_refused_before_recall() {
     let dir = tempfile::tempdir().expect("tempdir");
     copy_dir(&repo.join("lightgcn"), &dir.path().join("lightgcn"));
     copy_dir(&repo.join("deepfm-items"), &dir.path().join("deepfm-items"));
+    copy_dir(
+        &repo.join("deepfm-featured"),
+        &dir.path().join("deepfm-featured"),
+    );
     let model_toml = dir.path().join("deepfm-items/1/model.toml");
     let mut text = std::fs::read_to_string(&model_toml).expect("model.toml");
     text.push_str("\n[batching]\nmax_queue_delay_us = 1000000\ndefault_deadline_ms = 30000\n");

@@ -239,8 +239,14 @@ async fn requests_that_fit_the_queue_are_admitted_and_ones_that_never_can_are_re
     for model in ["lightgcn", "deepfm-items"] {
         copy_dir(&fixture_repo().join(model), &dir.path().join(model));
     }
+    let pipeline = dir.path().join("recserve.toml");
+    std::fs::write(
+        &pipeline,
+        "[pipelines.fixture]\nrecall_model = \"lightgcn\"\nranking_model = \"deepfm-items\"\ncandidates = 20\nk = 5\n",
+    )
+    .expect("write config");
     let refused = TestServer::spawn(config(dir.path(), |a| {
-        a.config = Some(fixture_dir().join("recserve.toml"));
+        a.config = Some(pipeline.clone());
         a.max_batch_rows = Some(1);
         a.queue_capacity = Some(10);
     }))

@@ -2,7 +2,9 @@
 //! config file) names a recall model and a ranking model; a request recalls `candidates` items for a user
 //! (`user_id` or `history`), looks up each item's ranking features in the ranking model's item feature table
 //! ([`ItemFeatures`], `[item_features]` in its `model.toml`), ranks them with the user side the request sent, and
-//! returns the `k` best. Each stage is timed for the response (when asked) and for
+//! returns the `k` best. A ranking model that declares candidate features (`ranking.candidate_features`) gets
+//! them computed here for each candidate ([`CandidateFeature`]): the recall score, the recall rank, and the
+//! co-occurrence of the candidate with the request's history (`[cooccurrence]` of the ranking model). Each stage is timed for the response (when asked) and for
 //! `recserve_pipeline_stage_duration_seconds`.
 //!
 //! A pipeline holds no model: each request brings the two models of one registry snapshot, so both stages run on
@@ -18,6 +20,7 @@ use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::ranking::{ItemFeatures, RankInput, RankingModel, best_first};
 use crate::recall::{Fallback, RecallInput, RecallModel, RecallQuery, SearchRequest};
+use crate::repository::CandidateFeature;
 
 /// One `[pipelines.NAME]` table of the config file: `POST /v1/recommend/NAME` recalls `candidates` items with
 /// `recall_model`, ranks them with `ranking_model` (whose `[item_features]` supplies the item side) and returns
@@ -42,6 +45,9 @@ pub struct RecommendInput {
     /// The ranking model's dense features, checked.
     pub dense: Vec<f32>,
     pub query: RecallQuery,
+    /// The user's items for the `cooccurrence` candidate feature: a `user_id` request's `history` (a `history`
+    /// query's own items need not be repeated here).
+    pub history: Option<Vec<i64>>,
     pub exclude: Vec<i64>,
     /// Items to return (`1..=candidates`); `None`: the pipeline's `k`.
     pub k: Option<usize>,
@@ -84,6 +90,8 @@ pub struct Recommendation {
 pub struct Pipeline {
     pub name: String,
     pub config: PipelineConfig,
+    /// The ranking model's candidate features, in its order.
+    features: Vec<CandidateFeature>,
     /// recall, features, rank.
     stages: [Histogram; 3],
 }
@@ -100,21 +108,24 @@ impl Pipeline {
         ranking: &RankingModel,
         metrics: &Metrics,
     ) -> Result<Pipeline, String> {
-        Pipeline::check(config, recall, ranking)?;
+        let features = Pipeline::check(config, recall, ranking)?;
         Ok(Pipeline {
             name: name.to_owned(),
             config: config.clone(),
+            features,
             stages: STAGES.map(|stage| metrics.pipeline_stage(name, stage)),
         })
     }
 
     /// Checks `config` against its models: a ranking model with `[item_features]` of exactly one row per
-    /// catalogue item of the recall model, and no more candidates than items.
+    /// catalogue item of the recall model, candidate features the pipeline can compute (and a `[cooccurrence]`
+    /// table of the catalogue's size for `cooccurrence`), and no more candidates than items. Returns the
+    /// candidate features.
     pub(crate) fn check(
         config: &PipelineConfig,
         recall: &RecallModel,
         ranking: &RankingModel,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<CandidateFeature>, String> {
         let items = recall.items();
         let features = ranking.item_features().ok_or_else(|| {
             format!(
@@ -131,6 +142,35 @@ impl Pipeline {
                 features.rows(),
                 config.recall_model
             ));
+        }
+        let mut wanted = Vec::new();
+        for name in ranking.contract.candidate_feature_names() {
+            let feature = CandidateFeature::named(name).ok_or_else(|| {
+                format!(
+                    "ranking_model {:?} takes the candidate feature {name:?}, which a pipeline cannot compute \
+                     (it computes {}): only rank clients, who send it, can call this model",
+                    config.ranking_model,
+                    CandidateFeature::ALL.map(CandidateFeature::name).join(", ")
+                )
+            })?;
+            if feature == CandidateFeature::Cooccurrence {
+                let table = ranking.cooccurrence().ok_or_else(|| {
+                    format!(
+                        "ranking_model {:?} takes \"cooccurrence\" but has no [cooccurrence] table",
+                        config.ranking_model
+                    )
+                })?;
+                if table.items() != items {
+                    return Err(format!(
+                        "the [cooccurrence] table of {:?} has {} items, but the catalogue of {:?} has {items}: \
+                         one row per item is needed",
+                        config.ranking_model,
+                        table.items(),
+                        config.recall_model
+                    ));
+                }
+            }
+            wanted.push(feature);
         }
         if config.candidates > items {
             return Err(format!(
@@ -157,7 +197,13 @@ impl Pipeline {
                 config.k
             ));
         }
-        Ok(())
+        Ok(wanted)
+    }
+
+    /// Whether the ranking model takes a feature computed from the user's history (`cooccurrence`): a `user_id`
+    /// request then sends the user's items in `history` too.
+    pub fn takes_history(&self) -> bool {
+        self.features.contains(&CandidateFeature::Cooccurrence)
     }
 
     /// Recalls with `recall`, looks up features, ranks with `ranking`, all under one `deadline`.
@@ -202,6 +248,24 @@ impl Pipeline {
             )));
         }
 
+        let history = match (&input.query, input.history) {
+            _ if !self.takes_history() => None,
+            (RecallQuery::History(items), _) => Some(items.clone()),
+            (RecallQuery::UserId(_), Some(items)) => Some(items),
+            (RecallQuery::UserId(_), None) => {
+                return Err(ServiceError::invalid(
+                    "history",
+                    format!(
+                        "is required with user_id: the ranking model of pipeline {:?} takes the candidate feature \
+                         \"cooccurrence\", computed from the user's items; send them in history",
+                        self.name
+                    ),
+                ));
+            }
+        };
+        if let Some(items) = &history {
+            recall.contract.check_history_len(items.len())?;
+        }
         let recalled = recall
             .recall(
                 RecallInput {
@@ -224,7 +288,41 @@ impl Pipeline {
             ids.extend_from_slice(&input.user);
             features.fill(item.id, &mut ids[start..]);
         }
-        let dense = input.dense.repeat(rows);
+        let dense = if self.features.is_empty() {
+            input.dense.repeat(rows)
+        } else {
+            let per_row = self.features.len();
+            let mut values = vec![0f32; rows * per_row];
+            for (c, feature) in self.features.iter().enumerate() {
+                match feature {
+                    CandidateFeature::RecallScore => {
+                        for (row, item) in recalled.iter().enumerate() {
+                            values[row * per_row + c] = item.score;
+                        }
+                    }
+                    CandidateFeature::RecallRank => {
+                        for row in 0..rows {
+                            values[row * per_row + c] = row as f32;
+                        }
+                    }
+                    CandidateFeature::Cooccurrence => {
+                        let table = ranking.cooccurrence().ok_or_else(|| {
+                            ServiceError::Internal(format!(
+                                "pipeline {:?}: the ranking model has no [cooccurrence] table",
+                                self.name
+                            ))
+                        })?;
+                        let ids: Vec<u32> = recalled.iter().map(|item| item.id).collect();
+                        let mut scores = vec![0f32; rows];
+                        table.scores(history.as_deref().unwrap_or(&[]), &ids, &mut scores);
+                        for (row, score) in scores.into_iter().enumerate() {
+                            values[row * per_row + c] = score;
+                        }
+                    }
+                }
+            }
+            ranking.contract.dense_rows(&input.dense, &values, rows)
+        };
         let featured_at = Instant::now();
 
         let scores = if rows == 0 {

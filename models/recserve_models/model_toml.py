@@ -24,7 +24,8 @@ UNFETCHED_POLICIES = ("default_row", "unavailable")
 SIDES = ("user", "item")
 PRECISIONS = ("fp32", "int8")
 # The per-candidate features a recall → rank pipeline computes for a ranking model (docs/model-repository.md):
-# the recall score, the 0-based recall position, and the co-occurrence sum of `[cooccurrence]`.
+# the recall score, the 0-based recall position, and the co-occurrence sum of `[cooccurrence]`. A model may
+# declare other names, which only rank clients send (the server refuses a pipeline over it).
 RECALL_SCORE, RECALL_RANK, COOCCURRENCE = "recall_score", "recall_rank", "cooccurrence"
 CANDIDATE_FEATURES = (RECALL_SCORE, RECALL_RANK, COOCCURRENCE)
 # The server's `k` for a recall request without one when `[recall] default_k` is absent (src/repository/spec.rs).
@@ -442,9 +443,8 @@ def read(path: Path) -> ModelToml:
         r.fail("dense_features", "must not hold an empty name")
     per_candidate = r.get("candidate_features", list, [])
     for name in per_candidate:
-        if not isinstance(name, str) or name not in CANDIDATE_FEATURES:
-            known = ", ".join(map(repr, CANDIDATE_FEATURES))
-            r.fail("candidate_features", f"must hold names among {known}, not {name!r}")
+        if not isinstance(name, str) or name == "":
+            r.fail("candidate_features", f"must hold non-empty names, not {name!r}")
     if len(set(per_candidate)) != len(per_candidate):
         twice = next(name for i, name in enumerate(per_candidate) if name in per_candidate[:i])
         r.fail("candidate_features", f"lists {twice!r} twice")

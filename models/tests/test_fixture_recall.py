@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from recserve_models import cooccurrence
 from recserve_models.model_toml import DEFAULT_K
 from recserve_models.quantize import dequantize_rowwise_int8
 from recserve_models.testing import fixture_recall
@@ -119,10 +120,32 @@ def test_model_files_and_the_pipeline_config(out: Path, cases: dict) -> None:
         "default_k": fixture_recall.LIGHTGCN_DEFAULT_K,
     }
     config = tomllib.loads((out / fixture_recall.CONFIG_FILE).read_text())
-    pipeline = dict(fixture_recall.PIPELINE)
-    assert config["pipelines"] == {pipeline.pop("name"): pipeline}
+    pipelines = [dict(fixture_recall.PIPELINE), dict(fixture_recall.FEATURED_PIPELINE)]
+    assert config["pipelines"] == {p.pop("name"): p for p in pipelines}
     assert len(cases["recommend_cases"]) >= 5
     assert any(not c["expected"] for c in cases["recommend_cases"]), "a case where everything is excluded"
+    featured = tomllib.loads((out / "repo" / fixture_recall.FEATURED / "1" / "model.toml").read_text())
+    assert featured["ranking"]["candidate_features"] == ["recall_score", "recall_rank", "cooccurrence"]
+    assert featured["cooccurrence"] == {"file": "cooccurrence.safetensors"}
+    assert len(cases["featured_cases"]) >= 3
+
+
+def test_featured_cases_see_the_cooccurrence_feature(out: Path, cases: dict) -> None:
+    """The featured cases exercise every candidate feature: the co-occurrence sum is not 0 everywhere, and each
+    returned item's features are the reference's (recall score as returned, rank within the candidates)."""
+    table = cooccurrence.read(out / "repo" / fixture_recall.FEATURED / "1" / "cooccurrence.safetensors")
+    assert table.items == fixture_recall.ITEMS
+    seen = []
+    for case in cases["featured_cases"]:
+        ids = np.array([item["id"] for item in case["expected"]], np.int64)
+        expected = cooccurrence.feature(table, np.array(case["request"]["history"]), ids)
+        got = np.array([item["features"]["cooccurrence"] for item in case["expected"]], np.float32)
+        assert np.array_equal(got, expected)
+        for item in case["expected"]:
+            assert item["features"]["recall_score"] == item["recall_score"]
+            assert 0 <= item["features"]["recall_rank"] < fixture_recall.FEATURED_PIPELINE["candidates"]
+        seen.extend(got.tolist())
+    assert any(v > 0 for v in seen), "no featured case has a co-occurring candidate"
 
 
 def test_check_validates_the_item_feature_table_as_the_server_does(out: Path, tmp_path: Path) -> None:

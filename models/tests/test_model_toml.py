@@ -143,9 +143,12 @@ def test_candidate_features_and_the_cooccurrence_table_are_read_checked_and_writ
         '[cooccurrence]\nfile = "cooccurrence.safetensors"\n', ""
     )
     assert read(tmp_path, only_score).cooccurrence is None
+    # Names a pipeline cannot compute are the model's own: rank clients send them (the server refuses a pipeline).
+    own = CANDIDATE_FEATURES.replace('["cooccurrence", "recall_score"]', '["cooccurrence", "ctr_7d"]')
+    assert read(tmp_path, own).ranking.candidate_features == ("cooccurrence", "ctr_7d")
     for old, new, message in [
-        ('"cooccurrence", "recall_score"]', '"cooccurrence", "clicks"]', "must hold names among 'recall_score'"),
-        ('"cooccurrence", "recall_score"]', '"cooccurrence", 3]', "must hold names among .* not 3"),
+        ('"cooccurrence", "recall_score"]', '"cooccurrence", ""]', "must hold non-empty names, not ''"),
+        ('"cooccurrence", "recall_score"]', '"cooccurrence", 3]', "must hold non-empty names, not 3"),
         ('"cooccurrence", "recall_score"]', '"recall_score", "recall_score"]', "lists 'recall_score' twice"),
         ('"cooccurrence", "recall_score"]', '"recall_score"]', r"cooccurrence is only meaningful when"),
         (

@@ -341,48 +341,83 @@ pub fn read_i64_tensor(
     tensor: &str,
     what: &str,
 ) -> Result<(Vec<i64>, Vec<usize>), LoadError> {
-    let file = File::open(path).map_err(|e| {
-        LoadError::cannot_open(path, &format!("cannot open the file of {what}"), &e)
-    })?;
-    // SAFETY: read-only, and the repository is not modified while served (as for embedding tables); the values
-    // are copied out before the map is dropped.
-    let map = unsafe { Mmap::map(&file) }
-        .map_err(|e| LoadError::new(path, format!("cannot memory-map: {e}")))?;
-    let tensors = SafeTensors::deserialize(&map).map_err(|e| {
-        LoadError::new(
-            path,
-            format!("not a valid safetensors file (truncated or corrupt?): {e}"),
-        )
-    })?;
-    let view = tensors.tensor(tensor).map_err(|_| {
-        let mut names = tensors.names();
-        names.sort_unstable();
-        LoadError::new(
-            path,
-            format!(
-                "has no tensor {tensor:?} for {what} (tensors in the file: {})",
-                names.join(", ")
-            ),
-        )
-    })?;
-    if view.dtype() != Dtype::I64 {
-        return Err(LoadError::new(
-            path,
-            format!(
-                "tensor {tensor:?} is {:?} {:?}, but {what} is I64",
-                view.dtype(),
-                view.shape()
-            ),
-        ));
+    TensorFile::open(path, what)?.i64(tensor, what)
+}
+
+/// A safetensors file of the model repository that holds tensors other than tables (`[cooccurrence]`), mapped
+/// once to read several of them. `what` names what the file is for, in messages.
+#[derive(Debug)]
+pub struct TensorFile<'p> {
+    path: &'p Path,
+    map: Mmap,
+}
+
+impl<'p> TensorFile<'p> {
+    pub fn open(path: &'p Path, what: &str) -> Result<TensorFile<'p>, LoadError> {
+        let file = File::open(path).map_err(|e| {
+            LoadError::cannot_open(path, &format!("cannot open the file of {what}"), &e)
+        })?;
+        // SAFETY: read-only, and the repository is not modified while served (as for embedding tables); the
+        // values are copied out before the map is dropped.
+        let map = unsafe { Mmap::map(&file) }
+            .map_err(|e| LoadError::new(path, format!("cannot memory-map: {e}")))?;
+        Ok(TensorFile { path, map })
     }
-    let values = view
-        .data()
-        .as_chunks::<8>()
-        .0
-        .iter()
-        .map(|b| i64::from_le_bytes(*b))
-        .collect();
-    Ok((values, view.shape().to_vec()))
+
+    /// The values and shape of I64 tensor `tensor`.
+    pub fn i64(&self, tensor: &str, what: &str) -> Result<(Vec<i64>, Vec<usize>), LoadError> {
+        self.values(tensor, what, Dtype::I64, i64::from_le_bytes)
+    }
+
+    /// The values and shape of F32 tensor `tensor`.
+    pub fn f32(&self, tensor: &str, what: &str) -> Result<(Vec<f32>, Vec<usize>), LoadError> {
+        self.values(tensor, what, Dtype::F32, f32::from_le_bytes)
+    }
+
+    fn values<T, const N: usize>(
+        &self,
+        tensor: &str,
+        what: &str,
+        dtype: Dtype,
+        decode: fn([u8; N]) -> T,
+    ) -> Result<(Vec<T>, Vec<usize>), LoadError> {
+        let path = self.path;
+        let tensors = SafeTensors::deserialize(&self.map).map_err(|e| {
+            LoadError::new(
+                path,
+                format!("not a valid safetensors file (truncated or corrupt?): {e}"),
+            )
+        })?;
+        let view = tensors.tensor(tensor).map_err(|_| {
+            let mut names = tensors.names();
+            names.sort_unstable();
+            LoadError::new(
+                path,
+                format!(
+                    "has no tensor {tensor:?} for {what} (tensors in the file: {})",
+                    names.join(", ")
+                ),
+            )
+        })?;
+        if view.dtype() != dtype {
+            return Err(LoadError::new(
+                path,
+                format!(
+                    "tensor {tensor:?} is {:?} {:?}, but {what} is {dtype:?}",
+                    view.dtype(),
+                    view.shape()
+                ),
+            ));
+        }
+        let values = view
+            .data()
+            .as_chunks::<N>()
+            .0
+            .iter()
+            .map(|b| decode(*b))
+            .collect();
+        Ok((values, view.shape().to_vec()))
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::time::Instant;
 use crate::repository::TableSpec;
 
 pub use cpu::CpuStore;
-pub use file::{Preload, TableBytes, map_file, open_tables, read_i64_tensor};
+pub use file::{Preload, TableBytes, TensorFile, map_file, open_tables, read_i64_tensor};
 pub(crate) use shared::SharedGather;
 
 /// Row-wise sharding of one table into contiguous ranges: `shard = id / rows_per_shard`,

@@ -169,7 +169,7 @@ impl DenseGraph {
         for name in &inputs {
             if !wanted.contains(name) {
                 let hint = if *name == spec.dense_input {
-                    " (model.toml lists no dense_features, so it would never be fed)"
+                    " (model.toml lists no dense_features or candidate_features, so it would never be fed)"
                 } else {
                     ""
                 };

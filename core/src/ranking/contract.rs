@@ -11,7 +11,8 @@ use crate::error::{Echo, ServiceError};
 use crate::executor::GraphShape;
 use crate::repository::{ModelSpec, OovPolicy, Side};
 
-/// Validated rows to score: `ids` is `[rows, fields]` in graph order, `dense` is `[rows, dense_features]`.
+/// Validated rows to score: `ids` is `[rows, fields]` in graph order, `dense` is `[rows, dense_width]`: each row's
+/// dense features, then its candidate features ([`RankContract::dense_width`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankInput {
     pub rows: usize,
@@ -29,6 +30,8 @@ pub struct RankContract {
     pub item_fields: Vec<usize>,
     pub item_id_field: Option<usize>,
     pub dense_features: usize,
+    /// Per-candidate floats after the dense features (`ranking.candidate_features`).
+    pub candidate_features: usize,
     field_by_name: HashMap<String, usize>,
     /// Per field: the rows of its table when the table rejects ids outside them, `None` when it takes any id.
     id_limits: Vec<Option<u64>>,
@@ -54,6 +57,7 @@ impl RankContract {
             item_fields: by_side(Side::Item),
             item_id_field,
             dense_features: ranking.map_or(0, |r| r.dense_features.len()),
+            candidate_features: ranking.map_or(0, |r| r.candidate_features.len()),
             field_by_name: spec
                 .fields
                 .iter()
@@ -94,7 +98,81 @@ impl RankContract {
         GraphShape {
             fields: self.fields(),
             dim: self.spec.field_dim(),
-            dense: self.dense_features,
+            dense: self.dense_width(),
+        }
+    }
+
+    /// The width of the graph's dense input: the dense features, then the candidate features.
+    pub fn dense_width(&self) -> usize {
+        self.dense_features + self.candidate_features
+    }
+
+    /// The names of the candidate features, in the order the graph takes them.
+    pub fn candidate_feature_names(&self) -> &[String] {
+        self.spec
+            .ranking
+            .as_ref()
+            .map_or(&[], |r| r.candidate_features.as_slice())
+    }
+
+    /// The position of candidate feature `name`.
+    pub fn candidate_feature_index(&self, name: &str) -> Option<usize> {
+        self.candidate_feature_names()
+            .iter()
+            .position(|n| n == name)
+    }
+
+    /// The rows' dense input: each row's user-side `dense` (the same for every row) followed by its candidate
+    /// features (`candidate`, `[rows, candidate_features]`).
+    pub fn dense_rows(&self, dense: &[f32], candidate: &[f32], rows: usize) -> Vec<f32> {
+        self.join_dense(dense, 0, candidate, rows)
+    }
+
+    /// The rows' dense input from each row's dense features (`dense`, `stride` values apart: `dense_features`
+    /// for one row each, 0 for one row shared by all) and its candidate features (`[rows, candidate_features]`).
+    pub fn join_dense(
+        &self,
+        dense: &[f32],
+        stride: usize,
+        candidate: &[f32],
+        rows: usize,
+    ) -> Vec<f32> {
+        let (width, count) = (self.dense_features, self.candidate_features);
+        debug_assert!(stride == 0 || stride == width);
+        debug_assert_eq!(candidate.len(), rows * count);
+        if count == 0 && stride == width {
+            return dense.to_vec();
+        }
+        let mut out = Vec::with_capacity(rows * self.dense_width());
+        for row in 0..rows {
+            out.extend_from_slice(&dense[row * stride..row * stride + width]);
+            out.extend_from_slice(&candidate[row * count..(row + 1) * count]);
+        }
+        out
+    }
+
+    /// The error for a candidate (at `path`, e.g. `candidates[3].features`) that lacks candidate feature `feature`.
+    pub fn candidate_feature_missing(&self, path: &str, feature: usize) -> ServiceError {
+        ServiceError::invalid(
+            format!("{path}.{}", self.candidate_feature_names()[feature]),
+            "is missing: the model takes it for every candidate",
+        )
+    }
+
+    /// What is wrong with a candidate feature named `name` that the model does not take.
+    pub fn unknown_candidate_feature(&self, name: &str) -> String {
+        let names = self.candidate_feature_names();
+        if names.is_empty() {
+            format!(
+                "{:?} is not a candidate feature of this model, which takes none",
+                Echo(name)
+            )
+        } else {
+            format!(
+                "{:?} is not a candidate feature of this model (it takes {})",
+                Echo(name),
+                names.join(", ")
+            )
         }
     }
 

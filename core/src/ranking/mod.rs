@@ -3,6 +3,7 @@
 //! ([`ItemFeatures`], for recommend pipelines), and scoring.
 
 mod contract;
+mod cooccurrence;
 mod item_features;
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use prometheus::{Histogram, IntCounter};
 
 pub use contract::{RankContract, RankInput, best_first};
+pub(crate) use cooccurrence::Cooccurrence;
 pub(crate) use item_features::ItemFeatures;
 
 use crate::batching::{
@@ -234,6 +236,8 @@ pub struct RankingModel {
     store: Arc<dyn EmbeddingStore>,
     /// `[item_features]`, for recommend pipelines.
     item_features: Option<Arc<ItemFeatures>>,
+    /// `[cooccurrence]`, for the `cooccurrence` candidate feature of recommend pipelines.
+    cooccurrence: Option<Arc<Cooccurrence>>,
     batcher: Batcher<RankWork>,
     batching: BatchConfig,
     default_deadline: Duration,
@@ -280,6 +284,7 @@ impl RankingModel {
         }
 
         let item_features = ItemFeatures::open(&mv.dir, &spec)?.map(Arc::new);
+        let cooccurrence = Cooccurrence::open(&mv.dir, &spec)?.map(Arc::new);
         let (mut batching, default_deadline) = ctx.batching.resolve(&spec.batching);
         let contract = RankContract::new(Arc::clone(&spec), ctx.limits.max_candidates)
             .with_queue(batching.fit());
@@ -326,6 +331,7 @@ impl RankingModel {
             contract,
             store,
             item_features,
+            cooccurrence,
             batcher,
             batching,
             default_deadline,
@@ -350,6 +356,11 @@ impl RankingModel {
     /// `[item_features]` of its `model.toml`, read and checked at load.
     pub(crate) fn item_features(&self) -> Option<&Arc<ItemFeatures>> {
         self.item_features.as_ref()
+    }
+
+    /// `[cooccurrence]` of its `model.toml`, read and checked at load.
+    pub(crate) fn cooccurrence(&self) -> Option<&Arc<Cooccurrence>> {
+        self.cooccurrence.as_ref()
     }
 
     /// The deadline of requests that come without one.
@@ -390,7 +401,7 @@ impl RankingModel {
         deadline: Instant,
     ) -> Result<Vec<f32>, ServiceError> {
         self.request_rows.observe(input.rows as f64);
-        let (fields, dense) = (self.contract.fields(), self.contract.dense_features);
+        let (fields, dense) = (self.contract.fields(), self.contract.dense_width());
         let ranges = split_rows(input.rows, self.batching.max_batch_rows);
         if ranges.len() == 1 {
             let work = RankWork {

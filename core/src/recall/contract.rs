@@ -165,6 +165,20 @@ impl RecallContract {
         }
     }
 
+    /// Checks the length of a request's `history` against `--max-history`.
+    pub fn check_history_len(&self, len: usize) -> Result<(), ServiceError> {
+        if len > self.limits.max_history {
+            return Err(ServiceError::invalid(
+                "history",
+                format!(
+                    "holds {len} ids, more than the limit of {} (--max-history)",
+                    self.limits.max_history
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a request against the model: exactly one of user id and history, `k` within the catalogue, lengths
     /// within the limits, every id within its table unless the table's `oov = "default"` policy covers it (user
     /// and history ids then read the default row; excluded ids outside the catalogue are dropped, since they can
@@ -202,16 +216,7 @@ impl RecallContract {
                         "must hold at least one item id",
                     ));
                 }
-                if ids.len() > self.limits.max_history {
-                    return Err(ServiceError::invalid(
-                        "history",
-                        format!(
-                            "holds {} ids, more than the limit of {} (--max-history)",
-                            ids.len(),
-                            self.limits.max_history
-                        ),
-                    ));
-                }
+                self.check_history_len(ids.len())?;
                 let mut seen = HashSet::with_capacity(ids.len());
                 let mut distinct = Vec::with_capacity(ids.len());
                 for (i, &id) in ids.iter().enumerate() {

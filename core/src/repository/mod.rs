@@ -12,8 +12,9 @@ pub use batching::{
     BatchingSpec, MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US, check_buckets,
 };
 pub use spec::{
-    DEFAULT_MAX_CANDIDATES, DenseGraphSpec, FORMAT_VERSION, FieldSpec, IndexSpec, ItemFeaturesSpec,
-    ModelKind, ModelSpec, Precision, RankingSpec, RecallSpec, Side, SplitSpec, TableEntry,
+    CandidateFeature, CooccurrenceSpec, DEFAULT_MAX_CANDIDATES, DenseGraphSpec, FORMAT_VERSION,
+    FieldSpec, IndexSpec, ItemFeaturesSpec, ModelKind, ModelSpec, Precision, RankingSpec,
+    RecallSpec, Side, SplitSpec, TableEntry,
 };
 pub use table::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 

@@ -73,6 +73,8 @@ pub struct ModelSpec {
     pub recall: Option<RecallSpec>,
     /// DeepFM only: the item feature table that recommend pipelines read the item side from.
     pub(crate) item_features: Option<ItemFeaturesSpec>,
+    /// DeepFM only: the item-item table a pipeline computes the `cooccurrence` candidate feature from.
+    pub(crate) cooccurrence: Option<CooccurrenceSpec>,
     /// The model author's batching defaults; server settings override them.
     pub batching: BatchingSpec,
 }
@@ -98,6 +100,10 @@ pub struct FieldSpec {
 #[derive(Clone, Debug)]
 pub struct RankingSpec {
     pub dense_features: Vec<String>,
+    /// Per-candidate floats the graph takes after the dense features (`dense` is `[B, dense_features +
+    /// candidate_features]`): sent with each candidate by rank clients, computed by a recommend pipeline
+    /// ([`CandidateFeature`]).
+    pub candidate_features: Vec<String>,
     /// Index into `ModelSpec::fields` of the item-side field fed by a candidate's `id`.
     pub item_id_field: Option<usize>,
 }
@@ -169,6 +175,46 @@ pub struct ItemFeaturesSpec {
     pub(crate) fields: Vec<usize>,
 }
 
+/// `[cooccurrence]`: a CSR item-item table (tensors `indptr` I64 `[items + 1]`, `indices` I64 `[nnz]`, `weights`
+/// F32 `[nnz]`): row `h` holds the items `c` that co-occur with `h` and the weight `w(h → c)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CooccurrenceSpec {
+    /// Safetensors file, relative to the version directory.
+    pub(crate) file: String,
+}
+
+/// The candidate features a recommend pipeline computes for each recalled item (docs/model-repository.md,
+/// "Candidate features"); a ranking model may declare others, which only rank clients can send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CandidateFeature {
+    /// The recall model's score of the candidate.
+    RecallScore,
+    /// The candidate's 0-based place in the recall stage's list, best first.
+    RecallRank,
+    /// `Σ w(h → c)` over the distinct items `h` of the request's history, from `[cooccurrence]`.
+    Cooccurrence,
+}
+
+impl CandidateFeature {
+    pub const ALL: [CandidateFeature; 3] = [
+        CandidateFeature::RecallScore,
+        CandidateFeature::RecallRank,
+        CandidateFeature::Cooccurrence,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CandidateFeature::RecallScore => "recall_score",
+            CandidateFeature::RecallRank => "recall_rank",
+            CandidateFeature::Cooccurrence => "cooccurrence",
+        }
+    }
+
+    pub fn named(name: &str) -> Option<CandidateFeature> {
+        CandidateFeature::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
 impl ModelSpec {
     /// The row width shared by every table the fields read (the `D` axis of `embeddings`).
     pub fn field_dim(&self) -> usize {
@@ -212,8 +258,15 @@ struct RawModel {
     dense_graph: Option<RawDenseGraph>,
     recall: Option<RawRecall>,
     item_features: Option<RawItemFeatures>,
+    cooccurrence: Option<RawCooccurrence>,
     #[serde(default)]
     batching: BatchingSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCooccurrence {
+    file: String,
 }
 
 #[derive(Deserialize)]
@@ -287,6 +340,8 @@ struct RawField {
 struct RawRanking {
     #[serde(default)]
     dense_features: Vec<String>,
+    #[serde(default)]
+    candidate_features: Vec<String>,
     item_id_field: Option<String>,
 }
 
@@ -534,6 +589,7 @@ impl RawModel {
                 }
                 let ranking = self.ranking.unwrap_or(RawRanking {
                     dense_features: Vec::new(),
+                    candidate_features: Vec::new(),
                     item_id_field: None,
                 });
                 if fields.is_empty() {
@@ -557,6 +613,50 @@ impl RawModel {
                         return Err(format!("dense feature {d:?} is listed twice"));
                     }
                 }
+                let mut candidate_names = HashSet::new();
+                for c in &ranking.candidate_features {
+                    check_name("ranking.candidate_features", c)?;
+                    if dense_names.contains(c) {
+                        return Err(format!(
+                            "candidate feature {c:?} is also a dense feature: names must be distinct"
+                        ));
+                    }
+                    if !candidate_names.insert(c) {
+                        return Err(format!("candidate feature {c:?} is listed twice"));
+                    }
+                }
+                if graph.split.is_some() && !ranking.candidate_features.is_empty() {
+                    return Err(
+                        "[dense_graph.split] cannot take ranking.candidate_features: the split graph's user part \
+                         reads the dense input once per request, and candidate features vary per candidate"
+                            .to_owned(),
+                    );
+                }
+                let wants_cooccurrence = ranking
+                    .candidate_features
+                    .iter()
+                    .any(|c| c == CandidateFeature::Cooccurrence.name());
+                let cooccurrence = match (self.cooccurrence, wants_cooccurrence) {
+                    (Some(raw), true) => {
+                        check_relative_file("cooccurrence.file", &raw.file)?;
+                        Some(CooccurrenceSpec { file: raw.file })
+                    }
+                    (None, false) => None,
+                    (None, true) => {
+                        return Err(
+                            "ranking.candidate_features lists \"cooccurrence\", which needs a [cooccurrence] \
+                             section (the item-item table it is computed from)"
+                                .to_owned(),
+                        );
+                    }
+                    (Some(_), false) => {
+                        return Err(
+                            "[cooccurrence] is given, but ranking.candidate_features does not list \
+                             \"cooccurrence\": nothing would read the table"
+                                .to_owned(),
+                        );
+                    }
+                };
                 let item_id_field = match ranking.item_id_field {
                     None => None,
                     Some(name) => {
@@ -581,8 +681,10 @@ impl RawModel {
                     tables,
                     fields,
                     item_features,
+                    cooccurrence,
                     ranking: Some(RankingSpec {
                         dense_features: ranking.dense_features,
+                        candidate_features: ranking.candidate_features,
                         item_id_field,
                     }),
                     dense_graph: Some(DenseGraphSpec {
@@ -606,9 +708,10 @@ impl RawModel {
                     || self.ranking.is_some()
                     || !fields.is_empty()
                     || self.item_features.is_some()
+                    || self.cooccurrence.is_some()
                 {
                     return Err(
-                        "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking], [[fields]] or [item_features])"
+                        "kind = \"lightgcn\" takes [recall] and [[tables]] only (no [dense_graph], [ranking], [[fields]], [item_features] or [cooccurrence])"
                             .to_owned(),
                     );
                 }
@@ -699,6 +802,7 @@ impl RawModel {
                     ranking: None,
                     dense_graph: None,
                     item_features: None,
+                    cooccurrence: None,
                     recall: Some(RecallSpec {
                         user_table,
                         item_table,
@@ -810,6 +914,63 @@ table = "item"
             parse_err(&no_user_side)
                 .contains("[dense_graph.split] needs user-side and item-side fields")
         );
+    }
+
+    #[test]
+    fn reads_candidate_features_and_the_cooccurrence_table() {
+        let with = |features: &str, extra: &str| {
+            DEEPFM.replacen(
+                "item_id_field = \"item\"",
+                &format!("item_id_field = \"item\"\ncandidate_features = {features}{extra}"),
+                1,
+            )
+        };
+        let table = "\n\n[cooccurrence]\nfile = \"cooc.safetensors\"";
+        let spec = ModelSpec::parse(&with(
+            r#"["recall_score", "cooccurrence", "ctr_7d"]"#,
+            table,
+        ))
+        .expect("valid spec");
+        let ranking = spec.ranking.expect("ranking");
+        assert_eq!(
+            ranking.candidate_features,
+            ["recall_score", "cooccurrence", "ctr_7d"]
+        );
+        assert_eq!(spec.cooccurrence.expect("table").file, "cooc.safetensors");
+        let cases = [
+            (
+                with(r#"["recall_score", "recall_score"]"#, ""),
+                "candidate feature \"recall_score\" is listed twice",
+            ),
+            (
+                with(r#"["I1"]"#, ""),
+                "candidate feature \"I1\" is also a dense feature",
+            ),
+            (
+                with(r#"["cooccurrence"]"#, ""),
+                "lists \"cooccurrence\", which needs a [cooccurrence] section",
+            ),
+            (
+                with(r#"["recall_score"]"#, table),
+                "[cooccurrence] is given, but ranking.candidate_features does not list",
+            ),
+            (
+                with(r#"["cooccurrence"]"#, &table.replace("cooc.", "../cooc.")),
+                "cooccurrence.file",
+            ),
+            (
+                with(r#"["recall_rank"]"#, "").replacen(
+                    "precision = \"fp32\"",
+                    "precision = \"fp32\"\n\n[dense_graph.split]\nuser_file = \"u.onnx\"\nitem_file = \"i.onnx\"",
+                    1,
+                ),
+                "[dense_graph.split] cannot take ranking.candidate_features",
+            ),
+        ];
+        for (text, expected) in cases {
+            let got = parse_err(&text);
+            assert!(got.contains(expected), "expected {expected:?} in {got:?}");
+        }
     }
 
     #[test]
@@ -1119,7 +1280,9 @@ storage = "fp32"
             "format_version = 1\nkind = \"lightgcn\"\n[item_features]\nfile = \"x\"\nfields = []\n",
         );
         assert!(
-            err.contains("no [dense_graph], [ranking], [[fields]] or [item_features]"),
+            err.contains(
+                "no [dense_graph], [ranking], [[fields]], [item_features] or [cooccurrence]"
+            ),
             "{err}"
         );
     }

@@ -121,4 +121,13 @@ table = "open"
     pub fn wide_contract() -> RankContract {
         RankContract::new(Arc::new(ModelSpec::parse(WIDE_SPEC).expect("spec")), 40)
     }
+
+    /// [`SPEC`] with two candidate features after its dense features: `recall_score`, `recall_rank`.
+    pub fn featured_contract() -> RankContract {
+        let spec = SPEC.replace(
+            "dense_features = [\"d0\", \"d1\"]",
+            "dense_features = [\"d0\", \"d1\"]\ncandidate_features = [\"recall_score\", \"recall_rank\"]",
+        );
+        RankContract::new(Arc::new(ModelSpec::parse(&spec).expect("spec")), 3)
+    }
 }

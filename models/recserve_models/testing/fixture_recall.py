@@ -15,13 +15,19 @@ Written into the fixture directory `DIR`:
   (the `item_id_field`, one row per `lightgcn` item), `category` (reject) and `brand` (`default_row = 3`); dense
   features `hour`, `visits`) with `[item_features]`: `item_features.safetensors`, I64 `[300, 2]`, columns
   `category`, `brand` (a few brands out of vocabulary, read from the default row).
-- `DIR/recserve.toml`: `[pipelines.fixture]`: recall `lightgcn`, rank `deepfm-items`, 20 candidates, k = 5.
+- `DIR/repo/deepfm-featured/1/`: `deepfm-items`'s fields and item feature table, plus the candidate features
+  `recall_score` (read linearly, centred and scaled), `recall_rank` and `cooccurrence` (log1p) after its dense
+  features, and `[cooccurrence]`: cosine item-item weights over the `lightgcn` training interactions, 8 per row.
+- `DIR/recserve.toml`: `[pipelines.fixture]`: recall `lightgcn`, rank `deepfm-items`, 20 candidates, k = 5; and
+  `[pipelines.featured]`: recall `lightgcn`, rank `deepfm-featured`, 20 candidates, k = 5.
   Use it with `--repository DIR/repo --config DIR/recserve.toml`.
 - `DIR/recall-cases.json`: `{"format_version", "seed", "models", "recall_cases", "history_identity",
-  "pipeline", "recommend_cases"}`. Each recall case is `{"model", "what", "request", "expected"}` with the
+  "pipeline", "recommend_cases", "featured_pipeline", "featured_cases"}`. Each recall case is `{"model", "what", "request", "expected"}` with the
   expected items (`id`, `score`) best first (a `history` case also gives `history_used`, the distinct items with
   a history vector, and, when none has one, `fallback: "popularity"`: the most popular items, score 0); each recommend case `{"what", "request", "expected", "tolerance"}`
-  with items (`id`, `score`, `recall_score`); `history_identity` gives users, their full training history and
+  with items (`id`, `score`, `recall_score`), and `featured_cases` the same through `featured` (a `user_id` request
+  sends the user's items in `history` too, which `cooccurrence` reads; each item also gives its item
+  `fields` and candidate `features`, what a rank request to the ranker alone sends); `history_identity` gives users, their full training history and
   their layer-0 vector.
 
 Expected recall answers are exact: numpy evaluates the documented f32 formula in the documented order
@@ -35,6 +41,7 @@ consecutive expected scores differ by more than 1e-4 (the order is then the same
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -43,8 +50,17 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save
 
-from .. import deepfm, files
-from ..model_toml import DEFAULT_K, DeepFMToml, DenseGraphSpec, FieldSpec, RankingSpec, TableSpec
+from .. import cooccurrence, deepfm, files
+from ..model_toml import (
+    DEFAULT_K,
+    CooccurrenceSpec,
+    DeepFMToml,
+    DenseGraphSpec,
+    FieldSpec,
+    ItemFeaturesSpec,
+    RankingSpec,
+    TableSpec,
+)
 from ..onnx_export import DENSE, EMBEDDINGS, build_graph
 from ..rank_request import rank_inputs
 from ..repository import MODEL_TOML, POPULARITY, Table, encode_table, load_tables, write_deepfm_version
@@ -59,6 +75,9 @@ LIGHTGCN = "lightgcn"
 LIGHTGCN_INT8 = "lightgcn-int8"
 RANKING = "deepfm-items"
 PIPELINE = {"name": "fixture", "recall_model": LIGHTGCN, "ranking_model": RANKING, "candidates": 20, "k": 5}
+FEATURED = "deepfm-featured"
+FEATURED_PIPELINE = {"name": "featured", "recall_model": LIGHTGCN, "ranking_model": FEATURED, "candidates": 20, "k": 5}
+FEATURED_NEIGHBOURS = 8
 USERS, ITEMS, DIM, LAYERS = 48, 300, 24, 2
 LIGHTGCN_DEFAULT_K = 12  # `[recall] default_k` of `lightgcn`; `lightgcn-int8` has none, so DEFAULT_K applies
 TIED_ITEMS = (7, 123, 200)
@@ -230,17 +249,27 @@ _DENSE = ("hour", "visits")
 ITEM_FEATURE_COLUMNS = ("category", "brand")
 
 
-def _write_ranking(repo: Path, rng: np.random.Generator) -> tuple[DeepFMToml, deepfm.DeepFMParams, np.ndarray]:
-    factors = 4
-    model = DeepFMToml(
+def _rank_model(factors: int, ranking: RankingSpec, description: str, **sections: Any) -> DeepFMToml:
+    """A DeepFM over `_RANK_FIELDS`, each field its own fp32 table."""
+    return DeepFMToml(
         tables=tuple(
             TableSpec(name, "tables.safetensors", rows, factors + 1, "fp32", oov, default_row)
             for name, (rows, _, oov, default_row) in _RANK_FIELDS.items()
         ),
         fields=tuple(FieldSpec(name, side) for name, (_, side, _, _) in _RANK_FIELDS.items()),
         dense_graph=DenseGraphSpec(file="dense.onnx", precision="fp32"),
-        ranking=RankingSpec(dense_features=_DENSE, item_id_field="item"),
-        description="test fixture: DeepFM with an item feature table, ranks the lightgcn catalogue",
+        ranking=ranking,
+        description=description,
+        **sections,
+    )
+
+
+def _write_ranking(repo: Path, rng: np.random.Generator) -> tuple[DeepFMToml, deepfm.DeepFMParams, np.ndarray]:
+    factors = 4
+    model = _rank_model(
+        factors,
+        RankingSpec(dense_features=_DENSE, item_id_field="item"),
+        "test fixture: DeepFM with an item feature table, ranks the lightgcn catalogue",
     )
     params = random_params(rng, model, factors=factors, hidden=(16, 8), factor_std=0.5, linear_std=0.3)
     directory = repo / RANKING / "1"
@@ -252,6 +281,43 @@ def _write_ranking(repo: Path, rng: np.random.Generator) -> tuple[DeepFMToml, de
     with (directory / MODEL_TOML).open("a", encoding="utf-8") as f:
         f.write(section)
     return model, params, features
+
+
+_CANDIDATE_FEATURES = ("recall_score", "recall_rank", "cooccurrence")
+
+
+def _write_featured(
+    repo: Path, rng: np.random.Generator, lgcn: dict[str, Any], features: np.ndarray
+) -> tuple[DeepFMToml, deepfm.DeepFMParams, cooccurrence.Cooccurrence]:
+    """`deepfm-items`' fields and item features, with the three candidate features and the co-occurrence table."""
+    factors = 4
+    model = _rank_model(
+        factors,
+        RankingSpec(dense_features=_DENSE, item_id_field="item", candidate_features=_CANDIDATE_FEATURES),
+        "test fixture: DeepFM with candidate features (recall score, rank, co-occurrence)",
+        item_features=ItemFeaturesSpec("item_features.safetensors", ITEM_FEATURE_COLUMNS),
+        cooccurrence=CooccurrenceSpec("cooccurrence.safetensors"),
+    )
+    params = deepfm.init_params(
+        rng,
+        {t.name: t.rows for t in model.tables},
+        [f.table for f in model.fields],
+        factors=factors,
+        num_dense=len(_DENSE) + len(_CANDIDATE_FEATURES),
+        hidden=(16, 8),
+        factor_std=0.5,
+        linear_std=0.3,
+        dense_std=0.5,
+    )
+    log1p = deepfm.DenseTransform()
+    transforms = (log1p, log1p, deepfm.DenseTransform(deepfm.LINEAR, centre=0.2, scale=0.5), log1p, log1p)
+    params = dataclasses.replace(params, dense_transforms=transforms)
+    train = lgcn["train"]
+    indptr = np.concatenate([[0], np.cumsum([len(items) for items in train])]).astype(np.int64)
+    indices = np.concatenate([np.asarray(items, np.int64) for items in train])
+    table = cooccurrence.build(indptr, indices, ITEMS, FEATURED_NEIGHBOURS)
+    write_deepfm_version(repo / FEATURED / "1", model, params.tables, build_graph(params), features, table)
+    return model, params, table
 
 
 # --- the cases ---------------------------------------------------------------------------------------------
@@ -376,18 +442,9 @@ def _recall_cases(lgcn: dict[str, Any], int8: dict[str, Any]) -> list[dict[str, 
     return out
 
 
-def _recommend_cases(
-    lgcn: dict[str, Any],
-    model: DeepFMToml,
-    params: deepfm.DeepFMParams,
-    tables: dict[str, Table],
-    features: np.ndarray,
-    graph: Path,
-) -> list[dict[str, Any]]:
-    import onnxruntime as ort  # imported here: a command's --help must not pay for onnxruntime
-
-    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
-    requests = [
+def _recommend_requests(lgcn: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The requests of `recommend_cases` (through `fixture`)."""
+    return [
         ("user 3, the pipeline's k", {"user_id": 3, "user": {"fields": {"age": 2, "city": 7}, "dense": [13.0, 2.0]}}),
         (
             "user 17, k = 8, training items excluded, timings asked (not compared)",
@@ -420,13 +477,61 @@ def _recommend_cases(
             },
         ),
     ]
+
+
+def _featured_requests(lgcn: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The requests of `featured_cases` (through `featured`): a `user_id` request sends the user's items in
+    `history` too, for `cooccurrence`."""
+    train = lgcn["train"]
+    return [
+        (
+            "user 3 with its training items as history and excluded",
+            {
+                "user_id": 3,
+                "history": train[3],
+                "exclude": train[3],
+                "user": {"fields": {"age": 2, "city": 7}, "dense": [13.0, 2.0]},
+            },
+        ),
+        (
+            "user 17, k = 8: a history of 3 items, one repeated, and an id outside the catalogue (read as nothing)",
+            {
+                "user_id": 17,
+                "history": [*train[17][:3], train[17][0], -5],
+                "user": {"fields": {"age": 0, "city": 19}, "dense": [0.0, 40.0]},
+                "k": 8,
+            },
+        ),
+        (
+            "history of user 21's training items, unknown city (default row)",
+            {"history": train[21], "user": {"fields": {"age": 7, "city": -3}, "dense": [23.0, 0.5]}},
+        ),
+    ]
+
+
+def _recommend_cases(
+    lgcn: dict[str, Any],
+    pipeline: dict[str, Any],
+    requests: list[tuple[str, dict[str, Any]]],
+    model: DeepFMToml,
+    params: deepfm.DeepFMParams,
+    tables: dict[str, Table],
+    features: np.ndarray,
+    graph: Path,
+    table: cooccurrence.Cooccurrence | None = None,
+) -> list[dict[str, Any]]:
+    """The expected answers of `requests` through `pipeline`, whose ranking model is `model` (with candidate
+    features computed as the server does: the recall score, the recall position, the co-occurrence sum)."""
+    import onnxruntime as ort  # imported here: a command's --help must not pay for onnxruntime
+
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
     out = []
     for what, request in requests:
         if "user_id" in request:
             query = lgcn["user"][request["user_id"]]
         else:
             query = history_vector(lgcn["history"], request["history"])
-        recalled = top_k(f32_scores(query, lgcn["item"]), PIPELINE["candidates"], request.get("exclude", []))
+        recalled = top_k(f32_scores(query, lgcn["item"]), pipeline["candidates"], request.get("exclude", []))
         expected: list[dict[str, Any]] = []
         if recalled:
             rank_request = {
@@ -437,12 +542,21 @@ def _recommend_cases(
                 ],
             }
             emb, dense = rank_inputs(model, tables, rank_request)
+            ids = np.array([r["id"] for r in recalled], np.int64)
+            per_candidate = {
+                "recall_score": np.array([r["score"] for r in recalled], np.float32),
+                "recall_rank": np.arange(len(recalled), dtype=np.float32),
+            }
+            if table is not None:
+                per_candidate["cooccurrence"] = cooccurrence.feature(table, np.array(request["history"]), ids)
+            columns = [per_candidate[name] for name in model.ranking.candidate_features]
+            dense = np.concatenate([dense, *(c[:, None] for c in columns)], axis=1).astype(np.float32)
             scores = deepfm.forward(params, emb, dense)
             gap = float(np.abs(session.run(None, {EMBEDDINGS: emb, DENSE: dense})[0][:, 0] - scores).max())
             if gap > 1e-6:
                 raise RuntimeError(f"recommend case {what!r}: onnxruntime differs from the reference by {gap:.3g}")
             order = sorted(range(len(recalled)), key=lambda i: (-scores[i], i))
-            k = request.get("k", PIPELINE["k"])
+            k = request.get("k", pipeline["k"])
             ranked = [scores[i] for i in order]
             close = [a - b for a, b in itertools.pairwise(ranked)][:k]
             if close and min(close) <= NEAR_TIE:
@@ -451,6 +565,11 @@ def _recommend_cases(
                 {"id": recalled[i]["id"], "score": float(scores[i]), "recall_score": recalled[i]["score"]}
                 for i in order[:k]
             ]
+            if columns:  # what a rank request to the ranker alone would send for each returned item
+                for item, i in zip(expected, order[:k], strict=False):
+                    names = model.ranking.candidate_features
+                    item["features"] = {name: float(c[i]) for name, c in zip(names, columns, strict=True)}
+                    item["fields"] = rank_request["candidates"][i]["fields"]
         out.append({"what": what, "request": request, "expected": expected, "tolerance": RANK_TOLERANCE})
     return out
 
@@ -464,9 +583,14 @@ def build(out: Path, seed: int) -> None:
     model, params, features = _write_ranking(repo, rng)
     ranking_dir = repo / RANKING / "1"
     tables = load_tables(ranking_dir, model)
+    featured_rng = np.random.default_rng(np.random.SeedSequence([seed, STREAM, 1]))
+    featured, featured_params, table = _write_featured(repo, featured_rng, lgcn, features)
+    featured_dir = repo / FEATURED / "1"
     pipeline = PIPELINE
-    config = f"[pipelines.{pipeline['name']}]\n" + "".join(
-        f"{key} = {_toml_value(value)}\n" for key, value in pipeline.items() if key != "name"
+    config = "\n".join(
+        f"[pipelines.{p['name']}]\n"
+        + "".join(f"{key} = {_toml_value(value)}\n" for key, value in p.items() if key != "name")
+        for p in (pipeline, FEATURED_PIPELINE)
     )
     files.write_text(
         out / CONFIG_FILE,
@@ -507,7 +631,21 @@ def build(out: Path, seed: int) -> None:
             for u in identity_users
         ],
         "pipeline": pipeline,
-        "recommend_cases": _recommend_cases(lgcn, model, params, tables, features, ranking_dir / "dense.onnx"),
+        "recommend_cases": _recommend_cases(
+            lgcn, pipeline, _recommend_requests(lgcn), model, params, tables, features, ranking_dir / "dense.onnx"
+        ),
+        "featured_pipeline": FEATURED_PIPELINE,
+        "featured_cases": _recommend_cases(
+            lgcn,
+            FEATURED_PIPELINE,
+            _featured_requests(lgcn),
+            featured,
+            featured_params,
+            load_tables(featured_dir, featured),
+            features,
+            featured_dir / "dense.onnx",
+            table,
+        ),
     }
     files.write_text(out / CASES_FILE, _dump(document) + "\n", encoding="utf-8")
 

@@ -1,7 +1,7 @@
 //! The tensor contract of DeepFM ranking models over the Open Inference Protocol. In the row form, every row is
 //! one complete candidate: `categorical` INT64 `[B, fields]` (one id per `[[fields]]` entry of `model.toml`, in
-//! that order, user and item fields alike) and `dense` FP32 `[B, dense_features]` (absent when the model has
-//! none); the output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. The grouped form
+//! that order, user and item fields alike), `dense` FP32 `[B, dense_features]` (absent when the model has
+//! none) and `candidate_features` FP32 `[B, candidate_features]` (absent when the model has none); the output, named after `dense_graph.output`, is the probability FP32 `[B, 1]`. The grouped form
 //! ([`grouped`]) sends each user's fields once and the candidates' item fields beside them; a request sends one
 //! form or the other. Decoding applies the same [`RankContract`] checks as `/v1` and builds the same
 //! [`RankInput`].
@@ -20,6 +20,8 @@ use recserve_core::ranking::{RankContract, RankInput, RankingModel};
 pub(crate) const CATEGORICAL: &str = "categorical";
 /// The input holding the dense features.
 pub(crate) const DENSE: &str = "dense";
+/// The input holding each row's candidate features (`ranking.candidate_features`), in both forms.
+pub(crate) const CANDIDATE_FEATURES: &str = "candidate_features";
 
 /// The DeepFM contract of one served model.
 #[derive(Debug)]
@@ -102,7 +104,55 @@ impl Tensors<'_> {
                 columns: self.dense_names(),
             });
         }
+        inputs.extend(self.candidate_features_input());
         inputs
+    }
+
+    /// The `candidate_features` input, when the model takes candidate features.
+    fn candidate_features_input(&self) -> Option<TensorSpec> {
+        let count = self.contract.candidate_features;
+        (count > 0).then(|| TensorSpec {
+            name: CANDIDATE_FEATURES.to_owned(),
+            datatype: Datatype::Fp32,
+            shape: vec![-1, count as i64],
+            columns: self.contract.candidate_feature_names().to_vec(),
+        })
+    }
+
+    /// The values of the `candidate_features` input (`[rows, candidate_features]`, its shape checked, each
+    /// finite; `missing` is the error when a model that takes them was not sent it).
+    fn candidate_values(
+        &self,
+        tensor: Option<InputTensor>,
+        rows: usize,
+        rows_input: &str,
+        missing: impl FnOnce(&str) -> ServiceError,
+    ) -> Result<Vec<f32>, ServiceError> {
+        let count = self.contract.candidate_features;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let tensor = tensor.ok_or_else(|| missing(CANDIDATE_FEATURES))?;
+        tensor.expect_datatype(Datatype::Fp32)?;
+        let given = rows_of(&tensor, "B", count, "candidate features of the model")?;
+        if given != rows {
+            return Err(ServiceError::invalid(
+                CANDIDATE_FEATURES,
+                format!("has {given} rows, but {rows_input} has {rows}"),
+            ));
+        }
+        let values = tensor.into_f32()?;
+        let names = self.contract.candidate_feature_names();
+        for (i, &v) in values.iter().enumerate() {
+            RankContract::check_dense(v).map_err(|problem| {
+                let column = i % count;
+                ServiceError::invalid(
+                    format!("{CANDIDATE_FEATURES}[{}, {column}]", i / count),
+                    format!("feature {:?}: {problem}", names[column]),
+                )
+            })?;
+        }
+        Ok(values)
     }
 
     /// What each categorical field takes, for a client that knows only the metadata: `field.NAME.min` and
@@ -158,10 +208,12 @@ impl Tensors<'_> {
         let dense_features = self.contract.dense_features;
         let mut categorical = None;
         let mut dense = None;
+        let mut candidate = None;
         for input in inputs {
             let slot = match input.name.as_str() {
                 CATEGORICAL => &mut categorical,
                 DENSE if dense_features > 0 => &mut dense,
+                CANDIDATE_FEATURES if self.contract.candidate_features > 0 => &mut candidate,
                 _ => return Err(self.not_an_input(&input.name)),
             };
             if slot.is_some() {
@@ -218,6 +270,10 @@ impl Tensors<'_> {
             Some(dense) => self.dense_values(dense, DENSE)?,
             None => Vec::new(),
         };
+        let candidate = self.candidate_values(candidate, rows, CATEGORICAL, missing)?;
+        let dense = self
+            .contract
+            .join_dense(&dense, dense_features, &candidate, rows);
         Ok(RankInput { rows, ids, dense })
     }
 

@@ -130,6 +130,9 @@ pub struct ModelInfo {
     pub item_fields: Vec<String>,
     pub item_id_field: Option<String>,
     pub dense_features: Vec<String>,
+    /// Per-candidate floats a rank request sends in `candidates[i].features`.
+    #[serde(default)]
+    pub candidate_features: Vec<String>,
     pub tables: Vec<TableInfo>,
     /// `ready`; `loading` while another version loads beside it, `failed` when the last load did (it goes on
     /// serving); `load` then says which version and why.
@@ -177,6 +180,9 @@ pub(crate) fn model_info(model: &ServedModel, status: Option<&Status>) -> ModelI
             .map(|f| spec.fields[f].name.clone()),
         dense_features: ranking
             .map(|r| r.dense_features.clone())
+            .unwrap_or_default(),
+        candidate_features: ranking
+            .map(|r| r.candidate_features.clone())
             .unwrap_or_default(),
         tables: spec
             .tables

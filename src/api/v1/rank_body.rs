@@ -4,7 +4,9 @@
 //! ids, [`columnar`]); both decode into the same rows. Field names are matched against the contract as they are
 //! read (the name expected next first, since clients send every candidate's fields in one order), each id lands
 //! in its column of the candidate's row, and every problem names its place in the request
-//! (`candidates[3].fields.C21`, `candidates.ids[3][2] (C23)`). [`crate::testing::rank_reference`] is the plain
+//! (`candidates[3].fields.C21`, `candidates.ids[3][2] (C23)`). A model with candidate features
+//! (`ranking.candidate_features`) takes them per candidate: `"features": {"recall_score": 3.5, ...}` in the row
+//! form, one array per feature in the columnar form. [`crate::testing::rank_reference`] is the plain
 //! decoding (serde derive into maps, then checks) that this one is tested and benchmarked against. Bodies in the
 //! shape clients write go through a byte scanner first ([`scan`]), which fills the same decoder state without
 //! serde's visitors and hands anything else, every malformed body included, to the serde decoder here.
@@ -76,6 +78,8 @@ struct Decoder<'c> {
     dense: Option<Vec<f32>>,
     /// `[rows, fields]`, item columns filled as read, user columns at the end.
     ids: Vec<i64>,
+    /// `[rows, candidate_features]`, filled as read.
+    features: Vec<f32>,
     candidate_ids: Option<Vec<Option<i64>>>,
     top_k: Option<Option<usize>>,
     /// Which fields the object being read has set.
@@ -95,6 +99,7 @@ impl<'c> Decoder<'c> {
             user_fields_read: false,
             dense: None,
             ids: Vec::new(),
+            features: Vec::new(),
             candidate_ids: None,
             top_k: None,
             seen: vec![false; fields],
@@ -154,7 +159,7 @@ impl<'c> Decoder<'c> {
             input: RankInput {
                 rows,
                 ids,
-                dense: dense.repeat(rows),
+                dense: contract.dense_rows(&dense, &self.features, rows),
             },
             candidate_ids,
             top_k: self.top_k.flatten(),
@@ -409,9 +414,13 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
         let start = d.ids.len();
         debug_assert_eq!(start, i * nf);
         d.ids.resize(start + nf, 0);
+        let nc = d.contract.candidate_features;
+        d.features.resize((i + 1) * nc, 0.0);
         let mut id: Option<Option<i64>> = None;
         let mut fields_read = false;
+        let mut features_read = false;
         let mut missing = None;
+        let mut missing_feature = None;
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "id" => {
@@ -432,10 +441,21 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
                     missing = d.locate(read, || format!("candidates[{i}].fields"))?;
                     fields_read = true;
                 }
+                "features" => {
+                    if features_read {
+                        return Err(d.twice(format!("candidates[{i}].features")));
+                    }
+                    let read = map.next_value_seed(Features {
+                        d: &mut *d,
+                        candidate: i,
+                    });
+                    missing_feature = d.locate(read, || format!("candidates[{i}].features"))?;
+                    features_read = true;
+                }
                 other => {
                     return Err(d.fail(ServiceError::invalid(
                         format!("candidates[{i}].{other}"),
-                        format!("unknown field `{other}`, expected `id` or `fields`"),
+                        format!("unknown field `{other}`, expected `id`, `fields` or `features`"),
                     )));
                 }
             }
@@ -452,6 +472,15 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
                 "is missing",
             )));
         }
+        let missing_feature = if features_read {
+            missing_feature
+        } else {
+            (nc > 0).then_some(0)
+        };
+        if let Some(c) = missing_feature {
+            let path = format!("candidates[{i}].features");
+            return Err(d.fail(contract.candidate_feature_missing(&path, c)));
+        }
         let id = id.flatten();
         if let Some(f) = contract.item_id_field {
             let Some(value) = id else {
@@ -466,6 +495,54 @@ impl<'de> Visitor<'de> for Candidate<'_, '_> {
             d.ids[start + f] = value;
         }
         Ok(id)
+    }
+}
+
+/// `candidates[candidate].features`: the candidate's value of every candidate feature of the model, finite, each
+/// written into its place of the candidate's feature row. Its value is the first feature it lacks.
+struct Features<'a, 'c> {
+    d: &'a mut Decoder<'c>,
+    candidate: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Features<'_, '_> {
+    type Value = Option<usize>;
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Option<usize>, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Features<'_, '_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of candidate feature name to number")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<usize>, A::Error> {
+        let (d, i) = (self.d, self.candidate);
+        let contract = d.contract;
+        let nc = contract.candidate_features;
+        let mut seen = vec![false; nc];
+        while let Some(Key(key)) = map.next_key()? {
+            let name = &*key;
+            let path = || format!("candidates[{i}].features.{name}");
+            let Some(c) = contract.candidate_feature_index(name) else {
+                let problem = contract.unknown_candidate_feature(name);
+                return Err(d.fail(ServiceError::invalid(path(), problem)));
+            };
+            let read = map.next_value::<f32>();
+            let value = d.locate(read, path)?;
+            if std::mem::replace(&mut seen[c], true) {
+                return Err(d.twice(path()));
+            }
+            if let Err(problem) = RankContract::check_dense(value) {
+                return Err(d.fail(ServiceError::invalid(path(), problem)));
+            }
+            d.features[i * nc + c] = value;
+        }
+        Ok(seen.iter().position(|&s| !s))
     }
 }
 

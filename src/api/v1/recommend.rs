@@ -19,6 +19,7 @@ use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, S
 use recserve_core::error::ServiceError;
 use recserve_core::pipeline::{RecommendInput, Recommendation};
 use recserve_core::ranking::RankContract;
+use recserve_core::recall::RecallQuery;
 use recserve_core::trace;
 
 /// The routes, for [`super::routes`].
@@ -164,12 +165,20 @@ pub(crate) fn recommend_input(
     let contract = &pipeline.ranking.ranking()?.contract;
     contract.check_user_given(request.user.is_some())?;
     let (user, dense) = user_side(contract, &request.user.unwrap_or_default())?;
-    let query = recall_query(request.user_id, request.history)?;
+    // With a ranker that takes the co-occurrence with the user's history, a `user_id` request also sends its
+    // history: recall embeds the user by id, the ranker's feature reads the history.
+    let (query, history) = match (request.user_id, request.history) {
+        (Some(id), Some(items)) if pipeline.pipeline.takes_history() => {
+            (RecallQuery::UserId(id), Some(items))
+        }
+        (user_id, history) => (recall_query(user_id, history)?, None),
+    };
     Ok((
         RecommendInput {
             user,
             dense,
             query,
+            history,
             exclude: request.exclude,
             k: request.k,
             search: search_request(request.exact, request.nprobe)?,

@@ -1,6 +1,7 @@
 //! The grouped form of the DeepFM tensor contract: each user's fields once, not repeated on every candidate's row.
 //! `user_categorical` INT64 `[U, Fu]` (the user-side fields, in `model.toml` order), `user_dense` FP32 `[U, N]`
-//! (absent when the model has no dense features), `item_categorical` INT64 `[B, Fi]` (the item-side fields, the
+//! (absent when the model has no dense features), `candidate_features` FP32 `[B, C]` (as in the row form: one row
+//! per candidate; absent when the model has none), `item_categorical` INT64 `[B, Fi]` (the item-side fields, the
 //! `item_id_field` among them, in `model.toml` order) and, when `U > 1`, `candidates_per_user` INT64 `[U]`
 //! (positive, summing to `B`): the first `n0` rows of `item_categorical` are user 0's candidates, the next `n1`
 //! user 1's, and so on. The rows to score are those of the row form (`categorical` `[B, F]`, `dense` `[B, N]`) for
@@ -74,6 +75,7 @@ impl Tensors<'_> {
             shape: vec![-1, item_columns.len() as i64],
             columns: names(&item_columns),
         });
+        inputs.extend(self.candidate_features_input());
         inputs.push(TensorSpec {
             name: CANDIDATES_PER_USER.to_owned(),
             datatype: Datatype::Int64,
@@ -124,10 +126,12 @@ impl Tensors<'_> {
         let contract = self.contract;
         let dense_features = contract.dense_features;
         let (mut user, mut user_dense, mut item, mut counts) = (None, None, None, None);
+        let mut candidate = None;
         for input in inputs {
             let slot = match input.name.as_str() {
                 USER_CATEGORICAL => &mut user,
                 USER_DENSE if dense_features > 0 => &mut user_dense,
+                super::CANDIDATE_FEATURES if contract.candidate_features > 0 => &mut candidate,
                 ITEM_CATEGORICAL => &mut item,
                 CANDIDATES_PER_USER => &mut counts,
                 _ => return Err(self.not_an_input(&input.name)),
@@ -202,11 +206,13 @@ impl Tensors<'_> {
             Some(dense) => self.dense_values(dense, USER_DENSE)?,
             None => Vec::new(),
         };
+        let features = self.candidate_values(candidate, rows, ITEM_CATEGORICAL, missing)?;
+        let per_candidate = contract.candidate_features;
 
         let (fields, user_width, item_width) =
             (contract.fields(), user_fields.len(), item_columns.len());
         let mut ids = vec![0i64; rows * fields];
-        let mut dense = Vec::with_capacity(rows * dense_features);
+        let mut dense = Vec::with_capacity(rows * contract.dense_width());
         let mut candidate = 0;
         for (u, &n) in counts.iter().enumerate() {
             let user_row = &user_ids[u * user_width..(u + 1) * user_width];
@@ -221,6 +227,7 @@ impl Tensors<'_> {
                     row[f] = id;
                 }
                 dense.extend_from_slice(dense_row);
+                dense.extend_from_slice(&features[i * per_candidate..(i + 1) * per_candidate]);
             }
             candidate += n;
         }
@@ -290,7 +297,7 @@ mod tests {
     use super::*;
     use crate::api::kserve::{TensorData, Typed};
     use recserve_core::ranking::RankContract;
-    use recserve_core::testing::test_contract::{contract, wide_contract};
+    use recserve_core::testing::test_contract::{contract, featured_contract, wide_contract};
 
     fn tensor(name: &str, datatype: &str, shape: &[usize], data: TensorData) -> InputTensor {
         InputTensor {
@@ -632,5 +639,128 @@ mod tests {
                 "expected {expected:?}\ngot      {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn candidate_features_follow_the_dense_features_in_both_forms() {
+        let contract = featured_contract();
+        let features = || {
+            json(
+                super::super::CANDIDATE_FEATURES,
+                "FP32",
+                &[2, 2],
+                json!([[3.5, 0], [-2, 1]]),
+            )
+        };
+        let expected = RankInput {
+            rows: 2,
+            ids: vec![7, 42, 1, 7, 3, 4],
+            dense: vec![0.5, -1.0, 3.5, 0.0, 0.5, -1.0, -2.0, 1.0],
+        };
+        let rows = decode_with(
+            &contract,
+            vec![
+                json(
+                    super::super::CATEGORICAL,
+                    "INT64",
+                    &[2, 3],
+                    json!([[7, 42, 1], [7, 3, 4]]),
+                ),
+                json(
+                    super::super::DENSE,
+                    "FP32",
+                    &[2, 2],
+                    json!([[0.5, -1], [0.5, -1]]),
+                ),
+                features(),
+            ],
+        )
+        .expect("row form");
+        assert_eq!(rows, expected);
+        let grouped = decode_with(
+            &contract,
+            vec![
+                json(USER_CATEGORICAL, "INT64", &[1, 1], json!([[7]])),
+                json(USER_DENSE, "FP32", &[1, 2], json!([[0.5, -1]])),
+                json(ITEM_CATEGORICAL, "INT64", &[2, 2], json!([[42, 1], [3, 4]])),
+                features(),
+            ],
+        )
+        .expect("grouped form");
+        assert_eq!(grouped, expected);
+        let inputs = Tensors {
+            model: "m",
+            contract: &contract,
+        }
+        .inputs();
+        let listed = inputs
+            .iter()
+            .find(|t| t.name == super::super::CANDIDATE_FEATURES)
+            .expect("listed");
+        assert_eq!(listed.columns, ["recall_score", "recall_rank"]);
+
+        let refused = |inputs: Vec<InputTensor>| {
+            decode_with(&contract, inputs)
+                .expect_err("refused")
+                .to_string()
+        };
+        let base = || {
+            vec![
+                json(USER_CATEGORICAL, "INT64", &[1, 1], json!([[7]])),
+                json(USER_DENSE, "FP32", &[1, 2], json!([[0.5, -1]])),
+                json(ITEM_CATEGORICAL, "INT64", &[2, 2], json!([[42, 1], [3, 4]])),
+            ]
+        };
+        assert!(refused(base()).contains("candidate_features: is missing"));
+        let mut short = base();
+        short.push(json(
+            super::super::CANDIDATE_FEATURES,
+            "FP32",
+            &[1, 2],
+            json!([[1, 0]]),
+        ));
+        assert!(
+            refused(short).contains("candidate_features: has 1 rows, but item_categorical has 2")
+        );
+        let mut bad = base();
+        bad.push(json(
+            super::super::CANDIDATE_FEATURES,
+            "FP32",
+            &[2, 2],
+            json!([[1, 0], [1e39, 1]]),
+        ));
+        let got = refused(bad);
+        assert!(
+            got.contains(
+                "candidate_features[1, 0]: feature \"recall_score\": must be a finite number"
+            ),
+            "{got}"
+        );
+        // A model without candidate features does not take the input.
+        let plain = recserve_core::testing::test_contract::contract();
+        let got = decode_with(
+            &plain,
+            vec![
+                json(
+                    super::super::CATEGORICAL,
+                    "INT64",
+                    &[1, 3],
+                    json!([[7, 42, 1]]),
+                ),
+                json(super::super::DENSE, "FP32", &[1, 2], json!([[0.5, -1]])),
+                json(
+                    super::super::CANDIDATE_FEATURES,
+                    "FP32",
+                    &[1, 1],
+                    json!([[1]]),
+                ),
+            ],
+        )
+        .expect_err("not an input")
+        .to_string();
+        assert!(
+            got.contains("candidate_features: is not an input of model"),
+            "{got}"
+        );
     }
 }

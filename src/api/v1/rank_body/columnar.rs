@@ -7,7 +7,8 @@
 //! told apart from the row form (`"candidates": [{"id": 245, "fields": {"C21": 835, ...}}, ...]`) by being an
 //! object, and decoded into the same rows. `fields` names every item-side field but the `item_id_field` once, in
 //! any order: the order of the ids in each row of `ids`; `id` holds each row's item id (required when the model has
-//! an `item_id_field`, whose value it is; else only echoed back). Keys may come in any order: when `fields` comes
+//! an `item_id_field`, whose value it is; else only echoed back); a model with candidate features takes them as
+//! `"features": {"recall_score": [3.5, 2.0], ...}`, one array per feature with one value per row. Keys may come in any order: when `fields` comes
 //! first (as clients write it) each id goes straight to its place in its row; when `ids` comes first, column `j`
 //! waits at the place of the `j`th item field until `fields` is known, and [`Columns::finish`] puts each row in
 //! order then. The byte scanner ([`super::scan`]) and the serde decoder here both fill a [`Columns`] and finish it
@@ -34,6 +35,8 @@ pub(super) struct Columns {
     pub(crate) id: Option<Vec<Option<i64>>>,
     /// The number of elements of `id`, kept or not.
     pub(crate) id_len: usize,
+    /// `features`, once read: each candidate feature's column, if given.
+    pub(crate) features: Option<Vec<Option<Vec<f32>>>>,
 }
 
 impl Columns {
@@ -93,6 +96,29 @@ impl Columns {
             (None, Some(f)) => return Err(contract.item_id_required("candidates.id".to_owned(), f)),
             (None, None) => vec![None; rows],
         };
+        let nc = contract.candidate_features;
+        let mut given = self.features.unwrap_or_else(|| vec![None; nc]);
+        d.features = vec![0.0; rows * nc];
+        for (c, column) in given.iter_mut().enumerate() {
+            let Some(column) = column.take() else {
+                return Err(contract.candidate_feature_missing("candidates.features", c));
+            };
+            if column.len() != rows {
+                return Err(ServiceError::invalid(
+                    format!(
+                        "candidates.features.{}",
+                        contract.candidate_feature_names()[c]
+                    ),
+                    format!(
+                        "holds {} values, but candidates.ids holds {rows} rows: give one per row",
+                        column.len()
+                    ),
+                ));
+            }
+            for (row, value) in column.into_iter().enumerate() {
+                d.features[row * nc + c] = value;
+            }
+        }
         d.candidate_ids = Some(candidate_ids);
         Ok(())
     }
@@ -132,15 +158,69 @@ pub(super) fn visit_columns<'de, A: MapAccess<'de>>(
                 let (ids, len) = d.locate(read, || "candidates.id".to_owned())?;
                 (columns.id, columns.id_len) = (Some(ids), len);
             }
+            "features" => {
+                if columns.features.is_some() {
+                    return Err(d.twice("candidates.features".to_owned()));
+                }
+                let read = map.next_value_seed(FeatureColumns(&mut *d));
+                columns.features = Some(d.locate(read, || "candidates.features".to_owned())?);
+            }
             other => {
                 return Err(d.fail(ServiceError::invalid(
                     format!("candidates.{other}"),
-                    format!("unknown field `{other}`, expected `fields`, `ids` or `id`"),
+                    format!(
+                        "unknown field `{other}`, expected `fields`, `ids`, `id` or `features`"
+                    ),
                 )));
             }
         }
     }
     columns.finish(d).map_err(|e| d.fail(e))
+}
+
+/// `candidates.features`: one array of finite numbers per candidate feature, by name.
+struct FeatureColumns<'a, 'c>(&'a mut Decoder<'c>);
+
+impl<'de> DeserializeSeed<'de> for FeatureColumns<'_, '_> {
+    type Value = Vec<Option<Vec<f32>>>;
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FeatureColumns<'_, '_> {
+    type Value = Vec<Option<Vec<f32>>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of candidate feature name to an array of numbers")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let d = self.0;
+        let contract = d.contract;
+        let mut columns = vec![None; contract.candidate_features];
+        while let Some(Key(key)) = map.next_key()? {
+            let name = &*key;
+            let path = || format!("candidates.features.{name}");
+            let Some(c) = contract.candidate_feature_index(name) else {
+                let problem = contract.unknown_candidate_feature(name);
+                return Err(d.fail(ServiceError::invalid(path(), problem)));
+            };
+            if columns[c].is_some() {
+                return Err(d.twice(path()));
+            }
+            let read = map.next_value::<Vec<f32>>();
+            let values = d.locate(read, path)?;
+            let bad = (values.iter().enumerate())
+                .find_map(|(row, &v)| RankContract::check_dense(v).err().map(|p| (row, p)));
+            if let Some((row, problem)) = bad {
+                return Err(d.fail(ServiceError::invalid(format!("{}[{row}]", path()), problem)));
+            }
+            columns[c] = Some(values);
+        }
+        Ok(columns)
+    }
 }
 
 /// `candidates.fields`: the field of each column, every item field but the item id once.
@@ -562,7 +642,7 @@ mod tests {
             ),
             (
                 with(r#"{"fields": ["cat"], "ids": [[0]], "id": [1], "score": 1}"#),
-                "candidates.score: unknown field `score`, expected `fields`, `ids` or `id`",
+                "candidates.score: unknown field `score`, expected `fields`, `ids`, `id` or `features`",
             ),
             (
                 with(r#"{"fields": ["cat"], "fields": ["cat"], "ids": [[0]], "id": [1]}"#),

@@ -17,6 +17,10 @@ use recserve_core::ranking::RankContract;
 
 /// Scans `body` into `d`, or gives up (`None`) on anything outside the fast path's subset.
 pub(super) fn scan(d: &mut Decoder<'_>, body: &[u8]) -> Option<()> {
+    // Candidate features (rare, and per candidate) are the serde decoder's alone.
+    if d.contract.candidate_features > 0 {
+        return None;
+    }
     let mut s = Scanner { body, at: 0 };
     s.object(|s, key| match key {
         b"user" if !d.user_read => {

@@ -6,7 +6,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::*;
 use crate::testing::rank_reference;
-use recserve_core::testing::test_contract::{contract, wide_contract};
+use recserve_core::testing::test_contract::{contract, featured_contract, wide_contract};
 
 fn decode(body: &str) -> Result<RankInput, ServiceError> {
     decode_rank(&contract(), body.as_bytes()).map(|b| b.input)
@@ -304,4 +304,103 @@ fn agrees_with_the_reference_on_truncated_bodies() {
             "cut at {end}: {fast} / {reference}"
         );
     }
+}
+
+#[test]
+fn candidate_features_land_after_the_dense_features_of_each_row() {
+    let contract = featured_contract();
+    let user = r#""user": {"fields": {"u": 7}, "dense": [0.5, -1]}"#;
+    let rows = format!(
+        r#"{{{user}, "candidates": [
+            {{"id": 42, "fields": {{"cat": 1}}, "features": {{"recall_rank": 0, "recall_score": 3.5}}}},
+            {{"features": {{"recall_score": -2, "recall_rank": 1}}, "id": 3, "fields": {{"cat": 4}}}}]}}"#
+    );
+    let columnar = format!(
+        r#"{{{user}, "candidates": {{"features": {{"recall_rank": [0, 1], "recall_score": [3.5, -2]}},
+            "fields": ["cat"], "ids": [[1], [4]], "id": [42, 3]}}}}"#
+    );
+    for body in [rows, columnar] {
+        let input = decode_rank(&contract, body.as_bytes()).expect(&body).input;
+        assert_eq!(input.ids, vec![7, 42, 1, 7, 3, 4]);
+        assert_eq!(
+            input.dense,
+            vec![0.5, -1.0, 3.5, 0.0, 0.5, -1.0, -2.0, 1.0],
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn names_every_problem_of_candidate_features() {
+    let contract = featured_contract();
+    let user = r#""user": {"fields": {"u": 1}, "dense": [0, 0]}"#;
+    let cases = [
+        (
+            format!(r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}}}]}}"#),
+            "candidates[0].features.recall_score: is missing: the model takes it for every candidate",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}, "features": {{"recall_score": 1}}}}]}}"#
+            ),
+            "candidates[0].features.recall_rank: is missing",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}, "features": {{"recall_score": 1, "recall_rank": 0, "ctr": 2}}}}]}}"#
+            ),
+            "candidates[0].features.ctr: \"ctr\" is not a candidate feature of this model (it takes recall_score, recall_rank)",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}, "features": {{"recall_score": 1e39, "recall_rank": 0}}}}]}}"#
+            ),
+            "candidates[0].features.recall_score: must be a finite number, got inf",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}, "features": {{"recall_score": 1, "recall_score": 2}}}}]}}"#
+            ),
+            "candidates[0].features.recall_score: is given more than once",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": [{{"id": 1, "fields": {{"cat": 0}}, "features": {{"recall_score": "x", "recall_rank": 0}}}}]}}"#
+            ),
+            "candidates[0].features.recall_score: invalid type: string",
+        ),
+        (
+            format!(r#"{{{user}, "candidates": {{"fields": ["cat"], "ids": [[0]], "id": [1]}}}}"#),
+            "candidates.features.recall_score: is missing",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": {{"fields": ["cat"], "ids": [[0], [1]], "id": [1, 2], "features": {{"recall_score": [1, 2], "recall_rank": [0]}}}}}}"#
+            ),
+            "candidates.features.recall_rank: holds 1 values, but candidates.ids holds 2 rows",
+        ),
+        (
+            format!(
+                r#"{{{user}, "candidates": {{"fields": ["cat"], "ids": [[0]], "id": [1], "features": {{"recall_score": [1e39], "recall_rank": [0]}}}}}}"#
+            ),
+            "candidates.features.recall_score[0]: must be a finite number",
+        ),
+    ];
+    for (body, expected) in cases {
+        let got = decode_rank(&contract, body.as_bytes())
+            .expect_err(&body)
+            .to_string();
+        assert!(
+            got.contains(expected),
+            "{body}\nexpected {expected:?}\ngot {got:?}"
+        );
+    }
+    // A model without candidate features refuses any.
+    let got = message(
+        r#"{"user": {"fields": {"u": 1}, "dense": [0, 0]}, "candidates": [{"id": 1, "fields": {"cat": 0}, "features": {"recall_score": 1}}]}"#,
+    );
+    assert!(
+        got.contains("candidates[0].features.recall_score: \"recall_score\" is not a candidate feature of this model, which takes none"),
+        "{got}"
+    );
 }
