@@ -110,9 +110,13 @@ pub struct WorkloadArgs {
     /// Longest history or exclude list sent.
     #[arg(long, env = "RECLOAD_HISTORY_LEN", default_value_t = 50)]
     pub history_len: usize,
-    /// Recall by user with --dataset: send the user's dataset items as `exclude`.
+    /// Recall or recommend by user with --dataset: send the user's dataset items as `exclude`.
     #[arg(long, env = "RECLOAD_EXCLUDE_KNOWN")]
     pub exclude_known: bool,
+    /// Recommend with --dataset: also send the user's items (at most --history-len) as `history`, which a
+    /// ranking model with the `cooccurrence` candidate feature reads.
+    #[arg(long, env = "RECLOAD_SEND_HISTORY")]
+    pub send_history: bool,
     /// Without --dataset: user ids are drawn from 0..N.
     #[arg(long, env = "RECLOAD_USERS")]
     pub users: Option<u64>,

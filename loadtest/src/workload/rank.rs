@@ -53,6 +53,7 @@ impl RankSchema {
             )));
         }
         let ranking = spec.ranking.as_ref();
+        check_no_candidate_features(model, ranking.map_or(&[], |r| &r.candidate_features))?;
         let id_field = ranking.and_then(|r| r.item_id_field);
         let range = |f: usize| {
             let table = &spec.tables[spec.fields[f].table].spec;
@@ -88,6 +89,7 @@ impl RankSchema {
                 info.name, info.kind
             )));
         }
+        check_no_candidate_features(&info.name, &info.candidate_features)?;
         let smallest = info.tables.iter().min_by_key(|t| t.rows).ok_or_else(|| {
             WorkloadError::Schema(format!("model {:?} lists no tables", info.name))
         })?;
@@ -128,6 +130,18 @@ impl RankSchema {
             notes,
         })
     }
+}
+
+/// Refuses a model that takes candidate features: the workload does not draw them, and every body would be refused.
+fn check_no_candidate_features(model: &str, features: &[String]) -> Result<(), WorkloadError> {
+    if features.is_empty() {
+        return Ok(());
+    }
+    Err(WorkloadError::Schema(format!(
+        "model {model:?} takes the candidate features {}, which the rank workload does not generate: load it \
+         through its pipeline (--workload recommend)",
+        features.join(", ")
+    )))
 }
 
 /// Settings of the ranking workload.
@@ -537,6 +551,7 @@ table = "cat"
             item_fields: vec!["item".to_owned(), "cat".to_owned(), "cat2".to_owned()],
             item_id_field: Some("item".to_owned()),
             dense_features: vec!["d0".to_owned(), "d1".to_owned(), "d2".to_owned()],
+            candidate_features: Vec::new(),
             tables: vec![
                 table("u", 10, "reject"),
                 table("age", 7, "default"),

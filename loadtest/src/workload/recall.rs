@@ -1,7 +1,8 @@
 //! The recall and recommend workloads: `POST /v1/models/{model}/recall` with `{"user_id": u, "k": k}` (optionally
 //! `"exclude"`: the user's known items) or `{"history": [items], "k": k}`, and `POST /v1/recommend/{pipeline}` with
 //! `{"user_id": u, "k": k}`, with `"user": {"fields": {F: u}}` when the pipeline's ranking model reads the user
-//! id from a user-side field F (`--user-id-field`). Users and items come from a dataset file (e.g. Gowalla's
+//! id from a user-side field F (`--user-id-field`), and, with a dataset, the user's items as `exclude`
+//! (`--exclude-known`) and as `history` (`--send-history`, for a ranker that takes the co-occurrence feature). Users and items come from a dataset file (e.g. Gowalla's
 //! `test.txt`) or are drawn from `0..--users` / `0..--items`. `--body-extra` adds fixed keys to every body (for
 //! options these APIs grow, and the ranking model's other user fields, which are merged with F).
 
@@ -225,6 +226,12 @@ pub struct RecommendOptions {
     pub extra: Map<String, Value>,
     /// The ranking model's user-side field that carries the request's user id: `user.fields[F] = user_id`.
     pub user_id_field: Option<String>,
+    /// The most dataset items sent as `history` or `exclude`.
+    pub history_len: usize,
+    /// Send the dataset user's items as `exclude`.
+    pub exclude_known: bool,
+    /// Send the dataset user's items as `history` beside `user_id`.
+    pub send_history: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -243,7 +250,22 @@ impl RecommendWorkload {
         if options.k == 0 {
             return Err(WorkloadError::Invalid("--k must be at least 1".to_owned()));
         }
-        check_extra(&options.extra, &["user_id", "k"])?;
+        check_extra(&options.extra, &["user_id", "k", "history", "exclude"])?;
+        for (set, flag, key) in [
+            (options.exclude_known, "--exclude-known", "exclude"),
+            (options.send_history, "--send-history", "history"),
+        ] {
+            if set && population.dataset.is_none() {
+                return Err(WorkloadError::Invalid(format!(
+                    "{flag} sends each dataset user's items as `{key}`: it needs --dataset"
+                )));
+            }
+        }
+        if options.history_len == 0 {
+            return Err(WorkloadError::Invalid(
+                "--history-len must be at least 1".to_owned(),
+            ));
+        }
         if let Some(field) = &options.user_id_field {
             let fields = options
                 .extra
@@ -278,10 +300,19 @@ impl RecommendWorkload {
     }
 
     pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
-        let (user_id, _) = self.users.draw(rng);
+        let (user_id, items) = self.users.draw(rng);
         let mut body = Map::new();
         body.insert("user_id".to_owned(), json!(user_id));
         body.insert("k".to_owned(), json!(self.options.k));
+        let known = items.map_or(&[][..], |items| {
+            &items[..items.len().min(self.options.history_len)]
+        });
+        if self.options.send_history && !known.is_empty() {
+            body.insert("history".to_owned(), json!(known));
+        }
+        if self.options.exclude_known && !known.is_empty() {
+            body.insert("exclude".to_owned(), json!(known));
+        }
         body.extend(self.options.extra.clone());
         if let Some(field) = &self.options.user_id_field {
             // `new` checked that an extra `user` is an object whose `fields`, if any, is an object.
@@ -472,6 +503,9 @@ mod tests {
                 k: 10,
                 extra,
                 user_id_field: None,
+                history_len: 50,
+                exclude_known: false,
+                send_history: false,
             },
             population(Some(gowalla_like()), None, None),
         )
@@ -489,6 +523,9 @@ mod tests {
                 k: 0,
                 extra: Map::new(),
                 user_id_field: None,
+                history_len: 50,
+                exclude_known: false,
+                send_history: false,
             },
             population(None, Some(3), None),
         )
@@ -497,11 +534,63 @@ mod tests {
     }
 
     #[test]
+    fn recommend_sends_the_dataset_users_items_as_history_and_exclude_when_asked() {
+        let options = |send_history, exclude_known| RecommendOptions {
+            k: 10,
+            extra: Map::new(),
+            user_id_field: None,
+            history_len: 2,
+            exclude_known,
+            send_history,
+        };
+        let w = RecommendWorkload::new(
+            "demo".to_owned(),
+            options(true, true),
+            population(Some(gowalla_like()), None, None),
+        )
+        .expect("valid");
+        let data = gowalla_like();
+        let mut rng = StdRng::seed_from_u64(5);
+        for _ in 0..20 {
+            let v = decode(&w.body(&mut rng));
+            let user = v["user_id"].as_i64().expect("user");
+            let items = &data
+                .users
+                .iter()
+                .find(|u| u.user == user)
+                .expect("dataset user")
+                .items;
+            let expected = if items.is_empty() {
+                Value::Null
+            } else {
+                json!(items[..items.len().min(2)])
+            };
+            assert_eq!(v["history"], expected, "{v}");
+            assert_eq!(v["exclude"], expected, "{v}");
+        }
+        let err = RecommendWorkload::new(
+            "demo".to_owned(),
+            options(true, false),
+            population(None, Some(3), None),
+        )
+        .expect_err("no dataset");
+        assert!(
+            err.to_string().contains(
+                "--send-history sends each dataset user's items as `history`: it needs --dataset"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn recommend_puts_the_user_id_in_the_ranking_user_field_beside_the_extra_fields() {
         let options = |extra: Value| RecommendOptions {
             k: 5,
             extra: extra.as_object().expect("object").clone(),
             user_id_field: Some("user".to_owned()),
+            history_len: 50,
+            exclude_known: false,
+            send_history: false,
         };
         let w = RecommendWorkload::new(
             "demo".to_owned(),
