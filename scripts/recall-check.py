@@ -26,6 +26,16 @@ since an empty history cannot be embedded (the server refuses it). Both sides pr
 (`{"check": {"lightgcn": [...]}}`); models/README.md describes the rows. The row of `--model` named like the model
 is the `user_id` figure, the row named "MODEL, users embedded from history" the `history` figure.
 
+**Pipelines** (`--pipeline NAME`): the same figures through `POST /v1/recommend/NAME` (recall, then rank, in the
+server), beside the toolchain's offline figures of that pipeline: the demo's quality.json holds them under
+`ranker.quality` (`python -m recserve_models demo` computes them through the served ranker's own graph), one row
+per way of embedding the user (`users_from`: "user table", "history") and number of candidates. Each request sends
+`user_id` (or, with `--history`, `history`), `k`, the user's training items in `exclude` and, with
+`--send-history`, in `history` beside `user_id` too (a ranker with the `cooccurrence` candidate feature reads
+it). The ranker's user side is `--user-field NAME=RULE` (repeatable), RULE one of `user_id` (the user's id; -1,
+the unknown user, by history) and `activity` (the bucket of the user's training items, `min(floor(log2(1 + n)),
+15)`, as the toolchain's Gowalla ranker reads it).
+
 `--exact` or `--nprobe N` choose how a model with an IVF index searches (`exact` / `nprobe` in every request);
 `--tolerance` widens the agreement (the offline figures are exact: 0.002 is issue 16's bound for the index).
 
@@ -57,6 +67,8 @@ AGREE, DISAGREE, CANNOT_COMPARE = 0, 1, 2
 OFFLINE_K = 20  # `check` reports Recall@20 and NDCG@20
 TOLERANCE = 5e-5
 HISTORY_VARIANT = "{model}, users embedded from history"
+USERS_FROM = {"user_id": "user table", "history": "history"}  # the pipeline rows' `users_from`
+ACTIVITY_BUCKETS = 16
 
 
 class CannotCompare(Exception):
@@ -135,6 +147,50 @@ def offline_figures(path: Path, model: str, keys: list[str]) -> dict[str, dict]:
             )
         found[key] = row
     return found
+
+
+def pipeline_figures(path: Path, candidates: int, keys: list[str]) -> dict[str, dict]:
+    """For each of `keys`, the offline row of a pipeline recalling `candidates` items in the demo's quality.json
+    (`ranker.quality`); raises `CannotCompare`."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CannotCompare(f"--quality {path}: cannot read the offline figures: {e}") from e
+    rows = document.get("ranker", {}).get("quality") if isinstance(document, dict) else None
+    if not isinstance(rows, list):
+        raise CannotCompare(
+            f"--quality {path}: holds no pipeline figures (the demo's quality.json has them under ranker.quality)"
+        )
+    found = {}
+    for key in keys:
+        wanted = USERS_FROM[key]
+        row = next((r for r in rows if r.get("users_from") == wanted and r.get("candidates") == candidates), None)
+        if row is None:
+            raise CannotCompare(
+                f"--quality {path}: no offline pipeline figure with users from {USERS_FROM[key]!r} and "
+                f"{candidates} candidates"
+            )
+        found[key] = {**row, "variant": f"{row.get('pipeline')} ({row.get('users_from')})"}
+    return found
+
+
+def user_side(rules: dict[str, str], user: int | None, seen: list[int]) -> dict:
+    """The ranking model's `user` of a recommend request: each field by its rule (`--user-field`)."""
+    value = {
+        "user_id": -1 if user is None else user,
+        "activity": min(int(math.floor(math.log2(1 + len(seen)))), ACTIVITY_BUCKETS - 1),
+    }
+    return {"fields": {name: value[rule] for name, rule in rules.items()}}
+
+
+def parse_user_fields(specs: list[str]) -> dict[str, str]:
+    rules = {}
+    for spec in specs:
+        name, _, rule = spec.partition("=")
+        if not name or rule not in ("user_id", "activity"):
+            raise SystemExit(f"--user-field {spec!r}: expected NAME=user_id or NAME=activity")
+        rules[name] = rule
+    return rules
 
 
 def compare(
@@ -220,6 +276,23 @@ class Client:
         raise AssertionError("unreachable")
 
 
+def pipeline_candidates(server: str, name: str) -> int:
+    """The `candidates` of pipeline `name`, from the server's `GET /v1/pipelines`."""
+    url = urlparse(server)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=30)
+    try:
+        conn.request("GET", "/v1/pipelines")
+        listed = json.loads(conn.getresponse().read())
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise CannotCompare(f"GET {server}/v1/pipelines: {e}") from e
+    finally:
+        conn.close()
+    for pipeline in listed.get("pipelines", []):
+        if pipeline.get("name") == name:
+            return int(pipeline["candidates"])
+    raise CannotCompare(f"the server at {server} has no pipeline {name!r}")
+
+
 def metrics(top: list[int], truth: list[int], k: int) -> tuple[float, float]:
     """Recall@k and NDCG@k of one user."""
     relevant = set(truth)
@@ -252,6 +325,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare the user_id and history top K of each user (implies --history)",
     )
+    parser.add_argument(
+        "--pipeline", help="measure the recommend pipeline NAME (POST /v1/recommend/NAME) instead of the recall model"
+    )
+    parser.add_argument(
+        "--send-history",
+        action="store_true",
+        help="--pipeline by user_id: also send the user's training items as history (for a cooccurrence feature)",
+    )
+    parser.add_argument(
+        "--user-field",
+        action="append",
+        default=[],
+        metavar="NAME=RULE",
+        help="--pipeline: the ranker's user field NAME, RULE user_id or activity (repeatable)",
+    )
     search = parser.add_mutually_exclusive_group()
     search.add_argument("--exact", action="store_true", help="send `exact: true`: score the whole catalogue")
     search.add_argument("--nprobe", type=int, help="send `nprobe`: lists of the model's IVF index to scan")
@@ -264,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.history |= args.compare_history
+    rules = parse_user_fields(args.user_field)
+    if (args.send_history or rules) and not args.pipeline:
+        parser.error("--send-history and --user-field go with --pipeline")
+    if args.pipeline and args.compare_history:
+        parser.error("--compare-history compares recall lists: not with --pipeline")
     extra: dict = {"exact": True} if args.exact else {"nprobe": args.nprobe} if args.nprobe is not None else {}
     keys = ["user_id", "history"] if args.history else ["user_id"]
     offline: dict[str, dict] = {}
@@ -277,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if why:
                 raise CannotCompare(why)
-            offline = offline_figures(args.quality, args.model, keys)
+            if args.pipeline:
+                offline = pipeline_figures(args.quality, pipeline_candidates(args.server, args.pipeline), keys)
+            else:
+                offline = offline_figures(args.quality, args.model, keys)
         except CannotCompare as e:
             print(f"recall-check: nothing to compare with: {e} (--no-compare only measures)", file=sys.stderr)
             return CANNOT_COMPARE
@@ -292,21 +388,34 @@ def main(argv: list[str] | None = None) -> int:
         users = users[: args.limit]
         history_users = [u for u in history_users if u <= users[-1]] if users else []
     client = Client(args.server)
-    path = f"/v1/models/{args.model}/recall"
+    path = f"/v1/recommend/{args.pipeline}" if args.pipeline else f"/v1/models/{args.model}/recall"
+
+    def body(user: int | None, seen: list[int]) -> dict:
+        query = {"user_id": user} if user is not None else {"history": seen}
+        if args.pipeline:
+            query["user"] = user_side(rules, user, seen)
+            if user is not None and args.send_history and seen:
+                query["history"] = seen
+        return {**query, "k": args.k, "exclude": seen, **extra}
 
     def ask(user: int) -> tuple[int, dict, dict | None]:
         seen = train.get(user, [])
-        by_id = client.post(path, {"user_id": user, "k": args.k, "exclude": seen, **extra})
+        by_id = client.post(path, body(user, seen))
         by_history = None
         if args.history and seen:
-            by_history = client.post(path, {"history": seen, "k": args.k, "exclude": seen, **extra})
+            by_history = client.post(path, body(None, seen))
         return user, by_id, by_history
 
     started = time.perf_counter()
     with ThreadPoolExecutor(args.concurrency) as pool:
         answers = list(pool.map(ask, users))
     seconds = time.perf_counter() - started
-    version = answers[0][1]["version"] if answers else "?"
+    if args.pipeline:
+        first = answers[0][1] if answers else {}
+        models = (first.get("recall_model"), first.get("ranking_model"))
+        version = "; ".join(f"{m['name']} {m['version']}" for m in models if m)
+    else:
+        version = answers[0][1]["version"] if answers else "?"
 
     sums = {"user_id": [0.0, 0.0, 0], "history": [0.0, 0.0, 0]}
     overlap, same_list, same_set, diffs, compared = 0.0, 0, 0, [], 0
@@ -332,9 +441,11 @@ def main(argv: list[str] | None = None) -> int:
             diffs += [item["score"] - scores[item["id"]] for item in by_id["items"] if item["id"] in scores]
 
     requests = len(users) + (len(history_users) if args.history else 0)
-    print(f"server {args.server}, model {args.model!r} version {version}, K = {args.k}")
+    what = f"pipeline {args.pipeline!r} ({version})" if args.pipeline else f"model {args.model!r} version {version}"
+    print(f"server {args.server}, {what}, K = {args.k}")
     print(
-        f"{len(users)} test users, training items excluded; {requests} recall requests in {seconds:.1f} s "
+        f"{len(users)} test users, training items excluded; {requests} {'recommend' if args.pipeline else 'recall'} "
+        f"requests in {seconds:.1f} s "
         f"({requests / max(seconds, 1e-9):.0f}/s at concurrency {args.concurrency})"
     )
     if args.history and len(history_users) < len(users):

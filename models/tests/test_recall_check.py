@@ -248,3 +248,47 @@ def test_a_wider_tolerance_agrees_within_it_and_not_beyond(checked) -> None:
     assert "agree within 0.002" in lines[0]
     assert recall_check.compare(near, {"user_id": row}, lambda _: None) == recall_check.DISAGREE
     assert recall_check.compare(far, {"user_id": row}, lambda _: None, tolerance=0.002) == recall_check.DISAGREE
+
+
+# --- the pipeline mode (--pipeline) ------------------------------------------------------------------------------
+
+
+def _quality_with_pipeline_rows(path: Path) -> Path:
+    rows = [
+        {"users_from": "user table", "pipeline": "LightGCN alone", "candidates": None, "recall@20": 0.16,
+         "ndcg@20": 0.13, "test_users": 10},
+        {"users_from": "user table", "pipeline": "recall 100 → rank → top 20", "candidates": 100, "recall@20": 0.17,
+         "ndcg@20": 0.14, "test_users": 10},
+        {"users_from": "history", "pipeline": "recall 100 → rank → top 20", "candidates": 100, "recall@20": 0.168,
+         "ndcg@20": 0.136, "test_users": 9},
+    ]  # fmt: skip
+    path.write_text(json.dumps({"format_version": 1, "ranker": {"quality": rows}}))
+    return path
+
+
+def test_pipeline_figures_are_the_rows_of_the_pipelines_candidates(tmp_path: Path) -> None:
+    quality = _quality_with_pipeline_rows(tmp_path / "quality.json")
+    found = recall_check.pipeline_figures(quality, 100, ["user_id", "history"])
+    assert (found["user_id"]["recall@20"], found["history"]["recall@20"]) == (0.17, 0.168)
+    assert found["history"]["variant"] == "recall 100 → rank → top 20 (history)"
+    with pytest.raises(recall_check.CannotCompare, match="no offline pipeline figure with users from 'user table' and 500"):
+        recall_check.pipeline_figures(quality, 500, ["user_id"])
+    (tmp_path / "none.json").write_text(json.dumps({"check": {}}))
+    with pytest.raises(recall_check.CannotCompare, match="holds no pipeline figures"):
+        recall_check.pipeline_figures(tmp_path / "none.json", 100, ["user_id"])
+
+
+def test_the_rankers_user_side_follows_the_rules() -> None:
+    rules = recall_check.parse_user_fields(["user=user_id", "activity=activity"])
+    assert recall_check.user_side(rules, 7, list(range(49))) == {"fields": {"user": 7, "activity": 5}}
+    # By history the user is unknown (-1); the activity bucket is capped at 15.
+    assert recall_check.user_side(rules, None, list(range(70000))) == {"fields": {"user": -1, "activity": 15}}
+    assert recall_check.user_side({}, 3, [1]) == {"fields": {}}
+    with pytest.raises(SystemExit, match="--user-field 'age=42': expected NAME=user_id or NAME=activity"):
+        recall_check.parse_user_fields(["age=42"])
+
+
+def test_pipeline_flags_need_pipeline(capsys) -> None:
+    with pytest.raises(SystemExit):
+        recall_check.main(["--send-history"])
+    assert "--send-history and --user-field go with --pipeline" in capsys.readouterr().err
