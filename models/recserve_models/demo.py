@@ -10,9 +10,11 @@ runs), and the held-out rank requests drawn from its data (`heldout_requests`).
    result does not depend on the machine's speed);
 3. `export` / `quantize` into `work/repo`: `deepfm-fp32` (fp32 tables and graph), `deepfm` (int8 tables, INT8 QDQ
    graph calibrated on training rows), `lightgcn-fp32` (fp32 tables) and `lightgcn` (int8 tables);
-4. the Gowalla ranker for the recall → rank pipeline (`gowalla_rank`, `RANKER`): trained from the LightGCN run on
-   the same interactions, exported as `deepfm-gowalla-fp32` and quantized into `deepfm-gowalla` (int8 tables,
-   fp32 graph, the item feature table);
+4. the Gowalla ranker for the recall → rank pipeline (`gowalla_rank`, `RANKER`): the training interactions split
+   into an early and a late window (`label_window`, `WINDOW`), LightGCN-A trained on the early window with the
+   `LIGHTGCN` recipe (`lightgcn-early-run`), the ranker trained on LightGCN-A's candidates labelled by the late
+   window, exported with the item feature and co-occurrence tables of all training interactions as
+   `deepfm-gowalla-fp32` and quantized into `deepfm-gowalla` (int8 tables, fp32 graph);
 5. `check` on the held-out rows and the Gowalla test split, and the pipeline's quality (`PIPELINE_CANDIDATES`);
 6. copies `deepfm`, `deepfm-fp32`, `lightgcn` and `deepfm-gowalla` into `--out`, with `quality.json` (all the
    figures), an example rank request and the server config `recserve.toml` with `[pipelines.demo]` (`PIPELINE`),
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from . import criteo, files, gowalla_rank, lightgcn, model_toml, report, train_deepfm
+from . import criteo, files, gowalla_rank, label_window, lightgcn, model_toml, report, train_deepfm
 from .check import VOCABULARY, Validation, compare_deepfm, compare_lightgcn, validate
 from .export import export_deepfm, export_lightgcn, quantize_version
 from .model_toml import DeepFMToml
@@ -53,6 +55,7 @@ DEEPFM = train_deepfm.TrainConfig(epochs=2, min_count=20)
 LIGHTGCN = lightgcn.TrainConfig(epochs=40, batch=16384, lr=0.01)
 LIGHTGCN_EVAL_EVERY = 10
 ITEM_ID_FIELD = "C21"
+WINDOW = label_window.WindowConfig()
 RANKER = gowalla_rank.RankConfig()
 RANKER_NAME = "deepfm-gowalla"
 # The demo's recommend pipeline (docs/api.md), served by scripts/run-demo.sh:
@@ -65,7 +68,10 @@ COMMITTED = {
     "deepfm": "DeepFM, int8 tables, INT8 QDQ dense graph",
     "deepfm-fp32": "DeepFM, fp32 tables, fp32 dense graph",
     "lightgcn": "LightGCN on Gowalla, int8 user, item and history tables",
-    RANKER_NAME: "DeepFM ranking the Gowalla items (pipeline demo), int8 tables, fp32 dense graph, item features",
+    RANKER_NAME: (
+        "DeepFM reranking LightGCN's candidates (pipeline demo), int8 tables, fp32 dense graph, item features, "
+        "co-occurrence table"
+    ),
 }
 
 
@@ -128,16 +134,31 @@ def _lightgcn_run(work: Path, gowalla: Path) -> lightgcn.LightGCNRun:
     return lightgcn.run_training(gowalla, directory, LIGHTGCN, LIGHTGCN_EVAL_EVERY)
 
 
-def _ranker_run(work: Path, run: lightgcn.LightGCNRun, data: lightgcn.Interactions) -> gowalla_rank.RankRun:
+def _early_run(work: Path, gowalla: Path) -> lightgcn.LightGCNRun:
+    directory = work / label_window.WINDOW_RUN
+    if label_window.matches(directory, gowalla, LIGHTGCN, WINDOW):
+        _log(f"reusing the early-window LightGCN run in {directory}")
+        return lightgcn.LightGCNRun.load(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    _log("training LightGCN-A on the early window")
+    return label_window.early_run(gowalla, directory, LIGHTGCN, WINDOW)
+
+
+def _ranker_run(work: Path, early: lightgcn.LightGCNRun, window: lightgcn.Interactions) -> gowalla_rank.RankRun:
     directory = work / "ranker-run"
     info = _run_info(directory)
-    same_lightgcn = info is not None and _same(info.get("lightgcn"), run.info["config"])
-    if info is not None and same_lightgcn and _same(info.get("config"), asdict(RANKER)):
+    if (
+        info is not None
+        and info.get("kind") == "deepfm-gowalla"
+        and _same(info.get("lightgcn"), early.info["config"])
+        and _same(info.get("window"), asdict(WINDOW))
+        and _same(info.get("config"), asdict(RANKER))
+    ):
         _log(f"reusing the Gowalla ranker run in {directory}")
         return gowalla_rank.RankRun.load(directory)
     shutil.rmtree(directory, ignore_errors=True)
     _log("training the Gowalla ranker")
-    return gowalla_rank.run_training(run, data, directory, RANKER, to_stderr("train-ranker"))
+    return gowalla_rank.run_training(early, window, WINDOW, directory, RANKER, to_stderr("train-ranker"))
 
 
 def _pipeline_config() -> str:
@@ -177,7 +198,8 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     deepfm_run = _deepfm_run(work, train_file, test_file)
     lightgcn_run = _lightgcn_run(work, gowalla)
     interactions = lightgcn.read_interactions(gowalla / "train.txt", gowalla / "test.txt")
-    ranker_run = _ranker_run(work, lightgcn_run, interactions)
+    early_run = _early_run(work, gowalla)
+    ranker_run = _ranker_run(work, early_run, label_window.split(interactions, WINDOW))
 
     repo = work / "repo"
     shutil.rmtree(repo, ignore_errors=True)
@@ -203,9 +225,13 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
         graph_precision=None,
         description=f"{gowalla_description}, int8 tables",
     )
-    ranker_description = "DeepFM ranking the Gowalla items, started from the LightGCN run (recserve demo pipeline)"
+    ranker_description = (
+        "DeepFM reranking LightGCN's Gowalla candidates, trained on a label window (recserve demo pipeline)"
+    )
     ranker_fp32 = repo / f"{RANKER_NAME}-fp32" / "1"
-    gowalla_rank.export(ranker_run, interactions, ranker_fp32, "fp32", f"{ranker_description}, fp32")
+    served_transforms = gowalla_rank.export(
+        ranker_run, lightgcn_run, interactions, ranker_fp32, "fp32", f"{ranker_description}, fp32"
+    )
     quantize_version(
         ranker_fp32,
         repo / RANKER_NAME / "1",
@@ -229,8 +255,13 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
     _log(f"measuring the pipeline: recall N → rank → top 20 for N in {PIPELINE_CANDIDATES}")
     recall_model, ranker = validation.served("lightgcn"), validation.served(RANKER_NAME)
     assert recall_model is not None and ranker is not None
-    pipeline_rows = gowalla_rank.pipeline_quality(
-        recall_model, ranker, interactions, PIPELINE_CANDIDATES, to_stderr("demo")
+    pipeline_rows, auc_rows = gowalla_rank.pipeline_quality(
+        recall_model,
+        ranker,
+        interactions,
+        PIPELINE_CANDIDATES,
+        to_stderr("demo"),
+        auc_candidates=PIPELINE_CANDIDATES[0],
     )
 
     _log(f"writing {out}")
@@ -248,7 +279,14 @@ def build(out: Path, work: Path, gowalla: Path, report_path: Path | None) -> dic
         "deepfm": {"training": _portable(deepfm_run.info, "train", "test")},
         "lightgcn": {"training": _portable(lightgcn_run.info, "directory")},
         "check": {"deepfm": deepfm_rows, "lightgcn": lightgcn_rows},
-        "ranker": {"training": ranker_run.info, "pipeline": PIPELINE, "quality": pipeline_rows},
+        "ranker": {
+            "early_lightgcn": _portable(early_run.info, "directory"),
+            "training": ranker_run.info,
+            "served_transforms": [asdict(t) for t in served_transforms],
+            "pipeline": PIPELINE,
+            "quality": pipeline_rows,
+            "auc": auc_rows,
+        },
         "table_bytes": {
             "fp32": _table_bytes(repo / "deepfm-fp32" / "1"),
             "int8": _table_bytes(repo / "deepfm" / "1"),

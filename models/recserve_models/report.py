@@ -36,33 +36,87 @@ def _epochs(n: int) -> str:
 def _pipeline_section(q: dict[str, Any], add: Any) -> None:
     r = q["ranker"]
     t, c, p = r["training"], r["training"]["config"], r["pipeline"]
+    early, w, data = r["early_lightgcn"], t["window"], t["data"]
     add(f"## Recall → rank: the `{p['name']}` pipeline (`POST /v1/recommend/{p['name']}`)")
     add("")
     add(
-        f"**Ranking model** `{p['ranking_model']}`: a DeepFM on the same Gowalla training interactions as the "
-        "LightGCN (module `gowalla_rank`). Fields: `user` (the user id; one more row, the table's default, for a "
-        "user it does not hold: what a request by `history` sends, e.g. -1), `activity` (the user's training "
-        "interactions, in buckets `min(floor(log2(1 + n)), 15)`; for a history, its length), `item` (the item id, "
-        "`item_id_field`: the recalled id) and `popularity` (the item's training interactions, same buckets; the "
-        "item feature table's one column). Its `user` and `item` factors start as the LightGCN run's final "
-        f"embeddings (k = the LightGCN dim) scaled so that the FM term is {c['score_scale']} × LightGCN's score "
-        "(unscaled, the best candidates' probabilities round to 1.0 in float32 and tie), with the other factors "
-        "near 0 and a zero last MLP layer, so that it starts ranking exactly as LightGCN does; then binary "
-        "cross-entropy on every training interaction against "
-        f"{c['negatives']} uniformly drawn unseen item(s) each, the user id replaced by the unknown row in "
-        f"{c['unknown_share']:.0%} of the rows, MLP {'-'.join(map(str, c['hidden']))}, Adam with learning rate "
-        f"{c['lr']} and batches of {c['batch']:,}, {_epochs(c['epochs'])} ({t['training_rows']:,} rows) in "
-        f"{_duration(t['train_seconds'])}. Served with int8 tables and an fp32 dense graph."
+        f"**Label window**: each user's Gowalla training interactions are split at random (seed {w['seed']}) into "
+        f"an early and a late window: a user with at least {w['min_items']} items sends "
+        f"`max(1, round({w['late_share']} · n))` of them to the late window, the others keep all their items early "
+        f"({early['data']['train_interactions']:,} early and {early['data']['test_interactions']:,} late "
+        "interactions). LightGCN-A is trained on the early window with the LightGCN recipe above "
+        f"({_epochs(early['epochs'])}, {_duration(early['train_seconds'])}); on the late window it reaches "
+        f"Recall@20 {early['test']['recall']:.4f} and NDCG@20 {early['test']['ndcg']:.4f}."
     )
     add("")
     add(
-        f"**Pipeline**: `recall_model = \"{p['recall_model']}\"`, `ranking_model = \"{p['ranking_model']}\"`, "
-        f"`candidates = {p['candidates']}`, `k = {p['k']}` (`models/demo/recserve.toml`, which "
-        "`scripts/run-demo.sh` serves). **Quality** on the Gowalla test split: for every test user, the served "
-        "LightGCN's top N items with the user's training items excluded (a recommend request with those items in "
-        "`exclude`), ranked by the served ranker through its own graph, best 20; beside LightGCN alone (the first "
-        "20 of the same list). By `history`, the user is embedded from its training items and the ranker sees the "
-        "unknown user (and the activity bucket of the history's length)."
+        f"**Training rows**: for each of the {data['users']:,} users with late items, LightGCN-A's top "
+        f"{c['candidates']} items (early items excluded); a candidate is a positive when it is one of the user's late "
+        f"items, every other candidate a (hard) negative: {data['rows']:,} rows, {data['positives']:,} positives "
+        f"({data['late_items_recalled']:.1%} of the late items are among the candidates). The features come from the "
+        "early window only: the candidate features the pipeline computes (`recall_score`: LightGCN-A's score; "
+        "`recall_rank`: the 0-based position in its list; `cooccurrence`: the sum over the user's early items `h` "
+        f"of `w(h→c)` in a cosine ItemKNN table of the early interactions, `{c['neighbours']}` neighbours per item, "
+        f"{data['cooccurrence_entries']:,} entries), the user's `activity` (history length in buckets "
+        "`min(floor(log2(1 + n)), 15)`) and the item's `popularity` (training interactions, same buckets). "
+        f"The users are split {1 - c['validation_share']:.0%} / {c['validation_share']:.0%} into training "
+        f"({data['train_users']:,}) and validation ({data['validation_users']:,}) users."
+    )
+    add("")
+    id_fields = "`activity` (user), `popularity` (item" + (") and `item` (the item id)" if c["item_ids"] else ")")
+    add(
+        f"**Ranking model** `{p['ranking_model']}` (module `gowalla_rank`): a DeepFM with fields {id_fields}, "
+        f"k = {c['factors']}, MLP {'-'.join(map(str, c['hidden']))}, and the three candidate features as its dense "
+        "input, read through transforms inside the graph (the server feeds raw values): standardised on the "
+        "training rows for training, and refitted for serving on the served LightGCN's candidates of the training "
+        "users with features from all training interactions (no labels): the serving-time histories are longer and "
+        "the co-occurrence table denser than the early window's, which shifts the sums up."
+    )
+    add("")
+    add("| candidate feature | transform | centre, training | scale, training | centre, served | scale, served |")
+    add("| --- | --- | ---: | ---: | ---: | ---: |")
+    names = ("recall_score", "recall_rank", "cooccurrence")
+    for name, tr, sv in zip(names, t["dense_transforms"], r["served_transforms"], strict=True):
+        what = "`log(1 + max(x, 0))`" if tr["kind"] == "log1p" else "`x`"
+        add(
+            f"| `{name}` | ({what} − centre) / scale | {tr['centre']:.4f} | {tr['scale']:.4f} | "
+            f"{sv['centre']:.4f} | {sv['scale']:.4f} |"
+        )
+    add("")
+    add(
+        f"Binary cross-entropy, Adam with learning rate {c['lr']}, batches of {c['batch']:,}, L2 {c['l2']} on the "
+        f"table rows; after each epoch the validation users' candidates are reranked (labels: their late items), "
+        f"and the epoch with the best validation Recall@20 is exported; training stops {c['patience']} epochs "
+        f"after it (at most {c['max_epochs']}). Best epoch: **{t['best_epoch']}** "
+        f"({_duration(t['train_seconds'])} of training in all). Served with int8 tables and an fp32 dense graph."
+    )
+    add("")
+    add(
+        "| epoch | training log loss | validation log loss | validation AUC | validation Recall@20 | "
+        "validation NDCG@20 |"
+    )
+    add("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = t["validation_baseline"]
+    add(f"| LightGCN-A alone | | | | {base['recall@20']:.4f} | {base['ndcg@20']:.4f} |")
+    for h in t["history"]:
+        best = "**" if h["epoch"] == t["best_epoch"] else ""
+        add(
+            f"| {best}{h['epoch']}{best} | {h['train_log_loss']:.4f} | {h['validation_log_loss']:.4f} | "
+            f"{h['validation_auc']:.4f} | {h['validation_recall@20']:.4f} | {h['validation_ndcg@20']:.4f} |"
+        )
+    add("")
+    add(
+        f'**Pipeline**: `recall_model = "{p["recall_model"]}"` (the LightGCN above, trained on all training '
+        f'interactions), `ranking_model = "{p["ranking_model"]}"`, `candidates = {p["candidates"]}`, '
+        f"`k = {p['k']}` (`models/demo/recserve.toml`, which `scripts/run-demo.sh` serves). At serving time the "
+        "features come from all training interactions (the co-occurrence table exported with the ranker, the same "
+        "weighting; popularity), as yesterday's window trains the ranker of today's recall stage. **Quality** on "
+        "the Gowalla test split: for every test user, the served LightGCN's top N items with the user's training "
+        "items excluded (a recommend request with those items in `exclude`), the candidate features as the server "
+        "computes them (the served int8 tables' scores, the positions, the co-occurrence sum over the user's "
+        "training items, which a request by `user_id` sends as its `history` too), ranked by the served ranker "
+        "through its own graph, best 20; beside LightGCN alone (the first 20 of the same list). By `history`, the "
+        "user is embedded from its training items."
     )
     add("")
     add("| users from | what | Recall@20 | NDCG@20 | test users |")
@@ -80,10 +134,26 @@ def _pipeline_section(q: dict[str, Any], add: Any) -> None:
         for row in rows:
             if row["candidates"] is not None:
                 changes.append(
-                    f"by {users_from}, N = {row['candidates']}: Recall@20 {row['recall@20'] - alone['recall@20']:+.4f}, "
-                    f"NDCG@20 {row['ndcg@20'] - alone['ndcg@20']:+.4f}"
+                    f"by {users_from}, N = {row['candidates']}: Recall@20 "
+                    f"{row['recall@20'] - alone['recall@20']:+.4f} ({row['recall@20'] / alone['recall@20'] - 1:+.1%}), "
+                    f"NDCG@20 {row['ndcg@20'] - alone['ndcg@20']:+.4f} ({row['ndcg@20'] / alone['ndcg@20'] - 1:+.1%})"
                 )
     add(f"Against LightGCN alone, the pipeline changes the figures by: {'; '.join(changes)}.")
+    add("")
+    n = r["auc"][0]["candidates"]
+    add(
+        f"**AUC within the recall candidates**: the served LightGCN's top {n} per test user, the user's test items "
+        "against the other candidates; pooled over all candidates of all users, and the mean over users (with both "
+        "kinds) of each user's own AUC."
+    )
+    add("")
+    add("| users from | scored by | AUC, pooled | AUC, mean per user | positives | candidates |")
+    add("| --- | --- | ---: | ---: | ---: | ---: |")
+    for row in r["auc"]:
+        add(
+            f"| {row['users_from']} | {row['scorer']} | {row['auc']:.4f} | {row['user_auc']:.4f} | "
+            f"{row['positives']:,} | {row['rows']:,} |"
+        )
     add("")
 
 

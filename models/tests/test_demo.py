@@ -43,7 +43,8 @@ def test_the_demo_meets_the_budgets(quality: dict) -> None:
     files = {p.relative_to(DEMO): p.stat().st_size for p in DEMO.rglob("*") if p.is_file()}
     for name, model in quality["demo"].items():
         assert model["files"] == {p.name: size for p, size in files.items() if p.parts[0] == name}
-    assert sum(files.values()) < 20 * 2**20, "the committed demo stays small (18.1 MiB with the pipeline's ranker)"
+    # The ranker's co-occurrence table (20 neighbours per item, I64 indices: about 9.4 MiB) is most of the growth.
+    assert sum(files.values()) < 25 * 2**20, "the committed demo stays small (22.9 MiB with the pipeline's ranker)"
 
 
 def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -61,7 +62,9 @@ def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytes
     )
     monkeypatch.setattr(demo, "LIGHTGCN", lightgcn.TrainConfig(dim=8, epochs=2, batch=256, lr=0.01))
     monkeypatch.setattr(demo, "LIGHTGCN_EVAL_EVERY", 1)
-    monkeypatch.setattr(demo, "RANKER", gowalla_rank.RankConfig(batch=256, hidden=(8,)))
+    monkeypatch.setattr(
+        demo, "RANKER", gowalla_rank.RankConfig(candidates=10, neighbours=5, max_epochs=2, batch=256, hidden=(8,))
+    )
     monkeypatch.setattr(demo, "PIPELINE_CANDIDATES", (5, 10))
     gowalla = tmp_path / "gowalla"
     data = lightgcn.synthetic_interactions(np.random.default_rng(0), 80, 100, 12)
@@ -84,6 +87,15 @@ def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytes
         ("user table", None), ("user table", 5), ("user table", 10), ("history", None), ("history", 5), ("history", 10),
     ]  # fmt: skip
     assert all(0 <= r["recall@20"] <= 1 and 0 <= r["ndcg@20"] <= 1 for r in rows)
+    aucs = quality["ranker"]["auc"]
+    assert [(r["users_from"], r["scorer"]) for r in aucs] == [
+        (users_from, scorer)
+        for users_from in ("user table", "history")
+        for scorer in ("the ranker", "LightGCN's score", "log popularity")
+    ]
+    assert all(r["candidates"] == 5 and 0 <= r["auc"] <= 1 for r in aucs)
+    ranker = check.validate(out).served("deepfm-gowalla")
+    assert ranker is not None and ranker.cooccurrence is not None
     assert page.read_text() == report.render(json.loads((out / "quality.json").read_text()))
     assert {r["variant"] for r in quality["check"]["deepfm"]} == {
         "deepfm-fp32", "deepfm-fp32 tables + deepfm graph", "deepfm tables + deepfm-fp32 graph", "deepfm",
@@ -99,5 +111,5 @@ def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytes
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     capsys.readouterr()
     demo.build(out, work, gowalla, page)
-    assert capsys.readouterr().err.count("reusing") == 5
+    assert capsys.readouterr().err.count("reusing") == 6  # + the early-window LightGCN run
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
