@@ -44,7 +44,7 @@ def test_the_demo_meets_the_budgets(quality: dict) -> None:
     for name, model in quality["demo"].items():
         assert model["files"] == {p.name: size for p, size in files.items() if p.parts[0] == name}
     # The ranker's co-occurrence table (20 neighbours per item, I64 indices: about 9.4 MiB) is most of the growth.
-    assert sum(files.values()) < 25 * 2**20, "the committed demo stays small (22.9 MiB with the pipeline's ranker)"
+    assert sum(files.values()) < 25 * 2**20, "the committed demo stays small (23.5 MiB with the pipeline's ranker)"
 
 
 def test_the_demo_pipeline_runs_on_small_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
