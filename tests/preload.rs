@@ -31,7 +31,8 @@ async fn answers(preload: Switch) -> Vec<Value> {
         ));
         requests.push((
             "/v1/recommend/demo".to_owned(),
-            json!({"user_id": user, "user": {"fields": {"user": user, "activity": 4}}, "k": 20}),
+            // The demo ranker reads the cooccurrence feature: user_id requests send a history.
+            json!({"user_id": user, "history": [1, 2, 3, 5, 8], "user": {"fields": {"activity": 4}}, "k": 20}),
         ));
     }
     let mut out = Vec::new();
