@@ -259,6 +259,14 @@ async fn a_run_draws_its_percentiles_against_the_sla() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recall_and_recommend_workloads_are_answered_by_the_demo_repository() {
     let server = start_demo_recserve().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dataset = dir.path().join("train.txt");
+    std::fs::write(
+        &dataset,
+        "7 2525 1933 991\n1000 468 714 12 40980\n29857 0\n",
+    )
+    .expect("write dataset");
+    let dataset = dataset.to_str().expect("UTF-8 path").to_owned();
     let timing = [
         "--closed",
         "--concurrency",
@@ -295,17 +303,18 @@ async fn recall_and_recommend_workloads_are_answered_by_the_demo_repository() {
             "--history-len",
             "10",
         ],
-        // Recommend: the ranker (deepfm-gowalla) reads the user id from its user field `user` and the user's
-        // activity bucket from `activity`.
+        // Recommend: the ranker (deepfm-gowalla) takes the co-occurrence of each candidate with the user's
+        // items, so a request by user id sends them in `history` (and `exclude`), from a dataset of Gowalla-like
+        // lines; its one user field is the activity bucket.
         vec![
             "--workload",
             "recommend",
             "--pipeline",
             "demo",
-            "--users",
-            "29858",
-            "--user-id-field",
-            "user",
+            "--dataset",
+            dataset.as_str(),
+            "--send-history",
+            "--exclude-known",
             "--body-extra",
             r#"{"user": {"fields": {"activity": 4}}}"#,
             "--k",
