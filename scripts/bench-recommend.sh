@@ -6,8 +6,10 @@
 # with its training items (at most HISTORY_LEN) in `exclude`, and in `history` too where the side's ranker takes
 # the `cooccurrence` candidate feature (which reads it); the ranker's user fields come from its model.toml
 # (`user`: the user id; `activity`: the bucket of the history's length, fixed at ACTIVITY for every request).
-# Beside every run: recload's CPU and the machine's steal (scripts/lib/step.py). Prints the median and the worst
-# of the rounds per side (never the best) and writes them, with every run's JSON, into RESULTS.
+# Beside every run: recload's CPU and the machine's steal (scripts/lib/step.py), and the server's own mean time per
+# pipeline stage over the run (recserve_pipeline_stage_duration_seconds: recall, features, rank), which isolates
+# what computing the candidate features costs from the rest. Prints the median and the worst of the rounds per
+# side (never the best) and writes them, with every run's JSON, into RESULTS.
 #
 # Usage: scripts/bench-recommend.sh [BEFORE-REV]
 #   BEFORE-REV  the git revision whose models/demo is BEFORE [default: 5d77fdb, the demo before issue 33's
@@ -83,7 +85,8 @@ for round in $(seq "$ROUNDS"); do
       serve --repository "$demo" --config "$demo/recserve.toml" --http-addr "127.0.0.1:$http" --executors 1 \
       --intra-op-threads 1
     out=$RESULTS/$side/round-$round
-    python scripts/lib/step.py --out "$out.step.json" -- "${on_client[@]}" target/release/recload run \
+    python scripts/lib/step.py --out "$out.step.json" --metrics "http://127.0.0.1:$http/metrics" --prom "$out" \
+      -- "${on_client[@]}" target/release/recload run \
       --url "http://127.0.0.1:$http" --workload recommend --pipeline demo --dataset "$DATA/train.txt" \
       --history-len "$HISTORY_LEN" --k 10 "${flags[@]}" --seed 1 --pool 1000 --rate "$RATE" \
       --connections "$CONNECTIONS" --warmup "$WARMUP" --duration "$DURATION" --timeout 2s --quiet \
@@ -97,11 +100,25 @@ python - "$RESULTS" "$ROUNDS" "$RATE" "$before_rev" <<'PY' | tee "$RESULTS/repor
 import json, statistics, sys
 from pathlib import Path
 
+sys.path.insert(0, "scripts/lib")
+import bench
+
+STAGE = "recserve_pipeline_stage_duration_seconds"
+
+
+def stage_ms(prefix: Path, stage: str) -> float:
+    """The server's mean time of `stage` over one run, in ms, from its /metrics before and after."""
+    before, after = (bench.samples(Path(f"{prefix}.{w}.prom").read_text()) for w in ("before", "after"))
+    took = bench.total(after, f"{STAGE}_sum", stage=stage) - bench.total(before, f"{STAGE}_sum", stage=stage)
+    count = bench.total(after, f"{STAGE}_count", stage=stage) - bench.total(before, f"{STAGE}_count", stage=stage)
+    return 1e3 * took / count
+
 results, rounds, rate, rev = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 print(f"POST /v1/recommend/demo, open loop at {rate}/s; median (worst) of {rounds} interleaved rounds; "
       f"before: models/demo at {rev}, after: models/demo of the working tree\n")
-print("| side | recload flags | ok / sent | p50 ms | p99 ms | recload CPU (max) | steal s (max) |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| side | recload flags | ok / sent | p50 ms | p99 ms | server recall / features / rank, mean ms | "
+      "recload CPU (max) | steal s (max) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for side in ("before", "after"):
     runs = sorted(r for r in (results / side).glob("round-*.json") if not r.name.endswith(".step.json"))
     reports = [json.loads(r.read_text()) for r in runs]
@@ -114,6 +131,10 @@ for side in ("before", "after"):
     steals = [s["steal_s"] for s in steps if s.get("steal_s") is not None]
     steal = f"{max(steals):.2f}" if steals else "–"
     flags = (results / side / "flags.txt").read_text().split(": ", 1)[1].strip()
+    stages = " / ".join(
+        f"{statistics.median(stage_ms(r.with_suffix(''), stage) for r in runs):.3f}"
+        for stage in ("recall", "features", "rank")
+    )
     print(f"| {side} | `{flags}` | {ok} / {sent} | {statistics.median(p50):.3f} ({max(p50):.3f}) | "
-          f"{statistics.median(p99):.3f} ({max(p99):.3f}) | {cpu:.2f} | {steal} |")
+          f"{statistics.median(p99):.3f} ({max(p99):.3f}) | {stages} | {cpu:.2f} | {steal} |")
 PY
