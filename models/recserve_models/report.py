@@ -155,6 +155,15 @@ def _pipeline_section(q: dict[str, Any], add: Any) -> None:
             f"{row['positives']:,} | {row['rows']:,} |"
         )
     add("")
+    add(
+        "**Served = offline**: `scripts/recall-check.py --pipeline demo --send-history --user-field activity=activity "
+        "--history` asks a running server for the same top 20 of every test user through `POST /v1/recommend/demo` "
+        "and exits non-zero unless its Recall@20 and NDCG@20 equal the rows above to 4 decimals "
+        "([models/README.md](../models/README.md#the-demo)). **Cost**: `scripts/bench-recommend.sh` times the "
+        "recommend call with these features against the demo before them, stage by stage "
+        "([benchmarks.md](benchmarks.md#the-recommend-pipeline-with-candidate-features))."
+    )
+    add("")
 
 
 def render(q: dict[str, Any]) -> str:
