@@ -66,8 +66,11 @@ for model in $models; do
 done
 
 python - "$RESULTS" "$ROUNDS" "$RATE" <<'PY' | tee "$RESULTS/report.md"
-import json, statistics, sys
+import sys
 from pathlib import Path
+
+sys.path.insert(0, "scripts/lib")
+from bench import Rounds
 
 results, rounds, rate = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 print(f"KServe v2 HTTP (binary tensors) against gRPC, open loop at {rate}/s; median / worst of {rounds} interleaved rounds\n")
@@ -75,17 +78,6 @@ print("| model | envelope | ok / sent | p50 ms | p99 ms | recload CPU (max) | st
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for model in sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("repo-")):
     for envelope in ("kserve-v2-tensors", "kserve-v2-grpc"):
-        runs = sorted((model / envelope).glob("round-*.json"))
-        runs = [r for r in runs if not r.name.endswith(".step.json")]
-        reports = [json.loads(r.read_text()) for r in runs]
-        steps = [json.loads(r.with_suffix(".step.json").read_text()) for r in runs]
-        p50 = [d["latency_ms"]["p50_ms"] for d in reports]
-        p99 = [d["latency_ms"]["p99_ms"] for d in reports]
-        ok = sum(d["requests"]["ok"] for d in reports)
-        sent = sum(d["requests"]["sent"] for d in reports)
-        cpu = max(d["cpu_s"] / d["wall_s"] for d in reports)
-        steals = [s["steal_s"] for s in steps if s.get("steal_s") is not None]
-        steal = f"{max(steals):.2f}" if steals else "–"
-        print(f"| {model.name} | {envelope} | {ok} / {sent} | {statistics.median(p50):.3f} ({max(p50):.3f}) | "
-              f"{statistics.median(p99):.3f} ({max(p99):.3f}) | {cpu:.2f} | {steal} |")
+        r = Rounds.under(model / envelope)
+        print(f"| {model.name} | {envelope} | {r.cells()} | {r.load_cells()} |")
 PY

@@ -97,7 +97,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 python - "$RESULTS" "$ROUNDS" "$RATE" "$before_rev" <<'PY' | tee "$RESULTS/report.md"
-import json, statistics, sys
+import statistics, sys
 from pathlib import Path
 
 sys.path.insert(0, "scripts/lib")
@@ -113,6 +113,7 @@ def stage_ms(prefix: Path, stage: str) -> float:
     count = bench.total(after, f"{STAGE}_count", stage=stage) - bench.total(before, f"{STAGE}_count", stage=stage)
     return 1e3 * took / count
 
+
 results, rounds, rate, rev = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 print(f"POST /v1/recommend/demo, open loop at {rate}/s; median (worst) of {rounds} interleaved rounds; "
       f"before: models/demo at {rev}, after: models/demo of the working tree\n")
@@ -121,20 +122,11 @@ print("| side | recload flags | ok / sent | p50 ms | p99 ms | server recall / fe
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for side in ("before", "after"):
     runs = sorted(r for r in (results / side).glob("round-*.json") if not r.name.endswith(".step.json"))
-    reports = [json.loads(r.read_text()) for r in runs]
-    steps = [json.loads(r.with_suffix(".step.json").read_text()) for r in runs]
-    p50 = [d["latency_ms"]["p50_ms"] for d in reports]
-    p99 = [d["latency_ms"]["p99_ms"] for d in reports]
-    ok = sum(d["requests"]["ok"] for d in reports)
-    sent = sum(d["requests"]["sent"] for d in reports)
-    cpu = max(d["cpu_s"] / d["wall_s"] for d in reports)
-    steals = [s["steal_s"] for s in steps if s.get("steal_s") is not None]
-    steal = f"{max(steals):.2f}" if steals else "–"
+    r = bench.Rounds.of(runs)
     flags = (results / side / "flags.txt").read_text().split(": ", 1)[1].strip()
     stages = " / ".join(
-        f"{statistics.median(stage_ms(r.with_suffix(''), stage) for r in runs):.3f}"
+        f"{statistics.median(stage_ms(run.with_suffix(''), stage) for run in runs):.3f}"
         for stage in ("recall", "features", "rank")
     )
-    print(f"| {side} | `{flags}` | {ok} / {sent} | {statistics.median(p50):.3f} ({max(p50):.3f}) | "
-          f"{statistics.median(p99):.3f} ({max(p99):.3f}) | {stages} | {cpu:.2f} | {steal} |")
+    print(f"| {side} | `{flags}` | {r.cells()} | {stages} | {r.load_cells()} |")
 PY

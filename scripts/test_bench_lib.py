@@ -94,3 +94,27 @@ def test_a_server_that_exits_before_ready_is_reported_with_its_log(tmp_path: Pat
     with pytest.raises(RuntimeError, match=r"(?s)boom.*exited before it was ready"):
         server.wait_ready("http://127.0.0.1:1/", timeout=30, every=0.05)
     assert server.stop() == 3
+
+
+def test_rounds_give_the_median_and_the_worst_never_the_best(tmp_path: Path) -> None:
+    import json
+
+    for i, (p50, p99, cpu, steal) in enumerate([(1.0, 5.0, 0.2, 0.01), (3.0, 4.0, 0.3, None), (2.0, 9.0, 0.1, 0.05)]):
+        run = tmp_path / f"round-{i + 1}.json"
+        run.write_text(
+            json.dumps(
+                {
+                    "latency_ms": {"p50_ms": p50, "p99_ms": p99},
+                    "requests": {"ok": 10, "sent": 11},
+                    "cpu_s": cpu * 10,
+                    "wall_s": 10.0,
+                }
+            )
+        )
+        run.with_suffix(".step.json").write_text(json.dumps({"steal_s": steal}))
+    r = bench.Rounds.under(tmp_path)
+    assert (r.runs, r.ok, r.sent) == (3, 30, 33)
+    assert (r.p50_ms, r.p99_ms) == ((2.0, 3.0), (5.0, 9.0))
+    assert (r.recload_cpu, r.steal_s) == (0.3, 0.05)
+    assert r.cells() == "30 / 33 | 2.000 (3.000) | 5.000 (9.000)"
+    assert r.load_cells() == "0.30 | 0.05"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 # --- processes ----------------------------------------------------------------------------------------------------
@@ -159,6 +161,58 @@ def total(values: dict[str, float], name: str, **labels: str) -> float:
     """The sum of `name`'s samples in `values` (samples()'s form) whose labels include `labels`."""
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(v for k, v in values.items() if k.split("{")[0] == name and all(w in k for w in want))
+
+
+# --- interleaved rounds of one configuration ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The recload runs of one configuration over the rounds of a benchmark: the median and the worst of each
+    figure (never the best), what was sent and answered, recload's largest CPU share and the machine's largest steal
+    of a run (scripts/lib/step.py writes RUN.step.json beside RUN.json)."""
+
+    runs: int
+    ok: int
+    sent: int
+    p50_ms: tuple[float, float]  # (median, worst)
+    p99_ms: tuple[float, float]
+    recload_cpu: float
+    steal_s: float | None
+
+    @staticmethod
+    def of(runs: Sequence[Path]) -> Rounds:
+        reports = [json.loads(r.read_text(encoding="utf-8")) for r in runs]
+        steps = [json.loads(r.with_suffix(".step.json").read_text(encoding="utf-8")) for r in runs]
+        p50 = [d["latency_ms"]["p50_ms"] for d in reports]
+        p99 = [d["latency_ms"]["p99_ms"] for d in reports]
+        steals = [s["steal_s"] for s in steps if s.get("steal_s") is not None]
+        return Rounds(
+            runs=len(runs),
+            ok=sum(d["requests"]["ok"] for d in reports),
+            sent=sum(d["requests"]["sent"] for d in reports),
+            p50_ms=(statistics.median(p50), max(p50)),
+            p99_ms=(statistics.median(p99), max(p99)),
+            recload_cpu=max(d["cpu_s"] / d["wall_s"] for d in reports),
+            steal_s=max(steals) if steals else None,
+        )
+
+    @staticmethod
+    def under(directory: Path) -> Rounds:
+        """The runs `round-*.json` in `directory`."""
+        return Rounds.of(sorted(r for r in directory.glob("round-*.json") if not r.name.endswith(".step.json")))
+
+    def cells(self) -> str:
+        """`ok / sent | p50 median (worst) | p99 median (worst)`, for a markdown row."""
+        return (
+            f"{self.ok} / {self.sent} | {self.p50_ms[0]:.3f} ({self.p50_ms[1]:.3f}) | "
+            f"{self.p99_ms[0]:.3f} ({self.p99_ms[1]:.3f})"
+        )
+
+    def load_cells(self) -> str:
+        """`recload CPU | steal`, for a markdown row."""
+        steal = "–" if self.steal_s is None else f"{self.steal_s:.2f}"
+        return f"{self.recload_cpu:.2f} | {steal}"
 
 
 # --- generated sections of a document ---------------------------------------------------------------------------
