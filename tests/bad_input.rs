@@ -341,7 +341,7 @@ fn bad_requests(good: &Value) -> Vec<(String, String, String, u16, String)> {
         (
             "columnar: an unknown key",
             |v| v["candidates"]["score"] = json!(1),
-            "candidates.score: unknown field `score`, expected `fields`, `ids` or `id`".to_owned(),
+            "candidates.score: unknown field `score`, expected `fields`, `ids`, `id` or `features`".to_owned(),
         ),
         (
             "columnar: candidates neither rows nor columns",
