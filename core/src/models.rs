@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::batching::{BatchConfig, StatisticsSnapshot};
 use crate::error::{LoadError, ServiceError};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
@@ -82,6 +83,30 @@ impl Model {
         match self {
             Model::Ranking(_) => Operation::Rank,
             Model::Recall(_) => Operation::Recall,
+        }
+    }
+
+    /// The batching its requests go through.
+    pub fn batching(&self) -> &BatchConfig {
+        match self {
+            Model::Ranking(m) => m.batching(),
+            Model::Recall(m) => m.batching(),
+        }
+    }
+
+    /// How many executor threads run its batches.
+    pub fn executors(&self) -> usize {
+        match self {
+            Model::Ranking(m) => m.executors(),
+            Model::Recall(m) => m.executors(),
+        }
+    }
+
+    /// What the statistics extension reports of it: its calls and executed batches since it was loaded.
+    pub fn statistics(&self) -> StatisticsSnapshot {
+        match self {
+            Model::Ranking(m) => m.statistics(),
+            Model::Recall(m) => m.statistics(),
         }
     }
 

@@ -13,6 +13,7 @@ pub(crate) mod estimator;
 mod job;
 pub(crate) mod lateness;
 pub(crate) mod policy;
+pub mod statistics;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -28,6 +29,8 @@ pub use estimator::Estimator;
 pub use job::{Answer, Answered, BatchTrace, ExecError, Job, Work, catch_panic};
 pub use policy::{Batch, BatchConfig, CloseReason, Entry, QueueFit, Refusal, split_rows};
 use policy::{Decision, Dropped, Policy};
+use statistics::Phases;
+pub use statistics::{BatchSizeStat, DurationStat, Statistics, StatisticsSnapshot};
 
 /// Closer than this to a wake-up time, an executor waiting for company spins instead of sleeping (a timed wait
 /// overshoots by tens of µs).
@@ -182,6 +185,8 @@ struct Shared<J> {
     work: Condvar,
     estimator: Estimator,
     metrics: BatchMetrics,
+    /// What the statistics extension reports of the model version.
+    statistics: Statistics,
 }
 
 impl<J> Shared<J> {
@@ -220,6 +225,7 @@ impl<W: Work> Batcher<W> {
         let (fixed, per_row) = estimator.line();
         metrics.fixed_cost.set(fixed.as_secs_f64());
         metrics.row_cost.set(per_row.as_secs_f64());
+        let statistics = Statistics::new(config.max_batch_rows);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 policy: Policy::new(config, executors.len()),
@@ -229,6 +235,7 @@ impl<W: Work> Batcher<W> {
             work: Condvar::new(),
             estimator,
             metrics,
+            statistics,
         });
         let mut threads = Vec::with_capacity(executors.len());
         for (i, executor) in executors.into_iter().enumerate() {
@@ -259,6 +266,24 @@ impl<W: Work> Batcher<W> {
             shared,
             executors: threads,
         })
+    }
+
+    /// How many executor threads run the model's batches.
+    pub(crate) fn executors(&self) -> usize {
+        self.executors.len()
+    }
+
+    /// The model version's statistics so far.
+    pub(crate) fn statistics(&self) -> StatisticsSnapshot {
+        self.shared.statistics.snapshot()
+    }
+
+    /// Counts a call of the model (a request, or a pipeline's stage on it) that ended now, from the current
+    /// request's first byte: a success, or a failure after admission (refused by the queue, expired, failed).
+    pub(crate) fn called<T>(&self, result: &Result<T, ServiceError>) {
+        self.shared
+            .statistics
+            .called(result.is_ok(), trace::arrival(), Instant::now());
     }
 
     /// Queues the chunks of one request, all or none, or refuses them at once (handing them back). Returns when
@@ -513,19 +538,18 @@ fn execute<E: BatchExecutor>(
     metrics.batch_rows.observe(rows as f64);
     metrics.padding_rows.inc_by((bucket - rows) as u64);
     for entry in &batch.entries {
-        metrics.queue_duration.observe(
-            closed_at
-                .saturating_duration_since(entry.enqueued)
-                .as_secs_f64(),
-        );
+        let waited = closed_at.saturating_duration_since(entry.enqueued);
+        metrics.queue_duration.observe(waited.as_secs_f64());
+        shared.statistics.queued(waited);
     }
+    let requests = batch.entries.len();
     let start = Instant::now();
     let mut batch = batch;
     let trace = Arc::new(BatchTrace::new(
         BatchInfo {
             id: NEXT_BATCH.fetch_add(1, Ordering::Relaxed),
             rows,
-            requests: batch.entries.len(),
+            requests,
             reason: batch.reason.as_str(),
         },
         closed_at,
@@ -536,7 +560,17 @@ fn execute<E: BatchExecutor>(
     }
     executor.execute(batch, &trace);
     let done = Instant::now();
-    metrics.execution.observe((done - start).as_secs_f64());
+    let execution = done - start;
+    metrics.execution.observe(execution.as_secs_f64());
+    // A batch whose executor timed its gather and inference ran; the rest of its execution is the output phase.
+    if let Some((gather, inference)) = trace.phases() {
+        let phases = Phases {
+            input: gather,
+            infer: inference,
+            output: execution.saturating_sub(gather + inference),
+        };
+        shared.statistics.executed(rows, requests, phases);
+    }
     // What admission and deadline closes must predict: from the close to the answer, including any time the
     // executor thread waited for a core, which a CPU-bound server under overload makes large.
     let took = done.saturating_duration_since(closed_at);

@@ -65,6 +65,16 @@ pub struct BatchConfig {
 }
 
 impl BatchConfig {
+    /// Whether requests are batched together (`false`: each runs alone).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The longest a free executor waits for company.
+    pub fn max_queue_delay(&self) -> Duration {
+        self.max_queue_delay
+    }
+
     /// How many rows of one request the queue can ever hold.
     pub(crate) fn fit(&self) -> QueueFit {
         QueueFit {

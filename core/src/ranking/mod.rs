@@ -16,8 +16,8 @@ pub(crate) use cooccurrence::Cooccurrence;
 pub(crate) use item_features::ItemFeatures;
 
 use crate::batching::{
-    Batch, BatchConfig, BatchExecutor, BatchTrace, Batcher, Estimator, Job, Work, catch_panic,
-    split_rows,
+    Batch, BatchConfig, BatchExecutor, BatchTrace, Batcher, Estimator, Job, StatisticsSnapshot,
+    Work, catch_panic, split_rows,
 };
 use crate::embedding::remote::{TableSource, TieredStore};
 use crate::embedding::{self, EmbeddingStore, open_tables};
@@ -374,6 +374,21 @@ impl RankingModel {
         self.batcher.precheck(deadline)
     }
 
+    /// The batching it runs with.
+    pub fn batching(&self) -> &BatchConfig {
+        &self.batching
+    }
+
+    /// How many executor threads run its batches.
+    pub fn executors(&self) -> usize {
+        self.batcher.executors()
+    }
+
+    /// Its statistics since it was loaded.
+    pub fn statistics(&self) -> StatisticsSnapshot {
+        self.batcher.statistics()
+    }
+
     /// Scores validated rows: splits them into chunks of at most `max_batch_rows`, queues them for the batcher
     /// and reassembles the scores in order. A score that is not a finite number fails the call
     /// ([`ServiceError::NonFiniteScore`], counted in `recserve_non_finite_scores_total`).
@@ -382,17 +397,20 @@ impl RankingModel {
         input: RankInput,
         deadline: Instant,
     ) -> Result<Vec<f32>, ServiceError> {
-        let scores = self.score_rows(input, deadline).await?;
-        if let Some(row) = scores.iter().position(|s| !s.is_finite()) {
-            self.non_finite_scores.inc();
-            tracing::error!(model = %self.name, row, value = %scores[row], "the model computed a non-finite score");
-            return Err(ServiceError::NonFiniteScore {
-                model: self.name.clone(),
-                row,
-                value: scores[row],
-            });
-        }
-        Ok(scores)
+        let result = self.score_rows(input, deadline).await.and_then(|scores| {
+            if let Some(row) = scores.iter().position(|s| !s.is_finite()) {
+                self.non_finite_scores.inc();
+                tracing::error!(model = %self.name, row, value = %scores[row], "the model computed a non-finite score");
+                return Err(ServiceError::NonFiniteScore {
+                    model: self.name.clone(),
+                    row,
+                    value: scores[row],
+                });
+            }
+            Ok(scores)
+        });
+        self.batcher.called(&result);
+        result
     }
 
     async fn score_rows(

@@ -44,7 +44,7 @@ pub use load::{DEFAULT_MAX_BATCH_QUERIES, open_index};
 pub use select::{Scored, TopK, answer_order, merge};
 pub(crate) use signal::Fallback;
 
-use crate::batching::{BatchConfig, Batcher};
+use crate::batching::{BatchConfig, Batcher, StatisticsSnapshot};
 use crate::error::ServiceError;
 use contract::Source;
 use executor::{Query, Tables};
@@ -86,6 +86,21 @@ impl RecallModel {
         self.batcher.precheck(deadline)
     }
 
+    /// The batching it runs with.
+    pub fn batching(&self) -> &BatchConfig {
+        &self.batching
+    }
+
+    /// How many executor threads run its batches.
+    pub fn executors(&self) -> usize {
+        self.batcher.executors()
+    }
+
+    /// Its statistics since it was loaded.
+    pub fn statistics(&self) -> StatisticsSnapshot {
+        self.batcher.statistics()
+    }
+
     /// The answer to one request, best first (equal scores: lower id first).
     pub(crate) async fn recall(
         &self,
@@ -107,10 +122,25 @@ impl RecallModel {
         inputs: Vec<RecallInput>,
         deadline: Instant,
     ) -> Result<Vec<Recalled>, ServiceError> {
-        let mut answers = Vec::with_capacity(inputs.len());
-        let mut queries = Vec::with_capacity(inputs.len());
+        let mut prepared = Vec::with_capacity(inputs.len());
         for input in inputs {
-            let p = self.contract.prepare(input)?;
+            prepared.push(self.contract.prepare(input)?);
+        }
+        // From here on the input is valid: the call counts in the model's statistics.
+        let result = self.recall_prepared(prepared, deadline).await;
+        self.batcher.called(&result);
+        result
+    }
+
+    /// The answers of checked queries, as [`Self::recall_many`] gives them.
+    async fn recall_prepared(
+        &self,
+        prepared: Vec<contract::Prepared>,
+        deadline: Instant,
+    ) -> Result<Vec<Recalled>, ServiceError> {
+        let mut answers = Vec::with_capacity(prepared.len());
+        let mut queries = Vec::with_capacity(prepared.len());
+        for p in prepared {
             let history_used = self.history_used(&p.source);
             if history_used == Some(0) {
                 let items = match &p.source {
