@@ -26,6 +26,8 @@ pub(crate) fn router(service: Arc<Service>) -> Router {
         .merge(v1::routes())
         .merge(kserve::http::routes())
         .merge(kserve::repository::routes())
+        .merge(kserve::statistics::routes())
+        .merge(kserve::model_config::routes())
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))

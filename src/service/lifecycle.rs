@@ -60,6 +60,11 @@ pub(super) fn read_token(path: &Path) -> Result<String, LoadError> {
 }
 
 impl Lifecycle {
+    /// The version `--pin` names for `model`, if any.
+    pub(super) fn pinned(&self, model: &str) -> Option<u64> {
+        self.pins.get(model).copied()
+    }
+
     pub(super) fn new(config: &Config, ctx: LoadContext, token: Option<String>) -> Lifecycle {
         Lifecycle {
             ctx,

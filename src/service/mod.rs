@@ -227,6 +227,11 @@ impl Service {
         models.get(name, version).cloned()
     }
 
+    /// The version `--pin` names for `model`: it serves that one and no other.
+    pub(crate) fn pinned(&self, model: &str) -> Option<u64> {
+        self.lifecycle.get().and_then(|l| l.pinned(model))
+    }
+
     /// The configured pipelines with the models serving now, by name (none while loading).
     pub(crate) fn pipelines(&self) -> Vec<ResolvedPipeline> {
         let Some(models) = self.registry.snapshot() else {

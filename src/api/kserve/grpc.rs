@@ -444,6 +444,26 @@ impl GrpcInferenceService for Inference {
         Ok(Response::new(proto::RepositoryModelUnloadResponse {}))
     }
 
+    async fn model_config(
+        &self,
+        request: Request<proto::ModelConfigRequest>,
+    ) -> Result<Response<proto::ModelConfigResponse>, Status> {
+        let request = request.into_inner();
+        super::model_config::lookup(&self.service, &request.name, Some(&request.version))
+            .map(|c| Response::new(super::model_config::to_proto(c)))
+            .map_err(|e| status(&e))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<proto::ModelStatisticsRequest>,
+    ) -> Result<Response<proto::ModelStatisticsResponse>, Status> {
+        let request = request.into_inner();
+        super::statistics::statistics(&self.service, Some(&request.name), Some(&request.version))
+            .map(|s| Response::new(super::statistics::to_proto(s)))
+            .map_err(|e| status(&e))
+    }
+
     async fn model_infer(
         &self,
         request: Request<proto::ModelInferRequest>,

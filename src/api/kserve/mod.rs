@@ -1,7 +1,8 @@
 //! The KServe v2 / Open Inference Protocol: the request and response as both transports (HTTP in [`http`], gRPC in
 //! [`grpc`], with the standard health service in [`health`]) decode and encode them, server and model metadata,
 //! and [`infer`], which checks a request against the model's tensor contract and calls its model through the
-//! service's envelope. Each model kind has its contract in a module of its own ([`deepfm`], [`lightgcn`]); [`contract_of`] picks it, so a
+//! service's envelope; Triton's model repository, model configuration and statistics extensions each have their module
+//! ([`repository`], [`model_config`], [`statistics`]). Each model kind has its contract in a module of its own ([`deepfm`], [`lightgcn`]); [`contract_of`] picks it, so a
 //! new kind is one module and one match arm.
 
 pub mod deepfm;
@@ -10,7 +11,9 @@ pub(crate) mod grpc_status;
 pub(crate) mod health;
 pub(crate) mod http;
 pub(crate) mod lightgcn;
+pub(crate) mod model_config;
 pub(crate) mod repository;
+pub(crate) mod statistics;
 pub(crate) mod tensor;
 
 use std::collections::BTreeMap;
@@ -27,7 +30,12 @@ use recserve_core::error::{Echo, ServiceError};
 pub(crate) const SERVER_NAME: &str = "recserve";
 
 /// The protocol extensions this server implements, as `GET /v2` and `ServerMetadata` list them.
-pub(crate) const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository"];
+pub(crate) const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+];
 
 /// A request or tensor parameter.
 #[derive(Clone, Debug, PartialEq)]
