@@ -11,7 +11,8 @@
 //! offline Recall@20 by `scripts/recall-check.py` on a running server, which needs the Gowalla split (not in CI).
 //!
 //! Every demo model is also called by the real `tritonclient` from its metadata alone, over HTTP (JSON and binary
-//! tensors) and gRPC (tests/kserve_client.py `--generic`), as generic Open Inference Protocol tooling would.
+//! tensors) and gRPC (tests/kserve_client.py `--generic`), as generic Open Inference Protocol tooling would; then
+//! its statistics and configuration (Triton's extensions) are read through both clients and checked.
 
 mod common;
 
@@ -170,6 +171,178 @@ async fn the_readme_quick_start_answers_as_shown() {
     server.stop().await.expect("clean shutdown");
 }
 
+/// A number as tritonclient hands it over: a JSON number (HTTP), a string (gRPC's `as_json`: protobuf's JSON
+/// writes 64-bit integers as strings), or absent (protobuf's JSON leaves zeros out).
+fn number(v: &Value) -> u64 {
+    match v {
+        Value::Null => 0,
+        Value::String(s) => s.parse().unwrap_or_else(|_| panic!("a number, got {s:?}")),
+        other => other
+            .as_u64()
+            .unwrap_or_else(|| panic!("a number, got {other}")),
+    }
+}
+
+/// The numbers of one `$model_stat` (either transport): version, inference and execution counts, each inference
+/// statistic's count and ns, and each batch size's.
+fn statistic_numbers(stat: &Value) -> Value {
+    let duration = |d: &Value| json!([number(&d["count"]), number(&d["ns"])]);
+    let stats = &stat["inference_stats"];
+    let batches: Vec<Value> = stat["batch_stats"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|b| {
+            json!([
+                number(&b["batch_size"]),
+                duration(&b["compute_input"]),
+                duration(&b["compute_infer"]),
+                duration(&b["compute_output"]),
+            ])
+        })
+        .collect();
+    let inference = [
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+    ]
+    .map(|f| duration(&stats[f]));
+    json!({
+        "version": stat["version"],
+        "last_inference": number(&stat["last_inference"]),
+        "inference_count": number(&stat["inference_count"]),
+        "execution_count": number(&stat["execution_count"]),
+        "inference_stats": inference,
+        "batch_stats": batches,
+    })
+}
+
+/// What tritonclient read of a demo model's statistics and configuration after its nine generic calls: both
+/// transports agree, the nine calls are the successes, and the configuration's tensors are the metadata's.
+fn check_extensions(model: &str, kind: &str, results: &Value) {
+    let metadata = &results["metadata"]["http"];
+    let stats = |transport: &str| {
+        let list = results["statistics"][transport]["model_stats"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{model}: {transport} model_stats in {results}"));
+        assert_eq!(list.len(), 1, "{model} {transport}: {list:?}");
+        assert_eq!(list[0]["name"], model, "{model} {transport}");
+        statistic_numbers(&list[0])
+    };
+    let (http, grpc) = (stats("http"), stats("grpc"));
+    assert_eq!(http, grpc, "{model}: statistics over HTTP and gRPC");
+    assert_eq!(http["version"], metadata["versions"][0], "{model}");
+    let [success, fail] = [0, 1].map(|i| http["inference_stats"][i].clone());
+    assert_eq!(success[0], 9, "{model}: the nine generic calls succeeded");
+    assert!(success[1].as_u64().expect("ns") > 0, "{model}: {success}");
+    assert_eq!(fail, json!([0, 0]), "{model}");
+    let executions = http["execution_count"].as_u64().expect("count");
+    assert!(
+        (1..=9).contains(&executions),
+        "{model}: {executions} batches for 9 calls"
+    );
+    let batches = http["batch_stats"].as_array().expect("batch_stats");
+    let counted: u64 = batches
+        .iter()
+        .map(|b| b[2][0].as_u64().expect("count"))
+        .sum();
+    assert_eq!(counted, executions, "{model}: every batch in one size");
+    assert!(http["last_inference"].as_u64().expect("ms") > 0);
+
+    let config = &results["config"]["http"];
+    let grpc_config = &results["config"]["grpc"]["config"];
+    assert_eq!(config["name"], model);
+    assert_eq!(grpc_config["name"], model);
+    let names = |tensors: &Value| -> Vec<Value> {
+        tensors
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|t| t["name"].clone())
+            .collect()
+    };
+    for (what, config_key, metadata_key) in [
+        ("inputs", "input", "inputs"),
+        ("outputs", "output", "outputs"),
+    ] {
+        assert_eq!(
+            names(&config[config_key]),
+            names(&metadata[metadata_key]),
+            "{model}: the configuration's {what} are the metadata's"
+        );
+        assert_eq!(
+            names(&grpc_config[config_key]),
+            names(&metadata[metadata_key]),
+            "{model}: gRPC"
+        );
+    }
+    let max_batch_size = number(&config["max_batch_size"]);
+    assert_eq!(
+        max_batch_size,
+        number(&grpc_config["max_batch_size"]),
+        "{model}"
+    );
+    if kind == "lightgcn" {
+        assert_eq!(max_batch_size, 0, "{model}: k has no batch axis");
+        assert_eq!(config["backend"], "recserve");
+    } else {
+        assert!(max_batch_size > 0, "{model}");
+        assert_eq!(config["backend"], "onnxruntime");
+        for (tensor, meta) in config["input"]
+            .as_array()
+            .expect("input")
+            .iter()
+            .zip(metadata["inputs"].as_array().expect("inputs"))
+        {
+            let shape = meta["shape"].as_array().expect("shape");
+            assert_eq!(
+                tensor["dims"].as_array().expect("dims"),
+                &shape[1..],
+                "{model}: dims without the batch axis"
+            );
+        }
+    }
+    let preferred = |c: &Value| -> Vec<u64> {
+        c["dynamic_batching"]["preferred_batch_size"]
+            .as_array()
+            .expect("preferred_batch_size")
+            .iter()
+            .map(number)
+            .collect()
+    };
+    assert_eq!(preferred(config), preferred(grpc_config), "{model}");
+    assert!(!preferred(config).is_empty(), "{model}");
+    assert_eq!(
+        config["instance_group"][0]["kind"],
+        grpc_config["instance_group"][0]["kind"]
+    );
+
+    let unknown = results["unknown"].as_array().expect("unknown");
+    assert_eq!(unknown.len(), 4, "{model}");
+    for error in unknown {
+        let want = if error["protocol"] == "http" {
+            "404"
+        } else {
+            "StatusCode.NOT_FOUND"
+        };
+        assert_eq!(error["status"], want, "{model}: {error}");
+        let message = error["message"].as_str().expect("message");
+        assert!(
+            message.contains("version 999 is not served"),
+            "{model}: {message}"
+        );
+    }
+    eprintln!(
+        "{model}: statistics {} calls in {executions} batches, max_batch_size {max_batch_size}",
+        success[0]
+    );
+}
+
 /// Runs tests/kserve_client.py `--generic` (the real tritonclient) on `models`.
 async fn generic_tritonclient(server: &TestServer, models: &[String]) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -221,6 +394,7 @@ async fn tritonclient_calls_every_demo_model_from_its_metadata_alone() {
             .and_then(|all| all.iter().find(|m| m["name"] == model.as_str()))
             .map(|m| m["kind"].as_str().expect("kind").to_owned())
             .expect("listed");
+        check_extensions(model, &kind, &results["generic"][model]);
         let calls = results["generic"][model]["calls"]
             .as_array()
             .expect("calls");

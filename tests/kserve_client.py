@@ -15,8 +15,14 @@ batch of `GENERIC_ROWS`), every element of row `r` set to `r + 1` (valid in any 
   fill (tritonclient's gRPC client, built on Triton's proto, does not show `properties`);
 - "all_int32": as "all", with optional integer inputs sent as `INT32`.
 
+After its calls, each model's statistics (`get_inference_statistics`) and configuration (`get_model_config`) are
+read over HTTP and gRPC (`as_json`: protobuf's JSON, where 64-bit integers are strings and zeros are left out),
+and both are asked of a version that is not served ("unknown": the status and message each client raised).
+
 RESULTS.json: {"generic": {MODEL: {"metadata": {TRANSPORT: metadata}, "calls": [{"transport", "variant",
-"inputs": {name: {"datatype", "shape", "values"}}, "outputs": {name: {"dtype", "shape", "values"}}}]}}}.
+"inputs": {name: {"datatype", "shape", "values"}}, "outputs": {name: {"dtype", "shape", "values"}}}],
+"statistics": {"http", "grpc"}, "config": {"http", "grpc"}, "unknown": [{"what", "protocol", "status",
+"message"}]}}}.
 
 JOBS.json: {"model": NAME, "jobs": [{"model", "categorical": [[int]], "dense": [[float]] | null, "output"}]}.
 RESULTS.json records what the clients saw; the Rust test compares it with `/v1` and with the contract:
@@ -228,8 +234,32 @@ def generic(http: Any, grpc: Any, models: list[str]) -> dict[str, Any]:
             seen = metadata["grpc" if transport == "grpc" else "http"]
             for variant in ("required", "all", "all_int32"):
                 calls.append(generic_call(http, grpc, model, transport, seen, variant))
-        out[model] = {"metadata": metadata, "calls": calls}
+        out[model] = {"metadata": metadata, "calls": calls, **extensions(http, grpc, model)}
     return out
+
+
+def extensions(http: Any, grpc: Any, model: str) -> dict[str, Any]:
+    """The statistics and model configuration extensions of `model` over both transports, after its calls."""
+    return {
+        "statistics": {
+            "http": http.get_inference_statistics(model),
+            "grpc": grpc.get_inference_statistics(model, as_json=True),
+        },
+        "config": {
+            "http": http.get_model_config(model),
+            "grpc": grpc.get_model_config(model, as_json=True),
+        },
+        "unknown": [
+            expect_error("statistics of a version not served", "http",
+                         lambda: http.get_inference_statistics(model, model_version="999")),
+            expect_error("statistics of a version not served", "grpc",
+                         lambda: grpc.get_inference_statistics(model, model_version="999")),
+            expect_error("configuration of a version not served", "http",
+                         lambda: http.get_model_config(model, model_version="999")),
+            expect_error("configuration of a version not served", "grpc",
+                         lambda: grpc.get_model_config(model, model_version="999")),
+        ],
+    }
 
 
 def main() -> int:
