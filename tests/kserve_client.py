@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -238,13 +239,25 @@ def generic(http: Any, grpc: Any, models: list[str]) -> dict[str, Any]:
     return out
 
 
+def settled_statistics(http: Any, grpc: Any, model: str) -> dict[str, Any]:
+    """`model`'s statistics over both transports once the HTTP answer stops changing (two reads 50 ms apart, then
+    gRPC, then HTTP once more): a batch is added when its executor has finished it, which may be just after its
+    requests were answered, so a read right after the last answer can miss it (as in Triton)."""
+    for _ in range(100):
+        first = http.get_inference_statistics(model)
+        time.sleep(0.05)
+        if http.get_inference_statistics(model) != first:
+            continue
+        over_grpc = grpc.get_inference_statistics(model, as_json=True)
+        if http.get_inference_statistics(model) == first:
+            return {"http": first, "grpc": over_grpc}
+    raise SystemExit(f"{model}: the statistics did not settle in 5 s")
+
+
 def extensions(http: Any, grpc: Any, model: str) -> dict[str, Any]:
     """The statistics and model configuration extensions of `model` over both transports, after its calls."""
     return {
-        "statistics": {
-            "http": http.get_inference_statistics(model),
-            "grpc": grpc.get_inference_statistics(model, as_json=True),
-        },
+        "statistics": settled_statistics(http, grpc, model),
         "config": {
             "http": http.get_model_config(model),
             "grpc": grpc.get_model_config(model, as_json=True),
