@@ -3,6 +3,7 @@
 //! protocol into the typed inputs of the service's envelope ([`crate::service::Service::model_call`]) and encodes
 //! the results; no logic is written twice per protocol. [`envelope`] is what the HTTP routes share.
 
+pub(crate) mod auth;
 pub(crate) mod envelope;
 pub mod guard;
 pub mod kserve;

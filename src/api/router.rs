@@ -1,6 +1,6 @@
 //! The axum router: the `/v1` JSON routes ([`super::v1`]), the KServe v2 routes ([`super::kserve::http`]),
 //! health, `/metrics` and the slow-request record (`/debug/slow-requests`). `--max-body-bytes` bounds every request body; [`super::guard`] checks every request
-//! before its route runs.
+//! before its route runs, then [`super::auth`] its bearer token (with `--inference-tokens-file`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,14 +13,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
+use super::auth::{self, Auth};
 use super::envelope::{error_body, error_response};
 use super::{guard, kserve, v1};
 use crate::service::{Readiness, Service};
 use recserve_core::error::ServiceError;
 use recserve_core::trace::slow::WINDOW;
 
-/// Builds the router.
-pub(crate) fn router(service: Arc<Service>) -> Router {
+/// Builds the router; `auth`: the inference tokens' check, if the server has tokens.
+pub(crate) fn router(service: Arc<Service>, auth: Option<Auth>) -> Router {
     let max_body_bytes = service.limits.max_body_bytes;
     let routes = Router::new()
         .merge(v1::routes())
@@ -35,10 +36,13 @@ pub(crate) fn router(service: Arc<Service>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(service);
-    // Around the routing rather than inside it, so that the guard sees a 405 with the Allow header axum adds.
-    Router::new()
-        .fallback_service(routes)
-        .layer(middleware::from_fn_with_state(max_body_bytes, guard::check))
+    // Around the routing rather than inside it, so that the guard sees a 405 with the Allow header axum adds; the
+    // token is checked after the guard's bounds, and before any route (or its 404) answers.
+    let mut router = Router::new().fallback_service(routes);
+    if let Some(auth) = auth {
+        router = router.layer(middleware::from_fn_with_state(auth, auth::http));
+    }
+    router.layer(middleware::from_fn_with_state(max_body_bytes, guard::check))
 }
 
 async fn live() -> Response {

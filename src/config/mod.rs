@@ -174,6 +174,12 @@ pub struct Config {
     /// The token's file, never the token (`check-config` prints this configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) admin_token_file: Option<PathBuf>,
+    /// The tokens' file, never the tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) inference_tokens_file: Option<PathBuf>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`; `None`: plain TCP.
+    #[serde(flatten)]
+    pub(crate) tls: Option<TlsFiles>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) redis_url: Vec<String>,
     pub(crate) embedding_cache_bytes: u64,
@@ -216,6 +222,18 @@ impl Config {
             warm_up: true,
         }
     }
+}
+
+/// The files both listeners serve TLS with (`server/tls.rs` reads them at start and on SIGHUP).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct TlsFiles {
+    #[serde(rename = "tls_cert")]
+    pub(crate) cert: PathBuf,
+    #[serde(rename = "tls_key")]
+    pub(crate) key: PathBuf,
+    /// Clients must present a certificate one of these CAs issued.
+    #[serde(rename = "tls_client_ca", skip_serializing_if = "Option::is_none")]
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 /// The connection settings of the configuration, which the connection layer (`server/connections.rs`) takes. Serialized with the keys of the config file, in milliseconds
@@ -355,6 +373,28 @@ impl ServeArgs {
                 ))
             })?;
         }
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca,
+            }),
+            (None, None) if self.tls_client_ca.is_some() => {
+                return Err(ConfigError(
+                    "--tls-client-ca (RECSERVE_TLS_CLIENT_CA) needs --tls-cert and --tls-key: client certificates \
+                     are asked for only over TLS"
+                        .to_owned(),
+                ));
+            }
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError(
+                    "--tls-cert (RECSERVE_TLS_CERT) and --tls-key (RECSERVE_TLS_KEY) go together: give both, or \
+                     neither for plain TCP"
+                        .to_owned(),
+                ));
+            }
+        };
         Ok(Config {
             repository,
             http_addr,
@@ -419,6 +459,8 @@ impl ServeArgs {
             model_control: MODEL_CONTROL.resolve(self.model_control),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
             admin_token_file: self.admin_token_file,
+            inference_tokens_file: self.inference_tokens_file,
+            tls,
             redis_url: self.redis_url,
             embedding_cache_bytes: EMBEDDING_CACHE_BYTES.resolve(self.embedding_cache_bytes)?,
             redis_fetch_timeout_ms: REDIS_FETCH_TIMEOUT_MS.resolve(self.redis_fetch_timeout_ms)?,
@@ -854,5 +896,56 @@ mod tests {
             "{}",
             err.0
         );
+    }
+
+    #[test]
+    fn tls_files_go_together() {
+        let base = ["--repository", "r", "--ort-library", "/lib/ort.so"];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        assert_eq!(with(&[]).expect("plain").tls, None);
+        let config = with(&[
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-client-ca",
+            "ca.pem",
+        ])
+        .expect("mutual TLS");
+        assert_eq!(
+            config.tls,
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+            })
+        );
+        let printed = config.to_toml();
+        assert!(
+            printed.contains("tls_cert = \"c.pem\"")
+                && printed.contains("tls_client_ca = \"ca.pem\""),
+            "{printed}"
+        );
+        for (extra, expected) in [
+            (
+                &["--tls-cert", "c.pem"][..],
+                "--tls-cert (RECSERVE_TLS_CERT) and --tls-key",
+            ),
+            (
+                &["--tls-key", "k.pem"][..],
+                "--tls-cert (RECSERVE_TLS_CERT) and --tls-key",
+            ),
+            (
+                &["--tls-client-ca", "ca.pem"][..],
+                "--tls-client-ca (RECSERVE_TLS_CLIENT_CA) needs",
+            ),
+        ] {
+            let err = with(extra).expect_err(expected);
+            assert!(err.0.contains(expected), "{extra:?}: {}", err.0);
+        }
     }
 }

@@ -674,6 +674,27 @@ pub struct ServeArgs {
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
 
+    /// File of the bearer tokens that inference calls need (every /v1 and /v2 route but health and the repository
+    /// API; gRPC: every KServe call but ServerLive, ServerReady and Repository*), one token per line; blank lines and
+    /// lines starting with '#' are skipped. Reread on SIGHUP and when it changes. Without it inference calls need no
+    /// token.
+    #[arg(long)]
+    pub inference_tokens_file: Option<PathBuf>,
+
+    /// PEM certificate chain (the server's own first) that both listeners serve TLS with (HTTP: ALPN h2 and
+    /// http/1.1; gRPC: h2); needs --tls-key. Reread with the key and --tls-client-ca on SIGHUP and when one changes.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: with it, every client must present a certificate issued by one of them (mutual TLS);
+    /// needs --tls-cert.
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Nodes of the Redis Cluster that tables with `tier = "redis"` live in, as redis://HOST:PORT (or
     /// HOST:PORT); comma-separate several, any one of them is enough to find the rest.
     #[arg(long, value_delimiter = ',')]

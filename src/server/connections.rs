@@ -14,6 +14,12 @@
 //! arrive, with `Connection: close`; an idle one stays open for [`DRAIN_IDLE_GRACE`], so that a request already on
 //! its way is answered (with `Connection: close`) instead of meeting a closed socket, then closes.
 //!
+//! With TLS (`--tls-cert`, [`super::tls`]), the handshake is the connection's first step, in its task and under
+//! its permit: it must end within `--header-read-timeout-ms` of the connection's opening (else the connection is
+//! dropped and counted as a `tls_handshake` timeout), and a drain drops connections still in their handshake. The
+//! head of the first request must then arrive within what is left of that timeout; everything after reads and
+//! writes the decrypted stream, so the slow-client rules below hold alike.
+//!
 //! What to do when is [`next_step`], a pure function of the connection's [`Activity`] and the clock, tested with
 //! a paused clock; the task around it ([`connection`]) only acts on its answers.
 
@@ -37,8 +43,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 use tower_service::Service as _;
 
+use super::tls::Tls;
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Timeouts;
@@ -105,10 +113,17 @@ pub(crate) struct Connections {
     draining: Arc<AtomicBool>,
     drain: watch::Sender<bool>,
     refusals: Throttle,
+    /// `None`: plain TCP.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Connections {
-    pub(crate) fn new(max: usize, timeouts: Timeouts, metrics: Metrics) -> Connections {
+    pub(crate) fn new(
+        max: usize,
+        timeouts: Timeouts,
+        metrics: Metrics,
+        tls: Option<Arc<Tls>>,
+    ) -> Connections {
         Connections {
             permits: Arc::new(Semaphore::new(max)),
             max,
@@ -117,6 +132,7 @@ impl Connections {
             draining: Arc::new(AtomicBool::new(false)),
             drain: watch::Sender::new(false),
             refusals: Throttle::default(),
+            tls,
         }
     }
 
@@ -200,6 +216,7 @@ async fn connection(
 ) {
     metrics.open.inc();
     let _open = OnDrop(|| metrics.open.dec());
+    let accepted = Instant::now();
     if kind == Listener::Grpc
         && let Err(e) = stream.set_nodelay(true)
     {
@@ -207,7 +224,30 @@ async fn connection(
         tracing::warn!("cannot set TCP_NODELAY on a gRPC connection: {e}");
     }
     let timeouts = connections.timeouts;
-    let activity = Arc::new(Activity::new(Instant::now()));
+    let stream = match &connections.tls {
+        None => Stream::Plain(stream),
+        Some(tls) => {
+            let handshake = tls.acceptor(kind).accept(stream);
+            let mut drain = connections.drain.subscribe();
+            tokio::select! {
+                result = handshake => match result {
+                    Ok(stream) => Stream::Tls(Box::new(stream)),
+                    Err(e) => {
+                        metrics.handshake_failures.inc();
+                        tracing::debug!(listener = kind.label(), "TLS handshake failed: {e}");
+                        return;
+                    }
+                },
+                () = tokio::time::sleep_until(accepted + timeouts.header_read) => {
+                    metrics.handshake_timeouts.inc();
+                    return;
+                }
+                // Nothing has been asked yet: nothing to finish.
+                () = drained(&mut drain) => return,
+            }
+        }
+    };
+    let activity = Arc::new(Activity::new(accepted));
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: Arc::clone(&activity),
@@ -611,9 +651,73 @@ impl Drop for InFlight {
     }
 }
 
-/// The socket, telling [`Activity`] when bytes arrive.
+/// A connection's byte stream: the socket, or TLS over it (decrypted).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The connection's stream, telling [`Activity`] when bytes arrive.
 struct Watched {
-    inner: TcpStream,
+    inner: Stream,
     activity: Arc<Activity>,
     /// Whether [`Activity::first_read`] has seen enough.
     protocol_known: bool,

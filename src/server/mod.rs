@@ -1,8 +1,11 @@
 //! Running the server: bind nothing (the caller passes the listeners, so tests use port 0), serve HTTP and gRPC
 //! from one process at once so `/health/live` answers while models load on a thread of their own, and drain both
-//! on the shutdown future. [`connections`] serves each connection, with its timeouts and the connection cap.
+//! on the shutdown future. [`connections`] serves each connection, with its timeouts and the connection cap, over
+//! TLS when [`tls`] is configured. SIGHUP, or a change of one of them, rereads the TLS files and the inference
+//! tokens' file.
 
 pub(crate) mod connections;
+pub(crate) mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use tokio::sync::oneshot;
 use connections::{Connections, Listener};
 
 use crate::api;
+use crate::api::auth::{Auth, InferenceTokens};
 use crate::config::Config;
 use crate::service::{Limits, Service, StartError};
 use recserve_core::metrics::Metrics;
@@ -34,6 +38,19 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    // Before anything is served: a certificate or a tokens' file that cannot be used stops the start.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|files| tls::Tls::load(files).map(Arc::new))
+        .transpose()
+        .map_err(|e| StartError::Credentials(e.into()))?;
+    let tokens = config
+        .inference_tokens_file
+        .as_deref()
+        .map(|file| InferenceTokens::load(file).map(Arc::new))
+        .transpose()
+        .map_err(|e| StartError::Credentials(e.into()))?;
     let metrics = Metrics::new();
     metrics.traces().slow().set_keep(config.slow_requests);
     let service = Arc::new(Service::new(
@@ -45,11 +62,28 @@ pub async fn run(
     tracing::info!(
         addr = %listeners.http.local_addr()?,
         grpc = %listeners.grpc.local_addr()?,
+        tls = tls.is_some(),
+        client_certificates = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        inference_tokens = tokens.is_some(),
         "HTTP (addr) and gRPC listening; loading models"
     );
+    let reloads = (tls.is_some() || tokens.is_some())
+        .then(|| reload_on_hangup(tls.clone(), tokens.clone(), service.metrics.clone()))
+        .transpose()?;
+    let _stop_reloads = reloads.map(|task| OnDrop(move || task.abort()));
+    let auth = |listener| {
+        tokens.as_ref().map(|tokens| {
+            Auth::new(
+                Arc::clone(tokens),
+                &service.metrics,
+                listener,
+                config.max_body_bytes,
+            )
+        })
+    };
 
     // Before loading starts, so gRPC health reports NOT_SERVING until the models are ready.
-    let grpc_routes = api::kserve::grpc::routes(Arc::clone(&service)).await?;
+    let grpc_routes = api::kserve::grpc::routes(Arc::clone(&service), auth("grpc")).await?;
 
     let (failed_tx, failed_rx) = oneshot::channel::<()>();
     let loader = {
@@ -82,6 +116,7 @@ pub async fn run(
         config.max_connections,
         config.timeouts,
         service.metrics.clone(),
+        tls,
     ));
     // Readiness turns false first, then both listeners stop accepting and drain their connections.
     let stop = {
@@ -105,7 +140,7 @@ pub async fn run(
     let http = connections::serve(
         listeners.http,
         Listener::Http,
-        api::router::router(Arc::clone(&service)),
+        api::router::router(Arc::clone(&service), auth("http")),
         Arc::clone(&connections),
     );
     let grpc = connections::serve(
@@ -130,6 +165,101 @@ pub async fn run(
     // Dropping the last reference to the service closes every model's queue and joins its executor threads.
     drop(service);
     loaded
+}
+
+/// Runs `0` when dropped.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+/// How often the TLS files and the tokens' file are looked at for a change (a Kubernetes Secret mounted as a volume
+/// is updated in place, and nobody sends the server a SIGHUP then).
+const FILE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Rereads the TLS files and the tokens' file on each SIGHUP, and when one of them has changed (looked at every
+/// [`FILE_CHECK_INTERVAL`]), until aborted. What fails to reload is logged and counted, and the previous one
+/// stays in use; connections already open keep the certificate they were made with. SIGHUP is listened for
+/// before this returns, so a SIGHUP that follows cannot end the process.
+fn reload_on_hangup(
+    tls: Option<Arc<tls::Tls>>,
+    tokens: Option<Arc<InferenceTokens>>,
+    metrics: Metrics,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| {
+            std::io::Error::other(format!(
+                "cannot listen for SIGHUP (to reload the TLS files and the inference tokens): {e}"
+            ))
+        })?;
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(tls) = &tls {
+        paths.extend(tls.paths());
+    }
+    if let Some(tokens) = &tokens {
+        paths.push(tokens.path().to_path_buf());
+    }
+    Ok(tokio::spawn(async move {
+        let mut seen = fingerprint(&paths);
+        let mut checks = tokio::time::interval(FILE_CHECK_INTERVAL);
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let why = tokio::select! {
+                hangup = hangups.recv() => match hangup {
+                    Some(()) => "SIGHUP",
+                    None => return,
+                },
+                _ = checks.tick() => {
+                    let now = fingerprint(&paths);
+                    if now == seen {
+                        continue;
+                    }
+                    "a file changed"
+                }
+            };
+            seen = fingerprint(&paths);
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => {
+                        metrics.tls_reloaded(true);
+                        tracing::info!("{why}: TLS certificate, key and client CA reloaded");
+                    }
+                    Err(e) => {
+                        metrics.tls_reloaded(false);
+                        tracing::error!(
+                            "{why}: TLS not reloaded, the previous certificate stays in use: {e}"
+                        );
+                    }
+                }
+            }
+            if let Some(tokens) = &tokens {
+                match tokens.reload() {
+                    Ok(count) => tracing::info!(tokens = count, "{why}: inference tokens reloaded"),
+                    Err(e) => tracing::error!(
+                        "{why}: inference tokens not reloaded, the previous ones stay in use: {e}"
+                    ),
+                }
+            }
+        }
+    }))
+}
+
+/// What tells a file's new contents from its old: its inode, size and modification time (`None`: unreadable).
+type FileStamp = Option<(u64, u64, Option<std::time::SystemTime>)>;
+
+fn fingerprint(paths: &[std::path::PathBuf]) -> Vec<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .map(|path| {
+            std::fs::metadata(path)
+                .ok()
+                .map(|m| (m.ino(), m.len(), m.modified().ok()))
+        })
+        .collect()
 }
 
 /// Resolves on SIGINT or SIGTERM.

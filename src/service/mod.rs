@@ -36,6 +36,9 @@ pub enum StartError {
     Device(GpuError),
     #[error("{0}")]
     Io(std::io::Error),
+    /// A TLS file or the inference tokens' file that cannot be used; the message names the flag and the file.
+    #[error(transparent)]
+    Credentials(Box<dyn std::error::Error + Send + Sync>),
     /// A `[pipelines.NAME]` of the config file that the loaded models cannot serve.
     #[error("pipeline {name:?} (--config [pipelines.{name}]): {problem}")]
     Pipeline { name: String, problem: String },

@@ -165,8 +165,17 @@ mod tests {
         connections.open.inc();
         connections.refused.inc();
         connections.header_timeouts.inc();
+        connections.handshake_timeouts.inc();
+        connections.handshake_failures.inc();
+        connections.auth_wrong.inc();
+        m.tls_reloaded(false);
         let text = m.render().expect("render");
         for needle in [
+            "recserve_connections_timed_out_total{listener=\"grpc\",timeout=\"tls_handshake\"} 1",
+            "recserve_tls_handshake_failures_total{listener=\"grpc\"} 1",
+            "recserve_tls_reloads_total{result=\"failed\"} 1",
+            "recserve_auth_refused_total{listener=\"grpc\",reason=\"wrong\"} 1",
+            "recserve_auth_refused_total{listener=\"grpc\",reason=\"missing\"} 0",
             "recserve_connections_open{listener=\"grpc\"} 1",
             "recserve_connections_refused_total{listener=\"grpc\"} 1",
             "recserve_connections_timed_out_total{listener=\"grpc\",timeout=\"header\"} 1",

@@ -80,7 +80,11 @@ const SERVICES: super::grpc_status::Services = &[
 
 /// The gRPC routes: inference, health and reflection, behind [`super::grpc_status::check`]. Health starts
 /// NOT_SERVING and follows the service's readiness from then on (a task that ends when the service is dropped).
-pub(crate) async fn routes(service: Arc<Service>) -> Result<axum::Router, std::io::Error> {
+/// `auth`: the inference tokens' check, if the server has tokens ([`crate::api::auth`]).
+pub(crate) async fn routes(
+    service: Arc<Service>,
+    auth: Option<crate::api::auth::Auth>,
+) -> Result<axum::Router, std::io::Error> {
     let health = super::health::server(Arc::clone(&service)).await;
 
     let reflection = || {
@@ -95,16 +99,22 @@ pub(crate) async fn routes(service: Arc<Service>) -> Result<axum::Router, std::i
     let max_message = service.limits.max_body_bytes;
     let inference = GrpcInferenceServiceServer::new(Inference { service })
         .max_decoding_message_size(max_message);
-    Ok(tonic::service::Routes::new(inference)
+    let mut routes = tonic::service::Routes::new(inference)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .prepare()
-        .into_axum_router()
-        .layer(axum::middleware::from_fn_with_state(
-            SERVICES,
-            super::grpc_status::check,
-        )))
+        .into_axum_router();
+    if let Some(auth) = auth {
+        routes = routes.layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::api::auth::grpc,
+        ));
+    }
+    Ok(routes.layer(axum::middleware::from_fn_with_state(
+        SERVICES,
+        super::grpc_status::check,
+    )))
 }
 
 /// Parses `grpc-timeout` (1 to 8 digits and a unit: H, M, S, m, u, n) into the time the client waits.
