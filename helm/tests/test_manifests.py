@@ -125,6 +125,34 @@ def test_the_required_variants_are_covered(rendered: dict[str, Rendered]) -> Non
     assert rendered["default"].container_port("grpc") == 8001
     assert rendered["grpc"].container_port("grpc") is None
 
+    # TLS and inference tokens: each Secret mounted read-only as a whole directory (no subPath, so that the kubelet
+    # updates it and the server rereads it) and passed as the flags that read it.
+    tls = rendered["tls"]
+    args = tls.server["args"]
+    for flag, value in [
+        ("--tls-cert", "/etc/recserve-tls/tls.crt"),
+        ("--tls-key", "/etc/recserve-tls/tls.key"),
+        ("--inference-tokens-file", "/etc/recserve-tokens/tokens"),
+    ]:
+        assert args[args.index(flag) + 1] == value, args
+    assert "--tls-client-ca" not in args
+    for volume, path, secret, items in [
+        ("tls", "/etc/recserve-tls", "recserve-tls", ["tls.crt", "tls.key"]),
+        ("inference-tokens", "/etc/recserve-tokens", "recserve-tokens", ["tokens"]),
+    ]:
+        mount = tls.mount(volume)
+        assert mount["mountPath"] == path and mount["readOnly"] is True and "subPath" not in mount
+        assert tls.volume(volume)["secret"]["secretName"] == secret
+        assert [i["path"] for i in tls.volume(volume)["secret"]["items"]] == items
+    assert tls.one("ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]["serverName"] == "recserve.serving.svc"
+    mtls = rendered["mtls"]
+    args = mtls.server["args"]
+    assert args[args.index("--tls-client-ca") + 1] == "/etc/recserve-tls/ca.crt"
+    assert [i["path"] for i in mtls.volume("tls")["secret"]["items"]] == ["tls.crt", "tls.key", "ca.crt"]
+    for name, r in rendered.items():
+        if name not in ("tls", "mtls"):
+            assert not any(a.startswith("--tls") or a == "--inference-tokens-file" for a in r.server["args"]), name
+
 
 def test_init_container_expands_the_source_and_target() -> None:
     r = render(load_values("init-container"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import tomllib
@@ -124,12 +125,21 @@ def test_server_accepts_what_the_chart_passes(name: str, rendered: dict[str, Ren
 def test_probes_and_ports_are_the_servers(name: str, rendered: dict[str, Rendered]) -> None:
     r = rendered[name]
     server = r.server
-    probes = {kind: server[f"{kind}Probe"]["httpGet"] for kind in ("startup", "readiness", "liveness")}
-    assert probes == {
-        "startup": {"path": "/health/ready", "port": "http"},
-        "readiness": {"path": "/health/ready", "port": "http"},
-        "liveness": {"path": "/health/live", "port": "http"},
-    }
+    tls = bool(r.merged["tls"]["existingSecret"])
+    kinds = ("startup", "readiness", "liveness")
+    if tls and r.merged["tls"]["clientCA"]:
+        # Mutual TLS: the kubelet has no client certificate, so it can only see that the port accepts.
+        assert {kind: server[f"{kind}Probe"].get("tcpSocket") for kind in kinds} == dict.fromkeys(kinds, {"port": "http"})
+        assert not any("httpGet" in server[f"{kind}Probe"] for kind in kinds)
+    else:
+        # Over TLS the probes speak HTTPS to the same paths.
+        scheme = {"scheme": "HTTPS"} if tls else {}
+        probes = {kind: server[f"{kind}Probe"]["httpGet"] for kind in kinds}
+        assert probes == {
+            "startup": {"path": "/health/ready", "port": "http", **scheme},
+            "readiness": {"path": "/health/ready", "port": "http", **scheme},
+            "liveness": {"path": "/health/live", "port": "http", **scheme},
+        }
     service = r.one("Service")
     ports = {p["name"]: p for p in service["spec"]["ports"]}
     assert ports["http"]["targetPort"] == "http" and ports["metrics"]["targetPort"] == "http"
@@ -140,6 +150,7 @@ def test_probes_and_ports_are_the_servers(name: str, rendered: dict[str, Rendere
     if monitor:
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
         assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+        assert monitor["spec"]["endpoints"][0].get("scheme", "http") == ("https" if tls else "http")
         assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service["spec"]["selector"].items() <= r.deployment["spec"]["template"]["metadata"]["labels"].items()
 
@@ -202,6 +213,73 @@ def test_pod_as_rendered_starts_answers_its_probes_and_drains(tmp_path: Path) ->
         pre_stop = r.server["lifecycle"]["preStop"]["sleep"]["seconds"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=r.pod["terminationGracePeriodSeconds"] - pre_stop) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_pod_with_tls_and_tokens_answers_its_probes_over_https(tmp_path: Path) -> None:
+    """The tls value set as the pod would start it, its Secrets written where the chart mounts them (a certificate
+    made here with openssl): the probes answer over HTTPS, as the kubelet asks them; inference needs a token."""
+    fixture = Path(os.environ.get("RECSERVE_TEST_FIXTURE", Path(__file__).parents[2] / "target" / "test-fixture"))
+    ort = os.environ.get("ORT_DYLIB_PATH", "")
+    if not (fixture / "repo").is_dir() or not Path(ort).is_file():
+        pytest.fail("needs the test fixture and ONNX Runtime: run scripts/check-helm.sh (or scripts/test.sh)")
+    port = free_port()
+    r = render(merge(load_values("tls"), {"server": {"httpPort": port}}))
+    secrets = {"tls": tmp_path / "tls", "inference-tokens": tmp_path / "tokens"}
+    for directory in secrets.values():
+        directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(secrets["tls"] / "tls.key"), "-out", str(secrets["tls"] / "tls.crt")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    (secrets["inference-tokens"] / "tokens").write_text("probe-test-token\n")
+    args, env = pod_command(r, tmp_path)
+    mounts = {r.mount(volume)["mountPath"]: local for volume, local in secrets.items()}
+    args = [localize(a, mounts) for a in args]
+    env |= {"RECSERVE_REPOSITORY": str(fixture / "repo"), "ORT_DYLIB_PATH": ort, "RECSERVE_GRPC_ADDR": "127.0.0.1:0"}
+    context = ssl.create_default_context(cafile=str(secrets["tls"] / "tls.crt"))
+    base = f"https://localhost:{r.container_port('http')}"
+
+    def fetch(path: str, token: str | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(base + path)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    probe = {kind: r.server[f"{kind}Probe"]["httpGet"] for kind in ("startup", "readiness", "liveness")}
+    assert {p["scheme"] for p in probe.values()} == {"HTTPS"}
+    log = (tmp_path / "server.log").open("w")
+    process = subprocess.Popen([server_binary(), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status, _ = fetch(probe["startup"]["path"])
+            except (ConnectionError, urllib.error.URLError, ssl.SSLError):
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.1)
+        assert status == 200, f"startup probe never passed over HTTPS; log:\n{(tmp_path / 'server.log').read_text()}"
+        assert fetch(probe["readiness"]["path"]) == (200, '{"status":"ready"}')
+        assert fetch(probe["liveness"]["path"]) == (200, '{"status":"live"}')
+        status, metrics = fetch("/metrics")
+        assert status == 200 and "recserve_auth_refused_total" in metrics
+        assert fetch("/v1/models")[0] == 401
+        assert fetch("/v1/models", "probe-test-token")[0] == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             process.kill()
