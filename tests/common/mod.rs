@@ -7,6 +7,7 @@
 
 pub mod raw;
 pub mod redis;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
