@@ -243,7 +243,14 @@ impl Service {
             (Ok(m), operation) => (m.name.as_str(), operation.endpoint()),
             (Err(_), operation) => (UNKNOWN_MODEL, operation.endpoint()),
         };
-        self.record(request.protocol, label, endpoint, &result, request.arrival);
+        let version = found.as_ref().ok().map(|m| m.version);
+        self.record(
+            request.protocol,
+            (label, version),
+            endpoint,
+            &result,
+            request.arrival,
+        );
         result
     }
 
@@ -275,7 +282,7 @@ impl Service {
         };
         self.record(
             request.protocol,
-            label,
+            (label, None),
             Operation::Recommend.endpoint(),
             &result,
             request.arrival,
@@ -297,7 +304,7 @@ impl Service {
     fn record<T>(
         &self,
         protocol: Protocol,
-        label: &str,
+        (label, version): (&str, Option<u64>),
         endpoint: &'static str,
         result: &Result<T, ServiceError>,
         arrival: Instant,
@@ -317,6 +324,7 @@ impl Service {
             t.mark_at(Stage::Encode, now);
             t.outcome(Outcome {
                 model: label.to_owned(),
+                version,
                 endpoint,
                 protocol: protocol.as_str(),
                 status,

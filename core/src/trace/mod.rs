@@ -85,12 +85,19 @@ pub struct BatchInfo {
     pub reason: &'static str,
 }
 
+/// The most batches of one request whose details a trace keeps, in the order they answered it (a recommend call
+/// rides in two, one per model; a request split into chunks in one per chunk): inline, so that noting them
+/// allocates nothing.
+pub const MAX_BATCHES: usize = 4;
+
 /// What the service knows of a request once its response is ready.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     /// The name the request called: a model's, or a pipeline's for recommend (the request metrics' `model` or
     /// `pipeline` label, by `endpoint`).
     pub model: String,
+    /// The model version that answered a call of one model (a pipeline's are not named here).
+    pub version: Option<u64>,
     pub endpoint: &'static str,
     pub protocol: &'static str,
     /// The HTTP status of the outcome (for gRPC, that of the same outcome).
@@ -104,6 +111,7 @@ pub struct Trace {
     marks: Vec<(Stage, Instant)>,
     outcome: Option<Outcome>,
     batch: Option<BatchInfo>,
+    batches: [Option<BatchInfo>; MAX_BATCHES],
 }
 
 /// A finished trace: its stages' times, in request order (a stage that came more than once, as a pipeline's model
@@ -115,9 +123,24 @@ pub struct Finished {
     pub total: Duration,
     pub stages: Vec<(Stage, Duration)>,
     pub batch: Option<BatchInfo>,
+    /// The first [`MAX_BATCHES`] batches the request rode in, in the order they answered it.
+    pub batches: [Option<BatchInfo>; MAX_BATCHES],
+    /// When the first byte arrived.
+    pub first_byte: Instant,
+    /// Every mark in the order it was made (each ends a stage at its instant; repeated stages not summed): what
+    /// the OpenTelemetry spans of the request are made of.
+    pub marks: Vec<(Stage, Instant)>,
     /// When the response was handed over.
     pub at: Instant,
-    pub(crate) wall: SystemTime,
+    /// The wall-clock time at `at`.
+    pub wall: SystemTime,
+}
+
+impl Finished {
+    /// The wall-clock time of `t`, an instant of this request (not after [`Finished::at`]).
+    pub fn wall_of(&self, t: Instant) -> SystemTime {
+        self.wall - self.at.saturating_duration_since(t)
+    }
 }
 
 impl Trace {
@@ -128,6 +151,7 @@ impl Trace {
             marks: Vec::with_capacity(16),
             outcome: None,
             batch: None,
+            batches: [None; MAX_BATCHES],
         }
     }
 
@@ -145,6 +169,9 @@ impl Trace {
     /// Notes the batch the request's last model stage rode in.
     pub(crate) fn batch(&mut self, batch: BatchInfo) {
         self.batch = Some(batch);
+        if let Some(free) = self.batches.iter_mut().find(|b| b.is_none()) {
+            *free = Some(batch);
+        }
     }
 
     /// Notes the request's outcome: a trace without one (health checks, `/metrics`, unknown routes) is not kept.
@@ -171,6 +198,9 @@ impl Trace {
             total: before.saturating_duration_since(self.first_byte),
             stages,
             batch: self.batch,
+            batches: self.batches,
+            first_byte: self.first_byte,
+            marks: self.marks,
             at: before,
             wall: SystemTime::now(),
         })
@@ -241,6 +271,7 @@ mod tests {
     fn outcome() -> Outcome {
         Outcome {
             model: "m".to_owned(),
+            version: None,
             endpoint: "rank",
             protocol: "v1",
             status: 200,

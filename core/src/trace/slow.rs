@@ -215,6 +215,7 @@ mod tests {
         Finished {
             outcome: Outcome {
                 model: "m".to_owned(),
+                version: None,
                 endpoint: "rank",
                 protocol: "v1",
                 status: 200,
@@ -222,6 +223,9 @@ mod tests {
             total: MS * total_ms,
             stages: vec![(Stage::Queue, MS * total_ms)],
             batch: None,
+            batches: [None; crate::trace::MAX_BATCHES],
+            first_byte: at,
+            marks: Vec::new(),
             at,
             wall: SystemTime::now(),
         }
