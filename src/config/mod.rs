@@ -15,14 +15,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use settings::{
-    BATCH_DELAY, BATCHING, BODY_READ_TIMEOUT_MS, DEFAULT_DEADLINE_MS_SETTING, DEVICE,
-    EMBEDDING_CACHE_BYTES, EXECUTION_PROVIDER, EXECUTOR_NICENESS, EXECUTORS, GATHER_USER_ONCE,
-    GRPC_ADDR, HEADER_READ_TIMEOUT_MS, HTTP_ADDR, HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS,
-    INTRA_OP_THREADS, LOG_FORMAT, MAX_BATCH_ROWS_SETTING, MAX_BODY_BYTES, MAX_CANDIDATES,
-    MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY, MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS,
-    MODEL_CONTROL, ORT_LIBRARY_FALLBACK, PRELOAD, QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS,
-    REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S, SLOW_REQUESTS, SPLIT_GRAPH, TENSORRT_FP16,
-    TENSORRT_INT8, WRITE_TIMEOUT_MS,
+    ACCESS_LOG_SAMPLE_RATIO, BATCH_DELAY, BATCHING, BODY_READ_TIMEOUT_MS,
+    DEFAULT_DEADLINE_MS_SETTING, DEVICE, EMBEDDING_CACHE_BYTES, EXECUTION_PROVIDER,
+    EXECUTOR_NICENESS, EXECUTORS, GATHER_USER_ONCE, GRPC_ADDR, HEADER_READ_TIMEOUT_MS, HTTP_ADDR,
+    HTTP2_PING_INTERVAL_MS, IDLE_TIMEOUT_MS, INTRA_OP_THREADS, LOG_FORMAT, MAX_BATCH_ROWS_SETTING,
+    MAX_BODY_BYTES, MAX_CANDIDATES, MAX_CONNECTIONS, MAX_EXCLUDE, MAX_HISTORY,
+    MAX_QUEUE_DELAY_US_SETTING, MAX_REPLY_ITEMS, MODEL_CONTROL, ORT_LIBRARY_FALLBACK, PRELOAD,
+    QUEUE_CAPACITY, REDIS_FETCH_TIMEOUT_MS, REPOSITORY_POLL_S, SHARDS, SHUTDOWN_TIMEOUT_S,
+    SLOW_REQUESTS, SPLIT_GRAPH, TENSORRT_FP16, TENSORRT_INT8, TRACE_SAMPLE_RATIO, WRITE_TIMEOUT_MS,
 };
 pub use settings::{Choice, Pin, ServeArgs, Setting, env_var, file_key, shown_defaults};
 
@@ -131,6 +131,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Tracing and the access log, as the server's connections take them (`--otlp-endpoint`, `--trace-sample-ratio`,
+/// `--access-log-sample-ratio`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TelemetrySettings {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    pub trace_sample_ratio: f64,
+    pub access_log_sample_ratio: f64,
+}
+
+// The ratios were checked to lie in [0, 1] (never NaN).
+impl Eq for TelemetrySettings {}
+
 /// Most candidates a pipeline may rank per request.
 pub(crate) const MAX_PIPELINE_CANDIDATES: usize = 100_000;
 
@@ -168,6 +181,9 @@ pub struct Config {
     pub(crate) max_connections: usize,
     pub(crate) slow_requests: usize,
     pub log_format: LogFormat,
+    /// Tracing and the access log.
+    #[serde(flatten)]
+    pub telemetry: TelemetrySettings,
     pub device: DeviceRequest,
     pub(crate) model_control: ModelControl,
     pub(crate) repository_poll_s: u64,
@@ -455,6 +471,15 @@ impl ServeArgs {
             max_connections: MAX_CONNECTIONS.resolve(self.max_connections)?,
             slow_requests: SLOW_REQUESTS.resolve(self.slow_requests)?,
             log_format: LOG_FORMAT.resolve(self.log_format),
+            telemetry: TelemetrySettings {
+                otlp_endpoint: self
+                    .otlp_endpoint
+                    .map(|url| check_otlp_endpoint(&url).map(|()| url))
+                    .transpose()?,
+                trace_sample_ratio: TRACE_SAMPLE_RATIO.resolve(self.trace_sample_ratio)?,
+                access_log_sample_ratio: ACCESS_LOG_SAMPLE_RATIO
+                    .resolve(self.access_log_sample_ratio)?,
+            },
             device,
             model_control: MODEL_CONTROL.resolve(self.model_control),
             repository_poll_s: REPOSITORY_POLL_S.resolve(self.repository_poll_s)?,
@@ -467,6 +492,23 @@ impl ServeArgs {
             pipelines: self.pipelines,
         })
     }
+}
+
+/// The collector's address must be a plain-HTTP gRPC URL: TLS to the collector is not built in (a collector
+/// agent beside the server is the usual set-up).
+fn check_otlp_endpoint(url: &str) -> Result<(), ConfigError> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        ConfigError(format!(
+            "--otlp-endpoint (RECSERVE_OTLP_ENDPOINT) must be http://HOST:PORT (OTLP over gRPC without TLS), got \
+             {url:?}"
+        ))
+    })?;
+    if rest.trim_end_matches('/').is_empty() {
+        return Err(ConfigError(format!(
+            "--otlp-endpoint (RECSERVE_OTLP_ENDPOINT) names no host: {url:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Lays `over` onto `under`: values of `over` replace those of `under`, except that two tables merge key by key.
@@ -564,6 +606,41 @@ mod tests {
             Command::CheckConfig(args) => args.serve.resolve(),
             Command::CheckRepository(_) => unreachable!("parse passes `serve`"),
         }
+    }
+
+    #[test]
+    fn tracing_is_off_unless_an_endpoint_is_given_and_ratios_lie_in_0_1() {
+        let base = ["--repository", "/models", "--ort-library", "/lib/ort.so"];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        let off = with(&[]).expect("valid");
+        assert_eq!(off.telemetry.otlp_endpoint, None);
+        assert_eq!(off.telemetry.access_log_sample_ratio, 0.0);
+        let on = with(&[
+            "--otlp-endpoint",
+            "http://collector:4317",
+            "--trace-sample-ratio",
+            "0.5",
+        ])
+        .expect("valid");
+        assert_eq!(
+            on.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4317")
+        );
+        assert_eq!(on.telemetry.trace_sample_ratio, 0.5);
+        let refused = |extra: &[&str]| with(extra).expect_err("refused").0;
+        assert!(
+            refused(&["--otlp-endpoint", "https://collector:4317"]).contains("http://HOST:PORT")
+        );
+        assert!(refused(&["--otlp-endpoint", "http://"]).contains("names no host"));
+        assert_eq!(
+            refused(&["--trace-sample-ratio", "1.5"]),
+            "--trace-sample-ratio (RECSERVE_TRACE_SAMPLE_RATIO) must be between 0 and 1, got 1.5"
+        );
+        assert!(refused(&["--access-log-sample-ratio=-0.1"]).contains("between 0 and 1"));
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub(crate) const ORT_LIBRARY_FALLBACK: &str = "libonnxruntime.so";
 
 /// The default that each flag of `serve` with one shows in its help, by flag.
 pub fn shown_defaults() -> BTreeMap<&'static str, String> {
-    let settings: [&dyn Shown; 37] = [
+    let settings: [&dyn Shown; 39] = [
         &HTTP_ADDR,
         &GRPC_ADDR,
         &INTRA_OP_THREADS,
@@ -158,6 +158,8 @@ pub fn shown_defaults() -> BTreeMap<&'static str, String> {
         &MAX_CONNECTIONS,
         &SLOW_REQUESTS,
         &LOG_FORMAT,
+        &TRACE_SAMPLE_RATIO,
+        &ACCESS_LOG_SAMPLE_RATIO,
         &DEVICE,
         &EXECUTION_PROVIDER,
         &TENSORRT_FP16,
@@ -362,6 +364,21 @@ pub(crate) const SLOW_REQUESTS: Setting<usize> = Setting {
     default: recserve_core::trace::slow::DEFAULT_KEEP,
     min: 0,
     max: 100_000,
+};
+/// Tracing (`crate::telemetry::spans`): the share of traces the server starts that it samples; a caller's
+/// `traceparent` decides for its own.
+pub(crate) const TRACE_SAMPLE_RATIO: Setting<f64> = Setting {
+    flag: "--trace-sample-ratio",
+    default: 0.01,
+    min: 0.0,
+    max: 1.0,
+};
+/// The access log (`crate::telemetry::requests`): the share of requests logged; off by default.
+pub(crate) const ACCESS_LOG_SAMPLE_RATIO: Setting<f64> = Setting {
+    flag: "--access-log-sample-ratio",
+    default: 0.0,
+    min: 0.0,
+    max: 1.0,
 };
 pub(crate) const SHUTDOWN_TIMEOUT_S: Setting<u64> = Setting {
     flag: "--shutdown-timeout-s",
@@ -634,6 +651,21 @@ pub struct ServeArgs {
     /// Log format on stderr; the level comes from RUST_LOG (default info).
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+
+    /// OTLP/gRPC collector (http://HOST:4317) that OpenTelemetry spans of requests are sent to; unset, tracing is
+    /// off: no spans, and responses carry no traceparent. Service name from OTEL_SERVICE_NAME (else recserve).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share (0-1) of the traces the server starts that it samples, with --otlp-endpoint; a request whose
+    /// traceparent comes from a sampled span is always sampled, one from an unsampled span never.
+    #[arg(long)]
+    pub trace_sample_ratio: Option<f64>,
+
+    /// Share (0-1) of requests to models written to the access log: one line each (JSON with --log-format json),
+    /// target recserve::access; 0 logs none.
+    #[arg(long)]
+    pub access_log_sample_ratio: Option<f64>,
 
     /// Where embedding tables live: auto (every visible GPU when there is one, else the CPU), cpu, cuda (every
     /// visible GPU, or refuse to start) or cuda:N (GPU N only).

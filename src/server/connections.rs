@@ -50,6 +50,8 @@ use super::tls::Tls;
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Timeouts;
+use crate::telemetry::requests::{Observed, RequestTelemetry};
+use crate::telemetry::traceparent;
 use recserve_core::metrics::{ConnectionMetrics, Metrics, TraceSink};
 use recserve_core::trace::{self, TraceCell};
 
@@ -115,6 +117,8 @@ pub(crate) struct Connections {
     refusals: Throttle,
     /// `None`: plain TCP.
     tls: Option<Arc<Tls>>,
+    /// Tracing and the access log; `None` when both are off, and then a request does no work for them.
+    telemetry: Option<Arc<RequestTelemetry>>,
 }
 
 impl Connections {
@@ -133,7 +137,17 @@ impl Connections {
             drain: watch::Sender::new(false),
             refusals: Throttle::default(),
             tls,
+            telemetry: None,
         }
+    }
+
+    /// Traces and logs requests as `telemetry` says.
+    pub(crate) fn with_telemetry(
+        mut self,
+        telemetry: Option<Arc<RequestTelemetry>>,
+    ) -> Connections {
+        self.telemetry = telemetry;
+        self
     }
 
     /// Stops accepting on every listener and drains their connections ([`serve`] returns once they are closed).
@@ -260,6 +274,7 @@ async fn connection(
         body_read: timeouts.body_read,
         reader: kind.reader(),
         draining: Arc::clone(&connections.draining),
+        telemetry: connections.telemetry.clone(),
     };
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -785,7 +800,9 @@ impl AsyncWrite for Watched {
 
 /// The router, seen by hyper: counts each request in flight until its response body is done, gives its body the
 /// read timeout, traces it from its first byte until its response is handed over ([`recserve_core::trace`]), and closes
-/// HTTP/1 connections after their response once the server drains.
+/// HTTP/1 connections after their response once the server drains. With tracing or the access log on, it reads the
+/// caller's `traceparent`, answers with the server span's, and exports and logs the request once its response is
+/// handed over ([`crate::telemetry::requests`]).
 #[derive(Clone)]
 struct ConnectionService {
     app: Router,
@@ -794,6 +811,7 @@ struct ConnectionService {
     body_read: Duration,
     reader: Reader,
     draining: Arc<AtomicBool>,
+    telemetry: Option<Arc<RequestTelemetry>>,
 }
 
 type ResponseFuture =
@@ -813,15 +831,30 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
             .filter(|_| !http2)
             .unwrap_or_else(std::time::Instant::now);
         let trace = TraceCell::new(first_byte);
+        let observed = self
+            .telemetry
+            .as_ref()
+            .and_then(|t| Some((Arc::clone(t), t.observe(&request)?)));
         let (body_read, reader) = (self.body_read, self.reader);
         let request = request.map(|body| TimedBody::new(body, body_read, reader));
         let mut app = self.app.clone();
         let draining = Arc::clone(&self.draining);
         let traces = Arc::clone(&self.traces);
         Box::pin(async move {
-            let Ok(response) = trace::scope(Arc::clone(&trace), app.call(request)).await;
-            let mut response =
-                response.map(|body| CountedBody::new(body, in_flight, Finisher { trace, traces }));
+            let Ok(mut response) = trace::scope(Arc::clone(&trace), app.call(request)).await;
+            if let Some(value) = observed
+                .as_ref()
+                .and_then(|(_, o)| o.response_traceparent())
+            {
+                response.headers_mut().insert(traceparent::HEADER, value);
+            }
+            let finisher = Finisher {
+                trace,
+                traces,
+                telemetry: observed,
+                sent: 0,
+            };
+            let mut response = response.map(|body| CountedBody::new(body, in_flight, finisher));
             if !http2 && draining.load(Ordering::Acquire) {
                 response
                     .headers_mut()
@@ -842,7 +875,7 @@ struct CountedBody {
     /// Bytes announced (the body's known size) and not yet taken.
     left: u64,
     in_flight: InFlight,
-    _trace: Finisher,
+    finisher: Finisher,
 }
 
 impl CountedBody {
@@ -854,7 +887,7 @@ impl CountedBody {
             pending: None,
             left,
             in_flight,
-            _trace: trace,
+            finisher: trace,
         }
     }
 
@@ -863,6 +896,7 @@ impl CountedBody {
         if data.len() > MAX_FRAME_BYTES {
             self.pending = Some(data.split_off(MAX_FRAME_BYTES));
         }
+        self.finisher.sent += data.len() as u64;
         let taken = (data.len() as u64).min(self.left);
         self.left -= taken;
         self.in_flight.0.body_taken(taken);
@@ -881,11 +915,18 @@ impl Drop for CountedBody {
 struct Finisher {
     trace: Arc<TraceCell>,
     traces: Arc<TraceSink>,
+    /// The request's spans and access-log line, when it is traced or logged.
+    telemetry: Option<(Arc<RequestTelemetry>, Box<Observed>)>,
+    /// Bytes of the response body handed over.
+    sent: u64,
 }
 
 impl Drop for Finisher {
     fn drop(&mut self) {
         if let Some(finished) = self.trace.finish(std::time::Instant::now()) {
+            if let Some((telemetry, observed)) = &self.telemetry {
+                telemetry.finish(observed, &finished, self.sent);
+            }
             self.traces.finish(finished);
         }
     }

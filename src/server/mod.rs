@@ -20,6 +20,8 @@ use crate::api;
 use crate::api::auth::{Auth, InferenceTokens};
 use crate::config::Config;
 use crate::service::{Limits, Service, StartError};
+use crate::telemetry::requests::RequestTelemetry;
+use crate::telemetry::spans::Spans;
 use recserve_core::metrics::Metrics;
 
 /// The sockets the server answers on, bound by the caller.
@@ -112,12 +114,24 @@ pub async fn run(
             })?
     };
 
-    let connections = Arc::new(Connections::new(
-        config.max_connections,
-        config.timeouts,
-        service.metrics.clone(),
-        tls,
-    ));
+    // Tracing and the access log, when either is on; the spans' gRPC channel to the collector lives on this runtime.
+    let spans = match &config.telemetry.otlp_endpoint {
+        Some(endpoint) => Some(
+            Spans::start(endpoint, config.telemetry.trace_sample_ratio)
+                .map_err(std::io::Error::other)?,
+        ),
+        None => None,
+    };
+    let telemetry = RequestTelemetry::new(spans, config.telemetry.access_log_sample_ratio);
+    let connections = Arc::new(
+        Connections::new(
+            config.max_connections,
+            config.timeouts,
+            service.metrics.clone(),
+            tls,
+        )
+        .with_telemetry(telemetry.clone()),
+    );
     // Readiness turns false first, then both listeners stop accepting and drain their connections.
     let stop = {
         let service = Arc::clone(&service);
@@ -162,6 +176,10 @@ pub async fn run(
         .await
         .map_err(|e| std::io::Error::other(format!("model loader task: {e}")))?
         .map_err(|_| std::io::Error::other("the model loader panicked"))?;
+    if let Some(telemetry) = telemetry {
+        // Off the runtime's threads: the export of the last spans runs on them.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    }
     // Dropping the last reference to the service closes every model's queue and joins its executor threads.
     drop(service);
     loaded

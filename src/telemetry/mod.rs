@@ -1,4 +1,10 @@
-//! Logging: `tracing` to stderr, text or JSON, level from `RUST_LOG` (default `info`).
+//! Logging: `tracing` to stderr, text or JSON, level from `RUST_LOG` (default `info`); and what the server tells
+//! of each request beyond its metrics: OpenTelemetry spans ([`spans`]), W3C `traceparent` in and out
+//! ([`traceparent`]) and the access log ([`requests`]). docs/tracing.md describes them.
+
+pub mod requests;
+pub mod spans;
+pub mod traceparent;
 
 use std::io::IsTerminal;
 

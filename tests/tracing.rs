@@ -1,0 +1,280 @@
+//! End to end: OpenTelemetry spans reach a real OTLP/gRPC receiver (the official `TraceService` from
+//! opentelemetry-proto, started here on port 0). A recommend call with a `traceparent` is traced into the caller's
+//! trace: the server span's parent is the caller's span, every stage span descends from the server span, the
+//! stages of each level fit in their parent, and the response's `traceparent` names the server span. gRPC carries
+//! the traceparent in its response metadata. With tracing off, nothing is exported and no header is added.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use common::{TestServer, config, fixture_dir, fixture_repo};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use recserve::api::kserve::grpc::proto::ServerLiveRequest;
+use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use serde_json::Value;
+
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// The spans received, with their resource's service name.
+#[derive(Clone, Debug, Default)]
+struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().expect("lock");
+        for resource in request.into_inner().resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref()?.value.clone())
+                .map(|v| match v {
+                    Any::StringValue(s) => s,
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans.into_iter().map(|s| (service.clone(), s)));
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    /// Starts the receiver on port 0: its `http://` URL.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind port 0");
+        let addr = listener.local_addr().expect("addr");
+        let router =
+            tonic::service::Routes::new(TraceServiceServer::new(self.clone())).into_axum_router();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        format!("http://{addr}")
+    }
+
+    fn spans(&self) -> Vec<(String, Span)> {
+        self.0.lock().expect("lock").clone()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn recommend_request() -> Value {
+    let text = std::fs::read_to_string(fixture_dir().join("recall-cases.json"))
+        .expect("recall-cases.json: run scripts/test.sh, which writes the fixture");
+    let all: Value = serde_json::from_str(&text).expect("JSON");
+    all["recommend_cases"][0]["request"].clone()
+}
+
+async fn start(otlp: Option<String>) -> TestServer {
+    TestServer::start(config(&fixture_repo(), |a| {
+        a.config = Some(fixture_dir().join("recserve.toml"));
+        a.otlp_endpoint = otlp;
+        a.trace_sample_ratio = Some(1.0);
+    }))
+    .await
+}
+
+/// The span's interval in nanoseconds.
+fn times(span: &Span) -> (u64, u64) {
+    (span.start_time_unix_nano, span.end_time_unix_nano)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_recommend_call_continues_the_callers_trace() {
+    let collector = Collector::default();
+    let endpoint = collector.start().await;
+    let server = start(Some(endpoint)).await;
+
+    let response = server
+        .client
+        .post(server.url("/v1/recommend/fixture"))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&recommend_request())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    let answered = response
+        .headers()
+        .get("traceparent")
+        .expect("the response names the server span")
+        .to_str()
+        .expect("ASCII")
+        .to_owned();
+    let _ = response.bytes().await;
+
+    // gRPC: response metadata, in the caller's trace.
+    let mut grpc = GrpcInferenceServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect gRPC");
+    let mut live = tonic::Request::new(ServerLiveRequest {});
+    live.metadata_mut().insert(
+        "traceparent",
+        format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+            .parse()
+            .expect("metadata"),
+    );
+    let live = grpc.server_live(live).await.expect("ServerLive");
+    let grpc_parent = live
+        .metadata()
+        .get("traceparent")
+        .expect("gRPC response metadata names the server span")
+        .to_str()
+        .expect("ASCII");
+    assert!(
+        grpc_parent.starts_with(&format!("00-{CALLER_TRACE}-")) && grpc_parent.ends_with("-01"),
+        "{grpc_parent}"
+    );
+
+    // Stopping the server exports what is queued.
+    server.stop().await.expect("clean stop");
+    let spans = collector.spans();
+    let ours: Vec<&Span> = spans
+        .iter()
+        .filter(|(_, s)| hex(&s.trace_id) == CALLER_TRACE)
+        .map(|(_, s)| s)
+        .collect();
+    assert!(
+        spans.iter().all(|(service, _)| service == "recserve"),
+        "service.name"
+    );
+    let server_span: &Span = ours
+        .iter()
+        .find(|s| s.name == "v1 recommend")
+        .copied()
+        .unwrap_or_else(|| panic!("no server span among {:?}", names(&ours)));
+    assert_eq!(hex(&server_span.parent_span_id), CALLER_SPAN);
+    assert_eq!(
+        answered,
+        format!("00-{CALLER_TRACE}-{}-01", hex(&server_span.span_id)),
+        "the response's traceparent names the server span"
+    );
+    let by_id: HashMap<Vec<u8>, &Span> = ours.iter().map(|s| (s.span_id.clone(), *s)).collect();
+    let children = |parent: &Span| -> Vec<&Span> {
+        let mut c: Vec<&Span> = ours
+            .iter()
+            .filter(|s| s.parent_span_id == parent.span_id)
+            .copied()
+            .collect();
+        c.sort_by_key(|s| s.start_time_unix_nano);
+        c
+    };
+    let top: Vec<&str> = children(server_span)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(
+        top,
+        ["read", "decode", "recall", "rank", "encode", "write"],
+        "the server span's children"
+    );
+    for stage in children(server_span)
+        .into_iter()
+        .filter(|s| ["recall", "rank"].contains(&s.name.as_str()))
+    {
+        let inner: Vec<&str> = children(stage).iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            inner,
+            ["admit", "queue", "batch", "answer"],
+            "{} stage",
+            stage.name
+        );
+        let batch = children(stage)
+            .into_iter()
+            .find(|s| s.name == "batch")
+            .expect("batch");
+        let executed: Vec<&str> = children(batch).iter().map(|s| s.name.as_str()).collect();
+        assert!(
+            executed.starts_with(&["dispatch"]) && executed.contains(&"inference"),
+            "{executed:?}"
+        );
+        assert!(
+            batch
+                .attributes
+                .iter()
+                .any(|kv| kv.key == "recserve.batch.id"),
+            "the batch span names its batch"
+        );
+    }
+    // Every span descends from the server span, and at each level the children lie within their parent, one after
+    // another: their durations add up to at most the parent's.
+    for span in &ours {
+        if span.span_id == server_span.span_id {
+            continue;
+        }
+        let mut at: &Span = span;
+        while at.parent_span_id != server_span.span_id {
+            at = *by_id
+                .get(&at.parent_span_id)
+                .unwrap_or_else(|| panic!("{}: parent not exported", span.name));
+        }
+    }
+    for &parent in &ours {
+        let kids = children(parent);
+        let (start, end) = times(parent);
+        let mut last = start;
+        for kid in &kids {
+            let (s, e) = times(kid);
+            assert!(
+                s >= last && e <= end && s <= e,
+                "{} in {}",
+                kid.name,
+                parent.name
+            );
+            last = e;
+        }
+        let sum: u64 = kids
+            .iter()
+            .map(|k| k.end_time_unix_nano - k.start_time_unix_nano)
+            .sum();
+        assert!(
+            sum <= end - start,
+            "{}'s children take longer than it",
+            parent.name
+        );
+    }
+}
+
+fn names(spans: &[&Span]) -> Vec<String> {
+    spans.iter().map(|s| s.name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tracing_off_nothing_is_exported_and_no_header_added() {
+    let collector = Collector::default();
+    // A receiver is running, but the server is not told of it.
+    let _endpoint = collector.start().await;
+    let server = start(None).await;
+    let response = server
+        .client
+        .post(server.url("/v1/recommend/fixture"))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&recommend_request())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("traceparent").is_none());
+    server.stop().await.expect("clean stop");
+    assert!(collector.spans().is_empty());
+}
