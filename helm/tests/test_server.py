@@ -39,7 +39,12 @@ def supports(flag: str) -> bool:
 
 
 # Settings the chart can write that need a newer server than some branches have: checked once the binary has them.
-NEWER_SETTINGS = {"grpc_addr": "--grpc-addr", "device": "--device"}
+NEWER_SETTINGS = {
+    "grpc_addr": "--grpc-addr",
+    "device": "--device",
+    "otlp_endpoint": "--otlp-endpoint",
+    "access_log_sample_ratio": "--access-log-sample-ratio",
+}
 
 
 def pod_command(r: Rendered, tmp: Path) -> tuple[list[str], dict[str, str]]:
@@ -106,6 +111,15 @@ def test_server_accepts_what_the_chart_passes(name: str, rendered: dict[str, Ren
         if isinstance(value, str) and not isinstance(got, str):
             got = str(got)
         assert got == value, f"{key}: the chart meant {value!r}, the server resolved {got!r}"
+
+    # Tracing (tracing.*) reaches the server; without an endpoint it stays off.
+    tracing = r.merged.get("tracing", {})
+    if tracing.get("otlpEndpoint"):
+        assert resolved["otlp_endpoint"] == tracing["otlpEndpoint"]
+        assert resolved["trace_sample_ratio"] == pytest.approx(tracing["sampleRatio"])
+    else:
+        assert "otlp_endpoint" not in resolved
+    assert resolved.get("access_log_sample_ratio", 0.0) == pytest.approx(tracing.get("accessLogSampleRatio", 0))
 
     # The ports the pod, the probes and the Service use are the ones the server listens on.
     assert port_of(resolved["http_addr"]) == r.container_port("http")

@@ -127,9 +127,9 @@ written as JSON strings, which are valid TOML basic strings.
 The whole config file: the chart's settings, then .Values.config.
 */}}
 {{- define "recserve.configToml" -}}
-{{- range $key := list "repository" "http_addr" "grpc_addr" "shutdown_timeout_s" }}
+{{- range $key := list "repository" "http_addr" "grpc_addr" "shutdown_timeout_s" "otlp_endpoint" "trace_sample_ratio" "access_log_sample_ratio" }}
 {{- if hasKey $.Values.config $key }}
-{{- fail (printf "config.%s is set by the chart; use %s instead" $key (get (dict "repository" "modelRepository" "http_addr" "server.httpPort and server.bindAddress" "grpc_addr" "server.grpc" "shutdown_timeout_s" "server.shutdownTimeoutSeconds") $key)) }}
+{{- fail (printf "config.%s is set by the chart; use %s instead" $key (get (dict "repository" "modelRepository" "http_addr" "server.httpPort and server.bindAddress" "grpc_addr" "server.grpc" "shutdown_timeout_s" "server.shutdownTimeoutSeconds" "otlp_endpoint" "tracing.otlpEndpoint" "trace_sample_ratio" "tracing.sampleRatio" "access_log_sample_ratio" "tracing.accessLogSampleRatio") $key)) }}
 {{- end }}
 {{- end -}}
 # Written by the recserve Helm chart (release {{ .Release.Name }}): the chart's settings, then .Values.config.
@@ -140,5 +140,14 @@ http_addr = {{ include "recserve.listenAddr" (list .Values.server.bindAddress .V
 grpc_addr = {{ include "recserve.listenAddr" (list .Values.server.bindAddress .Values.server.grpc.port) | toJson }}
 {{- end }}
 shutdown_timeout_s = {{ int .Values.server.shutdownTimeoutSeconds }}
+{{- with .Values.tracing }}
+{{- if .otlpEndpoint }}
+otlp_endpoint = {{ .otlpEndpoint | toJson }}
+trace_sample_ratio = {{ .sampleRatio | float64 }}
+{{- end }}
+{{- if gt (.accessLogSampleRatio | float64) 0.0 }}
+access_log_sample_ratio = {{ .accessLogSampleRatio | float64 }}
+{{- end }}
+{{- end }}
 {{- include "recserve.tomlTable" (list "" .Values.config) }}
 {{- end }}
