@@ -2,7 +2,8 @@
 //! opentelemetry-proto, started here on port 0). A recommend call with a `traceparent` is traced into the caller's
 //! trace: the server span's parent is the caller's span, every stage span descends from the server span, the
 //! stages of each level fit in their parent, and the response's `traceparent` names the server span. gRPC carries
-//! the traceparent in its response metadata. With tracing off, nothing is exported and no header is added.
+//! the traceparent in its response metadata. With tracing off, nothing is exported and no header is added. The
+//! real binary's access log writes one JSON line per request.
 
 mod common;
 
@@ -277,4 +278,97 @@ async fn with_tracing_off_nothing_is_exported_and_no_header_added() {
     assert!(response.headers().get("traceparent").is_none());
     server.stop().await.expect("clean stop");
     assert!(collector.spans().is_empty());
+}
+
+/// Kills the child when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The real binary with `--access-log-sample-ratio 1 --log-format json` (tracing off) writes one JSON line per
+/// request to a model through its log, with the caller's trace id.
+#[test]
+fn the_access_log_has_one_json_line_per_request() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let child = Command::new(env!("CARGO_BIN_EXE_recserve"))
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--access-log-sample-ratio",
+            "1",
+            "--repository",
+        ])
+        .arg(fixture_repo())
+        .arg("--config")
+        .arg(fixture_dir().join("recserve.toml"))
+        .arg("--ort-library")
+        .arg(common::ort_library())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start recserve");
+    let mut child = KillOnDrop(child);
+    let mut lines = BufReader::new(child.0.stderr.take().expect("stderr"))
+        .lines()
+        .map_while(Result::ok)
+        .map(|line| serde_json::from_str::<Value>(&line).expect("every log line is JSON"));
+    let mut addr = None;
+    for line in lines.by_ref() {
+        if let Some(a) = line["addr"].as_str() {
+            addr = Some(a.to_owned());
+        }
+        if line["message"] == "all models loaded; ready" {
+            break;
+        }
+    }
+    let addr = addr.expect("the server logged its address");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (status, sent) = runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/recommend/fixture"))
+            .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+            .json(&recommend_request())
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        assert!(response.headers().get("traceparent").is_none());
+        (status, response.bytes().await.expect("body").len())
+    });
+    assert_eq!(status, 200);
+    let access = lines
+        .find(|line| line["target"] == "recserve::access")
+        .expect("an access-log line");
+    assert_eq!(access["method"], "POST");
+    assert_eq!(access["path"], "/v1/recommend/fixture");
+    assert_eq!(access["protocol"], "v1");
+    assert_eq!(access["endpoint"], "recommend");
+    assert_eq!(access["model"], "fixture");
+    assert_eq!(access["status"], 200);
+    assert_eq!(access["trace_id"], CALLER_TRACE);
+    assert_eq!(access["response_bytes"], sent as u64);
+    assert!(
+        access["request_bytes"].as_u64().is_some_and(|n| n > 0),
+        "{access}"
+    );
+    assert!(
+        access["latency_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{access}"
+    );
 }
