@@ -21,6 +21,13 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+if ! command -v curl >/dev/null || ! command -v openssl >/dev/null; then
+  echo "test: installing Debian's curl and openssl packages: the TLS tests' real client and the Helm test's certificate" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends curl openssl >/dev/null
+fi
+
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   echo "test: installing Debian's redis-server package: the Redis Cluster the Redis tier's tests run against" >&2
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
