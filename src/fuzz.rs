@@ -755,7 +755,7 @@ fn fuzz_repository_api_bodies_and_names_give_a_value_or_a_clear_error() {
         match discover_model(dir.path(), &name, None) {
             Ok(found) => {
                 prop_assert!(held && name == "held", "{name:?} found");
-                prop_assert_eq!(found.version, 1);
+                prop_assert_eq!(found.iter().map(|m| m.version).collect::<Vec<_>>(), vec![1]);
                 Ok(Outcome::Accepted)
             }
             Err(e) => {

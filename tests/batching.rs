@@ -151,9 +151,9 @@ async fn concurrent_requests_get_exactly_their_own_rows_or_a_clean_refusal() {
         "batches are counted by reason"
     );
     assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("recserve_admission_margin_seconds{model=\"deepfm-int8\"} ")),
+        metrics.lines().any(|l| l.starts_with(
+            "recserve_admission_margin_seconds{model=\"deepfm-int8\",version=\"1\"} "
+        )),
         "the admission margin gauge is exported per model"
     );
     let rejected = value("recserve_rejected_total{model=\"deepfm-int8\"");

@@ -743,7 +743,7 @@ async fn malformed_tensors_are_refused_naming_the_tensor_while_good_requests_go_
                 continue;
             }
             let series = format!(
-                "recserve_requests_total{{code=\"{code}\",endpoint=\"rank\",model=\"deepfm-fp32\",pipeline=\"\",protocol=\"{protocol}\"}}"
+                "recserve_requests_total{{code=\"{code}\",endpoint=\"rank\",model=\"deepfm-fp32\",pipeline=\"\",protocol=\"{protocol}\",version=\"2\"}}"
             );
             assert!(metrics.contains(&series), "missing {series}");
         }

@@ -476,7 +476,7 @@ async fn metrics_count_scored_items_top_k_runs_and_default_rows() {
     assert_eq!(
         sample(
             &after,
-            "recserve_requests_total{code=\"200\",endpoint=\"recall\",model=\"lightgcn-int8\",pipeline=\"\",protocol=\"v1\"}"
+            "recserve_requests_total{code=\"200\",endpoint=\"recall\",model=\"lightgcn-int8\",pipeline=\"\",protocol=\"v1\",version=\"1\"}"
         ),
         3.0
     );

@@ -68,7 +68,7 @@ async fn answers_equal_the_reference_with_timings_and_stage_metrics() {
     assert_eq!(
         sample(
             &metrics,
-            "recserve_requests_total{code=\"200\",endpoint=\"recommend\",model=\"\",pipeline=\"fixture\",protocol=\"v1\"}"
+            "recserve_requests_total{code=\"200\",endpoint=\"recommend\",model=\"\",pipeline=\"fixture\",protocol=\"v1\",version=\"1\"}"
         ),
         n
     );

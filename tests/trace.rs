@@ -205,7 +205,7 @@ async fn a_slow_upload_is_read_time_and_its_deadline_counts_from_the_first_byte(
     let (_, metrics) = server.get("/metrics").await;
     let duration = metric_sample(
         &metrics,
-        "recserve_request_duration_seconds_sum{endpoint=\"rank\",model=\"deepfm-int8\",pipeline=\"\",protocol=\"v1\"}",
+        "recserve_request_duration_seconds_sum{endpoint=\"rank\",model=\"deepfm-int8\",pipeline=\"\",protocol=\"v1\",version=\"1\"}",
     );
     assert!(
         duration >= pause.as_secs_f64(),

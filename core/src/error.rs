@@ -200,11 +200,12 @@ pub enum ServiceError {
     BodyTimeout { ms: u64 },
     #[error("model {:?} is not served (served models: {served})", Echo(.model))]
     ModelNotFound { model: String, served: String },
-    #[error("model {model:?} version {version} is not served (serving version {serving})")]
+    #[error("model {model:?} version {version} is not served ({})", serving_versions(.serving))]
     VersionNotFound {
         model: String,
         version: u64,
-        serving: u64,
+        /// The versions that are, ascending.
+        serving: Vec<u64>,
     },
     #[error("pipeline {:?} is not configured (pipelines: {served})", Echo(.pipeline))]
     PipelineNotFound { pipeline: String, served: String },
@@ -276,6 +277,19 @@ pub enum ServiceError {
     /// A failure that is not the client's doing. The detail is logged, never sent.
     #[error("internal error")]
     Internal(String),
+}
+
+/// "serving version 3", or "serving versions 7, 8".
+fn serving_versions(versions: &[u64]) -> String {
+    let list = versions
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match versions.len() {
+        1 => format!("serving version {list}"),
+        _ => format!("serving versions {list}"),
+    }
 }
 
 impl ServiceError {

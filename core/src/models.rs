@@ -13,7 +13,7 @@ use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::ranking::RankingModel;
 use crate::recall::RecallModel;
 use crate::registry::{LoadContext, Loadable, Served, Snapshot};
-use crate::repository::{ModelKind, ModelSpec, ModelVersion};
+use crate::repository::{CandidateFeature, ModelKind, ModelSpec, ModelVersion};
 
 /// What a request asks of a model: the `endpoint` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,7 +169,27 @@ pub struct ResolvedPipeline {
 }
 
 impl ResolvedPipeline {
-    /// `pipeline` with its models from `models`.
+    /// `pipeline` with the versions of its models that their traffic splits give a request with `key` (a
+    /// pipeline's models have no shadow).
+    pub fn routed(
+        pipeline: &Arc<Pipeline>,
+        models: &Models,
+        key: Option<&[u8]>,
+    ) -> Result<ResolvedPipeline, ServiceError> {
+        let model = |name: &str| {
+            models
+                .route(name, None, key)
+                .map(|r| r.primary)
+                .map_err(|e| ServiceError::Internal(format!("pipeline {:?}: {e}", pipeline.name)))
+        };
+        Ok(ResolvedPipeline {
+            pipeline: Arc::clone(pipeline),
+            recall: model(&pipeline.config.recall_model)?,
+            ranking: model(&pipeline.config.ranking_model)?,
+        })
+    }
+
+    /// `pipeline` with the highest loaded versions of its models in `models`.
     pub fn new(
         pipeline: &Arc<Pipeline>,
         models: &Models,
@@ -188,44 +208,105 @@ impl ResolvedPipeline {
     }
 }
 
-/// The two models of a pipeline in `models`: a lightgcn recall model and a deepfm ranking model, or what is wrong.
-fn models_of<'m>(
+/// Every loaded version of a pipeline's model `wanted` (the config's `key`), checked to be of `kind`.
+fn versions_of<'m>(
+    models: &'m Models,
+    key: &str,
+    wanted: &str,
+    kind: ModelKind,
+) -> Result<Vec<&'m Arc<ServedModel>>, String> {
+    let loaded = models.versions(wanted);
+    if loaded.is_empty() {
+        return Err(format!(
+            "{key} = {wanted:?} is not loaded (loaded models: {})",
+            models.names()
+        ));
+    }
+    loaded
+        .into_iter()
+        .map(|v| {
+            let m = models.get(wanted, Some(v)).map_err(|e| e.to_string())?;
+            if m.spec.kind != kind {
+                return Err(format!(
+                    "{key} = {wanted:?} is a {} model, not {}",
+                    m.spec.kind.as_str(),
+                    kind.as_str()
+                ));
+            }
+            Ok(m)
+        })
+        .collect()
+}
+
+/// Checks a pipeline against every loaded version of its two models (a traffic split may route a request to any
+/// of them): each pair must run it, and every ranking version must take the same candidate features (the pipeline
+/// computes them once for all). The highest versions' models, for building it.
+fn check_pipeline<'m>(
     config: &PipelineConfig,
     models: &'m Models,
 ) -> Result<(&'m RecallModel, &'m RankingModel), String> {
-    let model = |key: &str, wanted: &str, kind: ModelKind| {
-        let m = models.get(wanted, None).map_err(|_| {
-            format!(
-                "{key} = {wanted:?} is not loaded (loaded models: {})",
-                models.names()
-            )
-        })?;
-        if m.spec.kind != kind {
-            return Err(format!(
-                "{key} = {wanted:?} is a {} model, not {}",
-                m.spec.kind.as_str(),
-                kind.as_str()
-            ));
+    let recalls = versions_of(
+        models,
+        "recall_model",
+        &config.recall_model,
+        ModelKind::Lightgcn,
+    )?;
+    let rankings = versions_of(
+        models,
+        "ranking_model",
+        &config.ranking_model,
+        ModelKind::Deepfm,
+    )?;
+    let several = recalls.len() * rankings.len() > 1;
+    let mut features: Option<(u64, Vec<CandidateFeature>)> = None;
+    for recall in &recalls {
+        for ranking in &rankings {
+            let (r, k) = (
+                recall.recall().map_err(|e| e.to_string())?,
+                ranking.ranking().map_err(|e| e.to_string())?,
+            );
+            let takes = Pipeline::check(config, r, k).map_err(|problem| {
+                if several {
+                    format!(
+                        "{problem} (recall_model version {}, ranking_model version {})",
+                        recall.version, ranking.version
+                    )
+                } else {
+                    problem
+                }
+            })?;
+            match &features {
+                Some((v, first)) if *first != takes => {
+                    return Err(format!(
+                        "versions {v} and {} of ranking_model {:?} take different candidate features: a \
+                         pipeline serves versions that take the same",
+                        ranking.version, config.ranking_model
+                    ));
+                }
+                Some(_) => {}
+                None => features = Some((ranking.version, takes)),
+            }
         }
-        Ok(m)
-    };
-    let recall = model("recall_model", &config.recall_model, ModelKind::Lightgcn)?;
-    let ranking = model("ranking_model", &config.ranking_model, ModelKind::Deepfm)?;
+    }
+    // Versions come ascending: the last is the highest.
+    let (recall, ranking) = (
+        recalls.last().expect("loaded"),
+        rankings.last().expect("loaded"),
+    );
     match (recall.recall(), ranking.ranking()) {
         (Ok(recall), Ok(ranking)) => Ok((recall, ranking)),
         (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
     }
 }
 
-/// Whether every configured pipeline can run on `models` (a snapshot about to be served): the first problem,
-/// naming the pipeline.
+/// Whether every configured pipeline can run on `models` (a snapshot about to be served), on every loaded version
+/// of its models: the first problem, naming the pipeline.
 pub fn check_pipelines(
     configs: &BTreeMap<String, PipelineConfig>,
     models: &Models,
 ) -> Result<(), String> {
     for (name, config) in configs {
-        models_of(config, models)
-            .and_then(|(recall, ranking)| Pipeline::check(config, recall, ranking))
+        check_pipeline(config, models)
             .map_err(|problem| format!("pipeline {name:?} would not run: {problem}"))?;
     }
     Ok(())
@@ -241,7 +322,7 @@ pub fn build_pipelines(
     let mut pipelines = BTreeMap::new();
     for (name, config) in configs {
         let fail = |problem: String| (name.clone(), problem);
-        let (recall, ranking) = models_of(config, models).map_err(fail)?;
+        let (recall, ranking) = check_pipeline(config, models).map_err(fail)?;
         let pipeline = Pipeline::new(name, config, recall, ranking, metrics).map_err(fail)?;
         tracing::info!(
             pipeline = %name,

@@ -188,10 +188,11 @@ pub fn run(config: &Config, options: &CeilingOptions) -> Result<CeilingReport, C
         ));
     }
     let started_at = now_rfc3339();
-    let found = repository::discover(&config.repository, &config.pin)?;
+    let found = repository::discover(&config.repository, &config.policies)?;
+    // The highest version its policy serves.
     let mv = found
         .iter()
-        .find(|m| m.name == options.model)
+        .rfind(|m| m.name == options.model)
         .ok_or_else(|| {
             CeilingError::Invalid(format!(
                 "--model {:?} is not in {} (models: {})",

@@ -94,24 +94,33 @@ fn path_error(rejection: PathRejection) -> ServiceError {
 impl ModelPath {
     /// What the service needs of an HTTP request for this model before its body: its arrival (its first byte) and
     /// the deadline header. `deadline_in_body`: the body may set a deadline of its own (KServe's `timeout`).
-    pub(crate) fn request(
-        &self,
+    pub(crate) fn request<'a>(
+        &'a self,
         protocol: Protocol,
         operation: Operation,
-        headers: &HeaderMap,
+        headers: &'a HeaderMap,
         deadline_in_body: bool,
-    ) -> ModelRequest<'_> {
+    ) -> ModelRequest<'a> {
         let arrival = trace::arrival();
         ModelRequest {
             protocol,
             operation,
             model: &self.model,
             version: self.version.as_deref(),
+            routing_key: routing_key(headers),
             arrival,
             deadline: deadline_header(headers, arrival),
             deadline_in_body,
         }
     }
+}
+
+/// The header a traffic split routes by: the user's id, so that a user stays on one version.
+pub(crate) const ROUTING_KEY: &str = "x-recserve-routing-key";
+
+/// The request's routing key, if it sends one (a value that is not visible ASCII counts as none).
+pub(crate) fn routing_key(headers: &HeaderMap) -> Option<&str> {
+    headers.get(ROUTING_KEY).and_then(|v| v.to_str().ok())
 }
 
 /// The HTTP status of a service error ([`ServiceError::http_status`], the one mapping).

@@ -4,6 +4,7 @@
 //! flag, and builds the typed settings that components take whole ([`RequestLimits`], [`BatchSettings`],
 //! [`SessionOptions`], [`Timeouts`]).
 
+mod models;
 mod settings;
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,6 +15,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+pub(crate) use models::split_of;
+pub use models::{ModelSettings, ShadowSettings};
 use settings::{
     ACCESS_LOG_SAMPLE_RATIO, BATCH_DELAY, BATCHING, BODY_READ_TIMEOUT_MS,
     DEFAULT_DEADLINE_MS_SETTING, DEVICE, EMBEDDING_CACHE_BYTES, EXECUTION_PROVIDER,
@@ -34,6 +37,7 @@ use recserve_core::gpu::{self, DeviceRequest, Placement, ProviderRequest, Tensor
 use recserve_core::metrics::Metrics;
 pub(crate) use recserve_core::pipeline::PipelineConfig;
 use recserve_core::registry::{LoadContext, RequestLimits};
+use recserve_core::repository::VersionPolicy;
 
 /// recserve: a low-latency inference server for recommendation models (DeepFM ranking, LightGCN recall).
 #[derive(Debug, Parser)]
@@ -202,6 +206,12 @@ pub struct Config {
     pub redis_fetch_timeout_ms: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) pipelines: BTreeMap<String, PipelineConfig>,
+    /// `[models.NAME]`, checked.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) models: BTreeMap<String, ModelSettings>,
+    /// Each model's version policy: `[models.NAME] versions`, and `--pin` as `specific = [V]`.
+    #[serde(skip)]
+    pub policies: HashMap<String, VersionPolicy>,
 }
 
 impl Config {
@@ -367,6 +377,7 @@ impl ServeArgs {
             pin.insert(model, version);
         }
         check_pipelines(&self.pipelines)?;
+        let policies = models::check(&self.models, &pin)?;
         let http_addr = HTTP_ADDR.resolve(self.http_addr);
         let grpc_addr = GRPC_ADDR.resolve(self.grpc_addr);
         if grpc_addr == http_addr && grpc_addr.port() != 0 {
@@ -454,6 +465,7 @@ impl ServeArgs {
             preload: PRELOAD.resolve(self.preload),
             split_graph: SPLIT_GRAPH.resolve(self.split_graph),
             pin,
+            policies,
             shutdown_timeout_s: SHUTDOWN_TIMEOUT_S.resolve(self.shutdown_timeout_s)?,
             timeouts: Timeouts {
                 header_read: Duration::from_millis(
@@ -490,6 +502,7 @@ impl ServeArgs {
             embedding_cache_bytes: EMBEDDING_CACHE_BYTES.resolve(self.embedding_cache_bytes)?,
             redis_fetch_timeout_ms: REDIS_FETCH_TIMEOUT_MS.resolve(self.redis_fetch_timeout_ms)?,
             pipelines: self.pipelines,
+            models: self.models,
         })
     }
 }

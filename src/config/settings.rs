@@ -14,7 +14,9 @@ use std::sync::{Mutex, PoisonError};
 use clap::{Arg, Args};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{BatchDelay, ConfigError, LogFormat, ModelControl, PipelineConfig, Switch};
+use super::{
+    BatchDelay, ConfigError, LogFormat, ModelControl, ModelSettings, PipelineConfig, Switch,
+};
 use recserve_core::gpu::{DeviceRequest, ProviderRequest};
 use recserve_core::repository::{MAX_BATCH_ROWS, MAX_DEFAULT_DEADLINE_MS, MAX_QUEUE_DELAY_US};
 
@@ -748,6 +750,11 @@ pub struct ServeArgs {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pipelines: BTreeMap<String, PipelineConfig>,
+
+    /// `[models.NAME]`: a model's version policy, traffic split and shadow; only in the file.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, ModelSettings>,
 }
 
 /// A version to serve instead of a model's highest (`--pin MODEL=VERSION`, `[pin] MODEL = VERSION`).

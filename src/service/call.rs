@@ -4,7 +4,9 @@
 //! request's arrival (its first byte, [`recserve_core::trace::arrival`]), and hands the service its unread body
 //! ([`RequestBody`]) and a handler that decodes it, runs it and builds the answer. The service:
 //!
-//! 1. **resolves** the model (and version) or pipeline from one registry snapshot, which the call keeps to its end;
+//! 1. **resolves** the model (and version) or pipeline from one registry snapshot, which the call keeps to its end:
+//!    the version the request names, else the one the model's traffic split gives the request's routing key
+//!    (`x-recserve-routing-key`), and the shadow version that scores a copy of it, if any;
 //! 2. **admits** it: every refusal that does not need the body, decided once: an operation the model does not do
 //!    (`/v1` rank on a recall model), an unreadable deadline, and what the model's queue would refuse whatever the
 //!    request holds (when the deadline is known before the body: always, except for a KServe request without a
@@ -17,7 +19,11 @@
 //! 4. runs the handler with a [`ModelCall`] or [`PipelineCall`]: the contract types decode and validate the body
 //!    into a typed input, the call scores, recalls or recommends it, and the transport builds its answer;
 //! 5. records the request (`recserve_requests_total`, `recserve_request_duration_seconds` from its first byte) by
-//!    model, endpoint, protocol and the HTTP status of its outcome, and notes the outcome on its trace.
+//!    model, version, endpoint, protocol and the HTTP status of its outcome, and notes the outcome on its trace.
+//!
+//! A shadow's copy is scored on a task of its own, after the primary's input is decoded and without the primary
+//! waiting for it; its own queue refuses it when full, and its answer is only counted
+//! (`recserve_shadow_requests_total`).
 //!
 //! The transport then encodes the answer or maps the error to its status codes.
 
@@ -27,11 +33,15 @@ use std::time::{Duration, Instant};
 
 use super::{Operation, ResolvedPipeline, ServedModel, Service};
 use recserve_core::error::ServiceError;
-use recserve_core::metrics::UNKNOWN_MODEL;
+use recserve_core::metrics::{Metrics, UNKNOWN_MODEL};
 use recserve_core::pipeline::{RecommendInput, Recommendation};
 use recserve_core::ranking::{RankInput, RankingModel};
 use recserve_core::recall::{RecallInput, RecallModel, Recalled};
+use recserve_core::registry;
 use recserve_core::trace::{self, Outcome, Stage};
+
+/// Where a request for a model goes: the version that answers it and its shadow.
+type Routed = registry::Routed<recserve_core::models::Model>;
 
 /// The protocol a request came in by: the `protocol` label of the request metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,8 +113,10 @@ pub(crate) struct ModelRequest<'a> {
     pub(crate) protocol: Protocol,
     pub(crate) operation: Operation,
     pub(crate) model: &'a str,
-    /// The version the request names, unparsed; `None` or empty: the one serving.
+    /// The version the request names, unparsed; `None` or empty: the one its routing key is routed to.
     pub(crate) version: Option<&'a str>,
+    /// What a traffic split routes by (`x-recserve-routing-key`: the user's id); `None`: spread without stickiness.
+    pub(crate) routing_key: Option<&'a str>,
     /// When the request arrived; deadlines count from here.
     pub(crate) arrival: Instant,
     /// The deadline the transport carries (`x-recserve-deadline-ms`, `grpc-timeout`), or why it is unreadable.
@@ -119,6 +131,8 @@ pub(crate) struct ModelRequest<'a> {
 pub(crate) struct PipelineRequest<'a> {
     pub(crate) protocol: Protocol,
     pub(crate) pipeline: &'a str,
+    /// As [`ModelRequest::routing_key`], for both of the pipeline's models.
+    pub(crate) routing_key: Option<&'a str>,
     pub(crate) arrival: Instant,
     pub(crate) deadline: Result<Option<Instant>, ServiceError>,
 }
@@ -154,10 +168,13 @@ impl Deadline {
     }
 }
 
-/// An admitted request for one model: the model (of the snapshot it was resolved in) and the deadline.
+/// An admitted request for one model: the model (of the snapshot it was resolved in), the shadow version that
+/// scores a copy of it, and the deadline.
 #[derive(Debug)]
 pub(crate) struct ModelCall {
     pub(crate) model: Arc<ServedModel>,
+    /// The shadow version, and where its copies are counted.
+    shadow: Option<(Arc<ServedModel>, Metrics)>,
     deadline: Deadline,
 }
 
@@ -175,10 +192,14 @@ impl ModelCall {
         self.model.recall()
     }
 
-    /// Scores validated rows on the ranking model.
+    /// Scores validated rows on the ranking model (and a copy on its shadow, if it has one for this request).
     pub(crate) async fn rank(&self, input: RankInput) -> Result<Vec<f32>, ServiceError> {
         trace::mark(Stage::Decode);
-        self.ranking()?.score(input, self.deadline.at).await
+        let ranking = self.ranking()?;
+        if let Some((shadow, metrics)) = &self.shadow {
+            shadow_rank(&self.model, shadow, metrics, &input, self.deadline.at);
+        }
+        ranking.score(input, self.deadline.at).await
     }
 
     /// The answers of a request's recall queries, queued together, in input order.
@@ -191,6 +212,41 @@ impl ModelCall {
             .recall_many(inputs, self.deadline.at)
             .await
     }
+}
+
+/// Sends a copy of `input` to `shadow` on a task of its own, if it fits the shadow's contract; counts how it ends.
+fn shadow_rank(
+    primary: &ServedModel,
+    shadow: &Arc<ServedModel>,
+    metrics: &Metrics,
+    input: &RankInput,
+    deadline: Instant,
+) {
+    let count = |outcome: &str| metrics.shadow_request(&shadow.name, shadow.version, outcome);
+    let (Ok(from), Ok(to)) = (primary.ranking(), shadow.ranking()) else {
+        return count("unfit");
+    };
+    if let Err(problem) = to.contract.fits(&from.contract, input) {
+        tracing::debug!(model = %shadow.name, version = shadow.version, %problem, "a request does not fit the shadow version");
+        return count("unfit");
+    }
+    if shadow.model.precheck(deadline).is_err() {
+        return count("refused");
+    }
+    let (shadow, input, metrics) = (Arc::clone(shadow), input.clone(), metrics.clone());
+    tokio::spawn(async move {
+        let Ok(ranking) = shadow.ranking() else {
+            return;
+        };
+        let outcome = match ranking.score(input, deadline).await {
+            Ok(_) => "scored",
+            Err(ServiceError::Overloaded { .. } | ServiceError::DeadlineExceeded { .. }) => {
+                "refused"
+            }
+            Err(_) => "failed",
+        };
+        metrics.shadow_request(&shadow.name, shadow.version, outcome);
+    });
 }
 
 /// An admitted recommend request: the pipeline with its two models, and the deadline both stages share.
@@ -233,17 +289,20 @@ impl Service {
         F: FnOnce(ModelCall, B::Read) -> Fut,
         Fut: Future<Output = Result<T, ServiceError>>,
     {
-        let found = self.resolve_model(request.model, request.version);
+        let found = self.resolve_model(request.model, request.version, request.routing_key);
         let admitted = found
             .clone()
-            .and_then(|model| admit_model(&model, &request));
+            .and_then(|routed| admit_model(routed, &request, &self.metrics));
         let result = read_and_run(admitted, body, handle).await;
         let (label, endpoint) = match (&found, request.operation) {
-            (Ok(m), Operation::Infer) => (m.name.as_str(), m.model.operation().endpoint()),
-            (Ok(m), operation) => (m.name.as_str(), operation.endpoint()),
+            (Ok(r), Operation::Infer) => (
+                r.primary.name.as_str(),
+                r.primary.model.operation().endpoint(),
+            ),
+            (Ok(r), operation) => (r.primary.name.as_str(), operation.endpoint()),
             (Err(_), operation) => (UNKNOWN_MODEL, operation.endpoint()),
         };
-        let version = found.as_ref().ok().map(|m| m.version);
+        let version = found.as_ref().ok().map(|r| r.primary.version);
         self.record(
             request.protocol,
             (label, version),
@@ -269,20 +328,20 @@ impl Service {
     {
         let found = self.snapshot().and_then(|models| {
             let pipeline = self.pipeline(request.pipeline)?;
-            ResolvedPipeline::new(&pipeline, &models)
+            ResolvedPipeline::routed(&pipeline, &models, request.routing_key.map(str::as_bytes))
         });
         let admitted = found
             .clone()
             .and_then(|resolved| admit_pipeline(&resolved, &request));
         let result = read_and_run(admitted, body, handle).await;
         // The `model` label of recommend requests is the pipeline's name (bounded: pipelines come from the config).
-        let label = match &found {
-            Ok(p) => p.pipeline.name.as_str(),
-            Err(_) => UNKNOWN_MODEL,
+        let (label, version) = match &found {
+            Ok(p) => (p.pipeline.name.as_str(), Some(p.ranking.version)),
+            Err(_) => (UNKNOWN_MODEL, None),
         };
         self.record(
             request.protocol,
-            (label, None),
+            (label, version),
             Operation::Recommend.endpoint(),
             &result,
             request.arrival,
@@ -290,15 +349,17 @@ impl Service {
         result
     }
 
-    /// The model and version a request names, from the serving snapshot.
+    /// The model and version a request names (else the one its routing key is routed to, and the shadow), from
+    /// the serving snapshot.
     fn resolve_model(
         &self,
         model: &str,
         version: Option<&str>,
-    ) -> Result<Arc<ServedModel>, ServiceError> {
+        routing_key: Option<&str>,
+    ) -> Result<Routed, ServiceError> {
         let models = self.snapshot()?;
         let version = parse_version(version)?;
-        models.get(model, version).cloned()
+        models.route(model, version, routing_key.map(str::as_bytes))
     }
 
     fn record<T>(
@@ -315,6 +376,7 @@ impl Service {
         let now = Instant::now();
         self.metrics.observe_request(
             label,
+            version,
             endpoint,
             protocol.as_str(),
             status,
@@ -333,11 +395,17 @@ impl Service {
     }
 }
 
-/// Admits a request for `model`: every refusal that does not need its body.
+/// Admits a request for the model it was routed to: every refusal that does not need its body.
 fn admit_model(
-    model: &Arc<ServedModel>,
+    routed: Routed,
     request: &ModelRequest<'_>,
+    metrics: &Metrics,
 ) -> Result<ModelCall, ServiceError> {
+    let Routed {
+        primary: model,
+        shadow,
+    } = routed;
+    let model = &model;
     let transport = request.deadline.clone()?;
     model.check_operation(request.operation)?;
     let deadline = Deadline::new(transport, request.arrival, model.model.default_deadline());
@@ -346,6 +414,7 @@ fn admit_model(
     }
     Ok(ModelCall {
         model: Arc::clone(model),
+        shadow: shadow.map(|s| (s, metrics.clone())),
         deadline,
     })
 }

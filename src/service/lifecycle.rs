@@ -17,7 +17,7 @@ use crate::config::{Config, ModelControl, PipelineConfig};
 use recserve_core::error::{LoadError, ServiceError};
 use recserve_core::models;
 use recserve_core::registry::{Change, LoadContext, ModelState, Status};
-use recserve_core::repository;
+use recserve_core::repository::{self, VersionPolicy};
 
 /// Nice value of the threads that load models while the server serves: below the executors' (so warm-up runs do
 /// not take cores from batches) and the transport's.
@@ -28,7 +28,8 @@ const LOADER_NICENESS: u8 = 10;
 pub(super) struct Lifecycle {
     ctx: LoadContext,
     repository: PathBuf,
-    pins: HashMap<String, u64>,
+    /// Each model's version policy (`[models.NAME] versions`, `--pin`).
+    policies: HashMap<String, VersionPolicy>,
     pipelines: BTreeMap<String, PipelineConfig>,
     control: ModelControl,
     poll_every: Duration,
@@ -60,16 +61,16 @@ pub(super) fn read_token(path: &Path) -> Result<String, LoadError> {
 }
 
 impl Lifecycle {
-    /// The version `--pin` names for `model`, if any.
-    pub(super) fn pinned(&self, model: &str) -> Option<u64> {
-        self.pins.get(model).copied()
+    /// The version policy of `model`, if one is set.
+    pub(super) fn policy(&self, model: &str) -> Option<VersionPolicy> {
+        self.policies.get(model).cloned()
     }
 
     pub(super) fn new(config: &Config, ctx: LoadContext, token: Option<String>) -> Lifecycle {
         Lifecycle {
             ctx,
             repository: config.repository.clone(),
-            pins: config.pin.clone(),
+            policies: config.policies.clone(),
             pipelines: config.pipelines.clone(),
             control: config.model_control,
             poll_every: Duration::from_secs(config.repository_poll_s),
@@ -93,13 +94,31 @@ pub(crate) struct IndexEntry {
 }
 
 impl IndexEntry {
-    fn of(name: &str, status: Option<&Status>) -> IndexEntry {
-        let version = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-        let (version, state, reason) = match status {
-            None => (String::new(), "UNAVAILABLE", "not loaded".to_owned()),
+    /// The model's lines: one per serving version (several under a version policy), or one saying why none is.
+    fn of(name: &str, status: Option<&Status>) -> Vec<IndexEntry> {
+        let entry = |version: String, state: &'static str, reason: String| IndexEntry {
+            name: name.to_owned(),
+            version,
+            state,
+            reason,
+        };
+        let serving = |state: &'static str, reason: String| -> Vec<IndexEntry> {
+            let versions = status.map(|s| s.versions.as_slice()).unwrap_or_default();
+            if versions.is_empty() {
+                return vec![entry(String::new(), state, reason)];
+            }
+            versions
+                .iter()
+                .map(|v| entry(v.to_string(), state, reason.clone()))
+                .collect()
+        };
+        match status {
+            None => vec![entry(String::new(), "UNAVAILABLE", "not loaded".to_owned())],
             Some(s) => match &s.state {
-                ModelState::Ready => (version(s.serving), "READY", String::new()),
-                ModelState::Loading { version: v } => (v.to_string(), "LOADING", String::new()),
+                ModelState::Ready => serving("READY", String::new()),
+                ModelState::Loading { version: v } => {
+                    vec![entry(v.to_string(), "LOADING", String::new())]
+                }
                 ModelState::Failed { version: v, reason } => {
                     let what = match v {
                         Some(v) => format!("version {v} failed to load: {reason}"),
@@ -110,16 +129,12 @@ impl IndexEntry {
                     } else {
                         "UNAVAILABLE"
                     };
-                    (version(s.serving), state, what)
+                    serving(state, what)
                 }
-                ModelState::Unloaded => (String::new(), "UNAVAILABLE", "unloaded".to_owned()),
+                ModelState::Unloaded => {
+                    vec![entry(String::new(), "UNAVAILABLE", "unloaded".to_owned())]
+                }
             },
-        };
-        IndexEntry {
-            name: name.to_owned(),
-            version,
-            state,
-            reason,
         }
     }
 }
@@ -231,7 +246,7 @@ impl Service {
                 &life.ctx,
                 &life.repository,
                 name,
-                life.pins.get(name),
+                life.policies.get(name),
                 skip_if_serving,
                 |next| models::check_pipelines(&life.pipelines, next),
             )
@@ -296,7 +311,7 @@ impl Service {
         names.dedup();
         Ok(names
             .iter()
-            .map(|name| IndexEntry::of(name, status.get(name)))
+            .flat_map(|name| IndexEntry::of(name, status.get(name)))
             .filter(|e| !ready_only || e.state == "READY")
             .collect())
     }
@@ -347,11 +362,15 @@ impl Service {
         };
         let on_disk = model_dirs(&life.repository);
         for name in &on_disk {
-            let Ok(mv) = repository::discover_model(&life.repository, name, life.pins.get(name))
+            let Ok(versions) =
+                repository::discover_model(&life.repository, name, life.policies.get(name))
             else {
                 // A model directory being written (no complete version yet) is tried at the next poll.
                 continue;
             };
+            let mv = versions
+                .last()
+                .expect("discover_model picks at least one version");
             let changed = changed_at(&mv.dir);
             let retry = {
                 let failed = life.failed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -426,9 +445,17 @@ mod tests {
 
     #[test]
     fn index_entries_say_where_each_model_stands() {
-        let status = |serving, state| Status { serving, state };
+        let status = |versions: &[u64], state| Status {
+            serving: versions.last().copied(),
+            versions: versions.to_vec(),
+            state,
+        };
+        let one = |entries: Vec<IndexEntry>| {
+            assert_eq!(entries.len(), 1, "{entries:?}");
+            entries.into_iter().next().expect("one")
+        };
         assert_eq!(
-            IndexEntry::of("a", Some(&status(Some(3), ModelState::Ready))),
+            one(IndexEntry::of("a", Some(&status(&[3], ModelState::Ready)))),
             IndexEntry {
                 name: "a".into(),
                 version: "3".into(),
@@ -436,21 +463,29 @@ mod tests {
                 reason: String::new()
             }
         );
-        let loading = IndexEntry::of(
-            "a",
-            Some(&status(Some(3), ModelState::Loading { version: 4 })),
+        let both = IndexEntry::of("a", Some(&status(&[7, 8], ModelState::Ready)));
+        assert_eq!(
+            both.iter()
+                .map(|e| (e.version.as_str(), e.state))
+                .collect::<Vec<_>>(),
+            [("7", "READY"), ("8", "READY")],
+            "one line per serving version"
         );
+        let loading = one(IndexEntry::of(
+            "a",
+            Some(&status(&[3], ModelState::Loading { version: 4 })),
+        ));
         assert_eq!((loading.version.as_str(), loading.state), ("4", "LOADING"));
-        let failed = IndexEntry::of(
+        let failed = one(IndexEntry::of(
             "a",
             Some(&status(
-                Some(3),
+                &[3],
                 ModelState::Failed {
                     version: Some(4),
                     reason: "x/4/model.toml: bad".into(),
                 },
             )),
-        );
+        ));
         assert_eq!(
             (
                 failed.version.as_str(),
@@ -464,12 +499,15 @@ mod tests {
             ),
             "the old version goes on serving"
         );
-        let unloaded = IndexEntry::of("a", Some(&status(None, ModelState::Unloaded)));
+        let unloaded = one(IndexEntry::of(
+            "a",
+            Some(&status(&[], ModelState::Unloaded)),
+        ));
         assert_eq!(
             (unloaded.state, unloaded.reason.as_str()),
             ("UNAVAILABLE", "unloaded")
         );
-        assert_eq!(IndexEntry::of("b", None).state, "UNAVAILABLE");
+        assert_eq!(one(IndexEntry::of("b", None)).state, "UNAVAILABLE");
     }
 
     #[test]

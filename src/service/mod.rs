@@ -4,6 +4,7 @@
 
 mod call;
 mod lifecycle;
+mod traffic;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,7 @@ pub(crate) use call::{
     ModelCall, ModelRequest, PipelineRequest, Protocol, Received, RequestBody, parse_version,
 };
 pub(crate) use recserve_core::models::{Model, Models, Operation, ResolvedPipeline, ServedModel};
+pub(crate) use traffic::TrafficView;
 
 use crate::config::Config;
 use recserve_core::error::{LoadError, ServiceError};
@@ -23,6 +25,7 @@ use recserve_core::gpu::{self, GpuError};
 use recserve_core::metrics::Metrics;
 use recserve_core::pipeline::Pipeline;
 use recserve_core::registry::{LoadContext, Registry};
+use recserve_core::repository::VersionPolicy;
 
 /// Why the server could not start serving. Each message holds its cause whole, so none has a `source` (a report
 /// that prints an error's chain would print the cause twice).
@@ -45,7 +48,8 @@ pub enum StartError {
 }
 
 /// What the server loads before it serves, in the order it does: the admin token file, ONNX Runtime, the device,
-/// every model of the repository (the pinned version, else the highest) and the pipelines over them. `serve`
+/// every model of the repository (the versions its policy picks: pinned, latest N or named; else the highest) with
+/// its traffic split, and the pipelines over them. `serve`
 /// installs it; `check-config` loads it without warming the models up, reports, and drops it.
 pub struct StartLoad {
     pub ctx: LoadContext,
@@ -85,7 +89,12 @@ impl StartLoad {
         // A server whose models change while it serves starts without a model that fails (its status says why);
         // one that loads only at start could never serve it, and refuses to start.
         let keep_going = config.model_control != crate::config::ModelControl::None;
-        let models = registry.load(&ctx, &config.repository, &config.pin, keep_going)?;
+        let mut models = registry.load(&ctx, &config.repository, &config.policies, keep_going)?;
+        for (name, settings) in &config.models {
+            if let Some(traffic) = settings.traffic() {
+                models = models.with_traffic(name, Some(Arc::new(traffic)));
+            }
+        }
         let pipelines =
             recserve_core::models::build_pipelines(&config.pipelines, &models, &metrics)
                 .map_err(|(name, problem)| StartError::Pipeline { name, problem })?;
@@ -230,9 +239,20 @@ impl Service {
         models.get(name, version).cloned()
     }
 
-    /// The version `--pin` names for `model`: it serves that one and no other.
-    pub(crate) fn pinned(&self, model: &str) -> Option<u64> {
-        self.lifecycle.get().and_then(|l| l.pinned(model))
+    /// The version policy of `model` (`[models.NAME] versions`, `--pin`; default the highest alone).
+    pub(crate) fn version_policy(&self, model: &str) -> VersionPolicy {
+        self.lifecycle
+            .get()
+            .and_then(|l| l.policy(model))
+            .unwrap_or_default()
+    }
+
+    /// The loaded versions of `model`, ascending (none while loading or when it is not served).
+    pub(crate) fn versions(&self, model: &str) -> Vec<u64> {
+        self.registry
+            .snapshot()
+            .map(|s| s.versions(model))
+            .unwrap_or_default()
     }
 
     /// The configured pipelines with the models serving now, by name (none while loading).

@@ -211,7 +211,8 @@ impl TestServer {
 
     /// Waits (about a second at most) until `model`'s queue holds `depth` requests, and returns `/metrics` then.
     pub async fn wait_for_queue_depth(&self, model: &str, depth: usize) -> String {
-        let gauge = format!("recserve_queue_depth{{model=\"{model}\"}}");
+        // Its serving version's queue (the tests serve one version of each model).
+        let gauge = format!("recserve_queue_depth{{model=\"{model}\",version=");
         for _ in 0..500 {
             let (_, metrics) = self.get("/metrics").await;
             if metric_sample(&metrics, &gauge) == depth as f64 {

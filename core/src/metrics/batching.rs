@@ -66,16 +66,16 @@ impl Batching {
             ),
             queue_depth: gauge(
                 "recserve_queue_depth",
-                "Requests (or chunks of large ones) waiting in the batcher's queue.",
-                &["model"],
+                "Requests (or chunks of large ones) waiting in the batcher's queue, by model and version.",
+                &["model", "version"],
             ),
             admission_margin: GaugeVec::new(
                 Opts::new(
                     "recserve_admission_margin_seconds",
                     "Margin admission adds to each predicted wait: the 99th percentile of how much later than \
-                     predicted recent requests were answered.",
+                     predicted recent requests were answered; by model and version.",
                 ),
-                &["model"],
+                &["model", "version"],
             )
             .expect("metric definitions are static and valid"),
             batch_cost: GaugeVec::new(
@@ -83,9 +83,9 @@ impl Batching {
                     "recserve_batch_cost_seconds",
                     "The line through the measured batch times against their rows that batching decides by: \
                      part=\"fixed\" its intercept (what running two batches as one saves), part=\"row\" its slope \
-                     (what one more row adds).",
+                     (what one more row adds); by model and version.",
                 ),
-                &["model", "part"],
+                &["model", "version", "part"],
             )
             .expect("metric definitions are static and valid"),
             execution: histogram(
@@ -125,8 +125,11 @@ impl Batching {
 }
 
 impl Metrics {
-    /// The batcher's handles for one model.
-    pub(crate) fn batching(&self, model: &str) -> crate::batching::BatchMetrics {
+    /// The batcher's handles for one version of a model: its gauges are per version (several versions may serve
+    /// at once), its counters and histograms per model (summed over its versions).
+    pub(crate) fn batching(&self, model: &str, version: u64) -> crate::batching::BatchMetrics {
+        let version = version.to_string();
+        let version = version.as_str();
         let b = &self.batching;
         let reason = |r: &str| b.batches.with_label_values(&[model, r]);
         // Every refusal reason starts at 0: a counter whose first sample is already above 0 loses that increase
@@ -139,15 +142,26 @@ impl Metrics {
             batch_rows: b.batch_rows.with_label_values(&[model]),
             padding_rows: b.padding_rows.with_label_values(&[model]),
             batches: crate::batching::CloseReason::ALL.map(|r| reason(r.as_str())),
-            queue_depth: b.queue_depth.with_label_values(&[model]),
+            queue_depth: b.queue_depth.with_label_values(&[model, version]),
             execution: b.execution.with_label_values(&[model]),
             estimate_ratio: b.estimate_ratio.with_label_values(&[model]),
             expired: b.expired.with_label_values(&[model]),
             abandoned: b.abandoned.with_label_values(&[model]),
-            admission_margin: b.admission_margin.with_label_values(&[model]),
-            fixed_cost: b.batch_cost.with_label_values(&[model, "fixed"]),
-            row_cost: b.batch_cost.with_label_values(&[model, "row"]),
+            admission_margin: b.admission_margin.with_label_values(&[model, version]),
+            fixed_cost: b.batch_cost.with_label_values(&[model, version, "fixed"]),
+            row_cost: b.batch_cost.with_label_values(&[model, version, "row"]),
             rejected: b.rejected.clone(),
+        }
+    }
+
+    /// Drops the per-version batcher gauges of a version that no longer serves.
+    pub(crate) fn clear_batching(&self, model: &str, version: u64) {
+        let b = &self.batching;
+        let version = version.to_string();
+        let _ = b.queue_depth.remove_label_values(&[model, &version]);
+        let _ = b.admission_margin.remove_label_values(&[model, &version]);
+        for part in ["fixed", "row"] {
+            let _ = b.batch_cost.remove_label_values(&[model, &version, part]);
         }
     }
 }

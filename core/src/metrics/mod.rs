@@ -134,15 +134,17 @@ mod tests {
     #[test]
     fn renders_every_family_with_units_in_names() {
         let m = Metrics::new();
-        m.observe_request("deepfm", "rank", "http", 200, 0.001);
+        m.observe_request("deepfm", Some(1), "rank", "http", 200, 0.001);
         m.model("deepfm", "cpu").gather_duration.observe(1e-4);
         m.oov_counter("deepfm", "C1").inc();
         m.set_model_info("deepfm", 3, "deepfm", "int8", "cpu");
         m.set_gpu_memory_bytes("deepfm", "C1", 1, "cuda:0", 4096);
+        m.shadow_request("deepfm", 4, "scored");
         let text = m.render().expect("render");
         for needle in [
-            "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\"} 1",
-            "recserve_request_duration_seconds_bucket{endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\",le=\"0.001\"} 1",
+            "recserve_requests_total{code=\"200\",endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\",version=\"1\"} 1",
+            "recserve_request_duration_seconds_bucket{endpoint=\"rank\",model=\"deepfm\",pipeline=\"\",protocol=\"http\",version=\"1\",le=\"0.001\"} 1",
+            "recserve_shadow_requests_total{model=\"deepfm\",outcome=\"scored\",version=\"4\"} 1",
             "recserve_gather_duration_seconds_bucket{device=\"cpu\",model=\"deepfm\",le=\"0.0001\"} 1",
             "recserve_embedding_oov_total{model=\"deepfm\",table=\"C1\"} 1",
             "recserve_model_info{device=\"cpu\",kind=\"deepfm\",model=\"deepfm\",precision=\"int8\",version=\"3\"} 1",

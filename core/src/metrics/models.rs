@@ -13,6 +13,7 @@ pub(super) struct Models {
     model_load_duration: HistogramVec,
     model_warmup_duration: HistogramVec,
     versions_draining: IntGaugeVec,
+    shadow_requests: IntCounterVec,
 }
 
 impl Models {
@@ -46,6 +47,13 @@ impl Models {
                 "Replaced or unloaded model versions still answering requests admitted before the switch.",
                 &["model"],
             ),
+            shadow_requests: counter(
+                "recserve_shadow_requests_total",
+                "Copies of requests sent to a model's shadow version (answers thrown away), by model, shadow version \
+                 and outcome: scored, refused (its queue or deadline), unfit (the request does not fit its \
+                 contract), failed.",
+                &["model", "version", "outcome"],
+            ),
         }
     }
 
@@ -58,12 +66,21 @@ impl Models {
                 Box::new(self.model_load_duration.clone()),
                 Box::new(self.model_warmup_duration.clone()),
                 Box::new(self.versions_draining.clone()),
+                Box::new(self.shadow_requests.clone()),
             ],
         );
     }
 }
 
 impl Metrics {
+    /// Counts one copy of a request sent to `model`'s shadow `version`, by how it ended.
+    pub fn shadow_request(&self, model: &str, version: u64, outcome: &str) {
+        self.models
+            .shadow_requests
+            .with_label_values(&[model, &version.to_string(), outcome])
+            .inc();
+    }
+
     pub(crate) fn set_model_info(
         &self,
         model: &str,

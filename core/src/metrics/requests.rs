@@ -28,15 +28,18 @@ impl Requests {
         Requests {
             requests: counter(
                 "recserve_requests_total",
-                "Requests answered, by model (or pipeline, for recommend), endpoint, protocol and status code.",
-                &["model", "pipeline", "endpoint", "protocol", "code"],
+                "Requests answered, by model (or pipeline, for recommend), the version that answered (the ranking \
+                 model's, for recommend; empty when none did), endpoint, protocol and status code.",
+                &[
+                    "model", "pipeline", "version", "endpoint", "protocol", "code",
+                ],
             ),
             request_duration: histogram(
                 "recserve_request_duration_seconds",
                 "Time from receiving a request to having its response ready, by model (or pipeline, for \
-                 recommend), endpoint and protocol.",
+                 recommend), version (as recserve_requests_total), endpoint and protocol.",
                 LATENCY_BUCKETS,
-                &["model", "pipeline", "endpoint", "protocol"],
+                &["model", "pipeline", "version", "endpoint", "protocol"],
             ),
             traces: Arc::new(TraceSink {
                 stages: histogram(
@@ -104,10 +107,11 @@ fn named<'a>(name: &'a str, endpoint: &str) -> (&'a str, &'a str) {
 
 impl Metrics {
     /// Counts one answered request and its duration; `model` is the name the request called (a pipeline's for
-    /// recommend).
+    /// recommend), `version` the version that answered it (the ranking model's, for recommend).
     pub fn observe_request(
         &self,
         model: &str,
+        version: Option<u64>,
         endpoint: &str,
         protocol: &str,
         code: u16,
@@ -115,13 +119,14 @@ impl Metrics {
     ) {
         let code = code.to_string();
         let (model, pipeline) = named(model, endpoint);
+        let version = version.map(|v| v.to_string()).unwrap_or_default();
         self.requests
             .requests
-            .with_label_values(&[model, pipeline, endpoint, protocol, code.as_str()])
+            .with_label_values(&[model, pipeline, &version, endpoint, protocol, code.as_str()])
             .inc();
         self.requests
             .request_duration
-            .with_label_values(&[model, pipeline, endpoint, protocol])
+            .with_label_values(&[model, pipeline, &version, endpoint, protocol])
             .observe(seconds);
     }
 

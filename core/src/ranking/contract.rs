@@ -208,6 +208,43 @@ impl RankContract {
         }
     }
 
+    /// Whether `input`, decoded against `from` (another version's contract), can be scored by this one as it is:
+    /// the same fields in the same graph order, the same dense width, rows within this one's bound and every id one
+    /// of this one's tables takes. What a shadow version checks before it scores a copy of a request; the problem
+    /// otherwise.
+    pub fn fits(&self, from: &RankContract, input: &RankInput) -> Result<(), String> {
+        let same_fields = self.spec.fields.len() == from.spec.fields.len()
+            && self
+                .spec
+                .fields
+                .iter()
+                .zip(&from.spec.fields)
+                .all(|(a, b)| a.name == b.name);
+        if !same_fields {
+            return Err("its fields differ from the serving version's".to_owned());
+        }
+        if self.dense_width() != from.dense_width() {
+            return Err(format!(
+                "its dense input is {} wide, the serving version's {}",
+                self.dense_width(),
+                from.dense_width()
+            ));
+        }
+        self.check_rows(input.rows)?;
+        let fields = self.fields();
+        if let Some(at) = input
+            .ids
+            .iter()
+            .enumerate()
+            .position(|(i, &id)| !self.takes_id(i % fields, id))
+        {
+            return Err(self
+                .check_id(at % fields, input.ids[at])
+                .expect_err("not taken"));
+        }
+        Ok(())
+    }
+
     /// Checks a dense value.
     pub fn check_dense(value: f32) -> Result<(), String> {
         if value.is_finite() {
@@ -458,6 +495,42 @@ pub fn best_first(scores: &[f32]) -> impl Fn(&usize, &usize) -> Ordering + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shadow_contract_takes_only_inputs_that_fit_it() {
+        use crate::testing::test_contract::{SPEC, contract, wide_contract};
+        let primary = contract();
+        // Fields u, item, cat: ids 9 and 4 are the last rows of the two tables that reject others.
+        let input = RankInput {
+            rows: 2,
+            ids: vec![9, 500, 4, 0, 1, 0],
+            dense: vec![0.0; 4],
+        };
+        assert_eq!(contract().fits(&primary, &input), Ok(()));
+        let smaller = RankContract::new(
+            Arc::new(ModelSpec::parse(&SPEC.replace("rows = 5", "rows = 4")).expect("spec")),
+            3,
+        );
+        assert_eq!(
+            smaller.fits(&primary, &input).expect_err("id 4 of cat"),
+            "id 4 is outside the vocabulary of table \"cat\" (ids 0 to 3), which rejects unknown ids"
+        );
+        assert_eq!(
+            wide_contract()
+                .fits(&primary, &input)
+                .expect_err("other fields"),
+            "its fields differ from the serving version's"
+        );
+        let too_many = RankInput {
+            rows: 4,
+            ids: vec![0; 12],
+            dense: vec![0.0; 8],
+        };
+        assert!(
+            contract().fits(&primary, &too_many).is_err(),
+            "above max_candidates"
+        );
+    }
 
     #[test]
     fn best_first_puts_nan_last_and_keeps_ties_in_order() {

@@ -163,7 +163,7 @@ impl RecallModel {
             batching.clone(),
             estimator,
             executors,
-            ctx.metrics.batching(&mv.name),
+            ctx.metrics.batching(&mv.name, mv.version),
         )
         .map_err(|e| LoadError::new(&mv.dir, format!("cannot start the executor threads: {e}")))?;
         Ok(RecallModel {

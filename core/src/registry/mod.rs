@@ -1,14 +1,17 @@
-//! Which version of each model serves now. The registry loads the models of a repository (each through its
-//! kind's loader, [`Loadable::load`], which `models` implements above it), keeps them as one [`Snapshot`] behind
+//! Which versions of each model serve now. The registry loads the models of a repository (each through its
+//! kind's loader, [`Loadable::load`], which `models` implements above it; the versions each model's
+//! [`VersionPolicy`] picks: the highest, or the latest N, or those named), keeps them as one [`Snapshot`] behind
 //! an `Arc`, and hands that snapshot to every request, which keeps it to its end: a request finishes on the
-//! versions it started on, and a recommend call uses one snapshot for both of its models. What loading needs
-//! besides the model itself (the server's settings, ONNX Runtime, the metrics) is a [`LoadContext`].
+//! versions it started on, and a recommend call uses one snapshot for both of its models. The snapshot also holds
+//! each model's [`Traffic`] split, which routes requests between its loaded versions. What loading needs besides
+//! the model itself (the server's settings, ONNX Runtime, the metrics) is a [`LoadContext`].
 //!
-//! Versions change while serving ([`Registry::reload`], [`Registry::unload`]): a new version is loaded and warmed
-//! up beside the serving one, checked, then swapped in with one atomic switch of the snapshot. The version it
-//! replaces keeps answering the requests that hold it and is released (its threads joined, sessions and mapped
-//! tables dropped) on a thread of its own once the last of them ends, never on a request's thread. A load that
-//! fails leaves the serving version serving and is reported in the model's [`Status`].
+//! Versions change while serving ([`Registry::reload`], [`Registry::unload`], [`Registry::set_traffic`]): new
+//! versions are loaded and warmed up beside the serving ones, checked, then swapped in with one atomic switch of
+//! the snapshot. A version that leaves keeps answering the requests that hold it and is released (its threads
+//! joined, sessions and mapped tables dropped) on a thread of its own once the last of them ends, never on a
+//! request's thread. A load that fails leaves the serving versions serving and is reported in the model's
+//! [`Status`].
 //!
 //! The registry is generic over the model type so that it knows nothing of model kinds: `ranking` and `recall`
 //! sit above it and read their [`LoadContext`] from here, and its bookkeeping is tested with a model of its own.
@@ -25,16 +28,23 @@ use crate::repository::{self, ModelVersion};
 mod context;
 mod releaser;
 mod snapshot;
+mod traffic;
 
 pub use context::{LoadContext, Loadable, RequestLimits};
 use releaser::Releaser;
+pub use snapshot::Routed;
 pub(crate) use snapshot::{Served, Snapshot};
+pub use traffic::{MAX_WEIGHT, Route, Shadow, Traffic};
+
+use crate::repository::VersionPolicy;
 
 /// Where a model of the repository stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
-    /// The version serving now, if any.
+    /// The highest version serving now, if any.
     pub serving: Option<u64>,
+    /// Every version serving now, ascending (several under a version policy).
+    pub versions: Vec<u64>,
     pub state: ModelState,
 }
 
@@ -88,12 +98,12 @@ impl LoadFailure {
     }
 }
 
-/// A change the registry made: `name` serves `version` now (none: unloaded) instead of `previous`.
+/// A change the registry made: `name` serves `versions` now (none: unloaded) instead of `previous`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub(crate) name: String,
-    pub(crate) version: Option<u64>,
-    pub(crate) previous: Option<u64>,
+    pub(crate) versions: Vec<u64>,
+    pub(crate) previous: Vec<u64>,
 }
 
 /// A served version as snapshots and requests hold it.
@@ -124,12 +134,19 @@ impl<M: Send + Sync + 'static> Registry<M> {
     /// Serves `snapshot` from now on. Requests already running keep the snapshot they took.
     pub fn install(&self, snapshot: Snapshot<M>) {
         let mut status = lock(&self.status);
-        for model in snapshot.models() {
+        for (name, versions) in &snapshot.models {
+            let versions: Vec<u64> = versions.keys().copied().collect();
+            let failed = status
+                .get(name)
+                .filter(|s| matches!(s.state, ModelState::Failed { .. }))
+                .map(|s| s.state.clone());
             status.insert(
-                model.name.clone(),
+                name.clone(),
                 Status {
-                    serving: Some(model.version),
-                    state: ModelState::Ready,
+                    serving: versions.last().copied(),
+                    versions,
+                    // A version of it that failed at start stays reported beside those that serve.
+                    state: failed.unwrap_or(ModelState::Ready),
                 },
             );
         }
@@ -155,36 +172,60 @@ impl<M: Send + Sync + 'static> Registry<M> {
         self.releaser.len()
     }
 
-    fn set_status(&self, name: &str, serving: Option<u64>, state: ModelState) {
-        lock(&self.status).insert(name.to_owned(), Status { serving, state });
+    fn set_status(&self, name: &str, versions: Vec<u64>, state: ModelState) {
+        lock(&self.status).insert(
+            name.to_owned(),
+            Status {
+                serving: versions.last().copied(),
+                versions,
+                state,
+            },
+        );
     }
 
-    /// Swaps `model` in (or, with `None`, takes `name` out) if `check` accepts the snapshot that makes; the
-    /// version it replaces drains. Returns the switch, or `check`'s objection.
+    /// The snapshot serving now, or an empty one before the first.
+    fn current(&self) -> Arc<Snapshot<M>> {
+        self.snapshot().unwrap_or_else(|| {
+            Arc::new(Snapshot {
+                models: BTreeMap::new(),
+                traffic: BTreeMap::new(),
+            })
+        })
+    }
+
+    /// Serves exactly `versions` of `name` (or, with an empty list, takes `name` out) if `check` accepts the
+    /// snapshot that makes; the versions that leave drain. Returns the switch, or `check`'s objection.
     fn switch(
         &self,
         name: &str,
-        model: Option<Arc<Served<M>>>,
+        versions: Vec<Arc<Served<M>>>,
         check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
-    ) -> Result<(Change, Option<Shared<M>>), String> {
-        let current = self.snapshot().unwrap_or_else(|| {
-            Arc::new(Snapshot {
-                models: BTreeMap::new(),
-            })
-        });
-        let version = model.as_ref().map(|m| m.version);
-        let (next, old) = match model {
-            Some(model) => current.with(model),
-            None => current.without(name),
+    ) -> Result<(Change, Vec<Shared<M>>), String> {
+        let current = self.current();
+        let previous = current.versions(name);
+        let now: Vec<u64> = versions.iter().map(|m| m.version).collect();
+        let (next, old) = if versions.is_empty() {
+            current.without(name)
+        } else {
+            current.with(versions)
         };
         check(&next)?;
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(next));
         let switch = Change {
             name: name.to_owned(),
-            version,
-            previous: old.as_ref().map(|m| m.version),
+            versions: now,
+            previous,
         };
         Ok((switch, old))
+    }
+
+    /// Routes `name`'s requests by `traffic` from now on (`None`: all to its highest loaded version). Requests
+    /// already running keep their route. The split may name versions not loaded now: they take traffic once they
+    /// are.
+    pub fn set_traffic(&self, name: &str, traffic: Option<Traffic>) {
+        let _one_at_a_time = lock(&self.changes);
+        let next = self.current().with_traffic(name, traffic.map(Arc::new));
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(next));
     }
 }
 
@@ -197,46 +238,50 @@ impl<M: Loadable> Registry<M> {
         check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
     ) -> Result<Change, String> {
         let _one_at_a_time = lock(&self.changes);
-        let serving = self
-            .snapshot()
-            .and_then(|s| s.get(name, None).ok().cloned());
-        let Some(serving) = serving else {
+        if self.current().versions(name).is_empty() {
             return Err(format!("model {name:?} is not served"));
-        };
-        let (switch, old) = self.switch(name, None, check)?;
-        self.set_status(name, None, ModelState::Unloaded);
-        if let Some(old) = old {
+        }
+        let (switch, old) = self.switch(name, Vec::new(), check)?;
+        self.set_status(name, Vec::new(), ModelState::Unloaded);
+        for old in old {
             self.release(old, metrics);
         }
-        drop(serving);
-        tracing::info!(model = %name, version = switch.previous, "model unloaded; draining");
+        tracing::info!(model = %name, versions = ?switch.previous, "model unloaded; draining");
         Ok(switch)
     }
 
     /// Hands a replaced version to the releaser and clears its `recserve_model_info` series.
     fn release(&self, old: Arc<Served<M>>, metrics: &Metrics) {
-        metrics.clear_model_info(
-            &old.name,
-            old.version,
-            old.spec.kind.as_str(),
-            old.spec.precision().as_str(),
-            old.model.device(),
-        );
+        // A version reloaded afresh serves under the same labels: its series stays.
+        let reloaded = self
+            .snapshot()
+            .is_some_and(|s| s.get(&old.name, Some(old.version)).is_ok());
+        if !reloaded {
+            metrics.clear_batching(&old.name, old.version);
+            metrics.clear_model_info(
+                &old.name,
+                old.version,
+                old.spec.kind.as_str(),
+                old.spec.precision().as_str(),
+                old.model.device(),
+            );
+        }
         self.releaser.push(old);
     }
-    /// Loads every model of `repository` (the version `pins` names, else the highest), in name order. The first
-    /// that cannot be loaded stops the load, unless `keep_going` (a server whose models change while it serves):
-    /// then the model is left out, its status says why (and its load counts as failed), and the others load. The
-    /// result is not served until it is [installed](Self::install).
+    /// Loads every model of `repository` (the versions its policy in `policies` picks, else the highest), in name
+    /// then version order. The first version that cannot be loaded stops the load, unless `keep_going` (a server
+    /// whose models change while it serves): then that version is left out, its model's status says why (and its
+    /// load counts as failed), and the others load. The result is not served until it is
+    /// [installed](Self::install).
     pub fn load(
         &self,
         ctx: &LoadContext,
         repository: &Path,
-        pins: &HashMap<String, u64>,
+        policies: &HashMap<String, VersionPolicy>,
         keep_going: bool,
     ) -> Result<Snapshot<M>, LoadError> {
         let mut models = Vec::new();
-        for mv in repository::discover(repository, pins)? {
+        for mv in repository::discover(repository, policies)? {
             let started = Instant::now();
             let (name, version) = (mv.name.clone(), mv.version);
             match load_version(ctx, mv) {
@@ -255,7 +300,7 @@ impl<M: Loadable> Registry<M> {
                     );
                     self.set_status(
                         &name,
-                        None,
+                        Vec::new(),
                         ModelState::Failed {
                             version: Some(version),
                             reason: failure.describe(repository),
@@ -268,31 +313,32 @@ impl<M: Loadable> Registry<M> {
         Ok(Snapshot::new(models))
     }
 
-    /// Loads the version of `name` that the repository offers now (`pin`, else the highest) beside the serving
-    /// one, warms it up, and swaps it in if `check` accepts the snapshot it makes (the service checks its
-    /// pipelines). On failure the serving version goes on serving and the model's status says why. Blocking:
-    /// call it off the request path. `skip_if_serving`: do nothing when that version already serves (polling).
+    /// Loads the versions of `name` that the repository offers now (by `policy`, else the highest) beside the
+    /// serving ones, warms them up, and swaps them in if `check` accepts the snapshot they make (the service checks
+    /// its pipelines); serving versions the policy no longer picks leave. On failure the serving versions go on
+    /// serving and the model's status says why. Blocking: call it off the request path. `skip_if_serving`: keep
+    /// the versions that already serve as they are, and do nothing when the set is unchanged (polling); otherwise
+    /// every picked version is loaded afresh (a reload).
     pub fn reload(
         &self,
         ctx: &LoadContext,
         repository: &Path,
         name: &str,
-        pin: Option<&u64>,
+        policy: Option<&VersionPolicy>,
         skip_if_serving: bool,
         check: impl FnOnce(&Snapshot<M>) -> Result<(), String>,
     ) -> Result<Option<Change>, LoadFailure> {
         let _one_at_a_time = lock(&self.changes);
-        let serving = self
-            .snapshot()
-            .and_then(|s| s.get(name, None).ok().map(|m| m.version));
+        let current = self.current();
+        let serving = current.versions(name);
         let started = Instant::now();
         let fail = |version: Option<u64>, failure: LoadFailure| {
-            tracing::error!(model = %name, version, error = %failure, "model load failed; the serving version goes on");
+            tracing::error!(model = %name, version, error = %failure, "model load failed; the serving versions go on");
             ctx.metrics
                 .model_loaded(name, failure.outcome(), started.elapsed().as_secs_f64());
             self.set_status(
                 name,
-                serving,
+                serving.clone(),
                 ModelState::Failed {
                     version,
                     reason: failure.describe(repository),
@@ -300,12 +346,12 @@ impl<M: Loadable> Registry<M> {
             );
             failure
         };
-        let mv = match repository::discover_model(repository, name, pin) {
-            Ok(mv) => mv,
+        let wanted = match repository::discover_model(repository, name, policy) {
+            Ok(wanted) => wanted,
             // A name that is neither in the repository nor known here leaves no trace: clients may send any
             // number of made-up names, and each would otherwise become a status entry and metric series.
             Err(e)
-                if serving.is_none()
+                if serving.is_empty()
                     && !lock(&self.status).contains_key(name)
                     && !repository::holds(repository, name) =>
             {
@@ -313,23 +359,32 @@ impl<M: Loadable> Registry<M> {
             }
             Err(e) => return Err(fail(None, LoadFailure::Invalid(e))),
         };
-        if skip_if_serving && serving == Some(mv.version) {
+        let picked: Vec<u64> = wanted.iter().map(|mv| mv.version).collect();
+        if skip_if_serving && picked == serving {
             return Ok(None);
         }
-        let version = mv.version;
-        self.set_status(name, serving, ModelState::Loading { version });
-        let model =
-            load_version(ctx, mv).map_err(|e| fail(Some(version), LoadFailure::Invalid(e)))?;
+        let mut versions = Vec::with_capacity(wanted.len());
+        for mv in wanted {
+            let version = mv.version;
+            if skip_if_serving && let Ok(kept) = current.get(name, Some(version)) {
+                versions.push(Arc::clone(kept));
+                continue;
+            }
+            self.set_status(name, serving.clone(), ModelState::Loading { version });
+            let model =
+                load_version(ctx, mv).map_err(|e| fail(Some(version), LoadFailure::Invalid(e)))?;
+            versions.push(Arc::new(model));
+        }
         let (switch, old) = self
-            .switch(name, Some(Arc::new(model)), check)
-            .map_err(|problem| fail(Some(version), LoadFailure::Refused(problem)))?;
+            .switch(name, versions, check)
+            .map_err(|problem| fail(picked.last().copied(), LoadFailure::Refused(problem)))?;
         ctx.metrics
             .model_loaded(name, "loaded", started.elapsed().as_secs_f64());
-        self.set_status(name, Some(version), ModelState::Ready);
-        if let Some(old) = old {
+        self.set_status(name, picked.clone(), ModelState::Ready);
+        for old in old {
             self.release(old, &ctx.metrics);
         }
-        tracing::info!(model = %name, version, previous = switch.previous, "switched to the new version");
+        tracing::info!(model = %name, versions = ?picked, previous = ?switch.previous, "switched to the new versions");
         Ok(Some(switch))
     }
 }
@@ -417,6 +472,14 @@ storage = "fp32"
             snapshot.get("b", Some(2)).expect_err("old").to_string(),
             "model \"b\" version 2 is not served (serving version 3)"
         );
+        let two = Snapshot::new([served("b", 3), served("b", 5)]);
+        assert_eq!(two.get("b", None).expect("highest").version, 5);
+        assert_eq!(two.get("b", Some(3)).expect("3").version, 3);
+        assert_eq!(
+            two.get("b", Some(4)).expect_err("absent").to_string(),
+            "model \"b\" version 4 is not served (serving versions 3, 5)"
+        );
+        assert_eq!(two.models().count(), 2);
         assert_eq!(
             snapshot.get("c", None).expect_err("absent").to_string(),
             "model \"c\" is not served (served models: a, b)"
@@ -454,16 +517,18 @@ storage = "fp32"
         let drops = Arc::new(Mutex::new(Vec::new()));
         let registry = Registry::<Recorded>::new(Metrics::new());
         let (change, _) = registry
-            .switch("a", Some(recorded("a", 1, &drops)), |_| Ok(()))
+            .switch("a", vec![recorded("a", 1, &drops)], |_| Ok(()))
             .expect("first version");
-        assert_eq!((change.version, change.previous), (Some(1), None));
+        assert_eq!((change.versions, change.previous), (vec![1], vec![]));
         let request = registry.snapshot().expect("serving");
-
         let (change, old) = registry
-            .switch("a", Some(recorded("a", 2, &drops)), |_| Ok(()))
+            .switch("a", vec![recorded("a", 2, &drops)], |_| Ok(()))
             .expect("second version");
-        assert_eq!((change.version, change.previous), (Some(2), Some(1)));
-        registry.releaser.push(old.expect("version 1 replaced"));
+        assert_eq!((change.versions, change.previous), (vec![2], vec![1]));
+        assert_eq!(old.len(), 1, "version 1 replaced");
+        registry
+            .releaser
+            .push(old.into_iter().next().expect("version 1"));
         assert_eq!(
             registry
                 .snapshot()
@@ -502,9 +567,9 @@ storage = "fp32"
         let drops = Arc::new(Mutex::new(Vec::new()));
         let registry = Registry::<Recorded>::new(Metrics::new());
         registry
-            .switch("a", Some(recorded("a", 1, &drops)), |_| Ok(()))
+            .switch("a", vec![recorded("a", 1, &drops)], |_| Ok(()))
             .expect("first version");
-        let refused = registry.switch("a", Some(recorded("a", 2, &drops)), |next| {
+        let refused = registry.switch("a", vec![recorded("a", 2, &drops)], |next| {
             assert_eq!(
                 next.get("a", None).expect("a").version,
                 2,
@@ -523,13 +588,67 @@ storage = "fp32"
             1
         );
         let (change, removed) = registry
-            .switch("a", None, |next| {
+            .switch("a", Vec::new(), |next| {
                 assert!(next.get("a", None).is_err());
                 Ok(())
             })
             .expect("unloaded");
-        assert_eq!((change.version, change.previous), (None, Some(1)));
-        assert!(removed.is_some());
+        assert_eq!((change.versions, change.previous), (vec![], vec![1]));
+        assert_eq!(removed.len(), 1);
+    }
+
+    #[test]
+    fn several_versions_serve_side_by_side_and_the_split_routes_between_them() {
+        let drops = Arc::new(Mutex::new(Vec::new()));
+        let registry = Registry::<Recorded>::new(Metrics::new());
+        registry
+            .switch(
+                "a",
+                vec![recorded("a", 7, &drops), recorded("a", 8, &drops)],
+                |_| Ok(()),
+            )
+            .expect("two versions");
+        let route = |key: &str| {
+            let s = registry.snapshot().expect("serving");
+            let r = s.route("a", None, Some(key.as_bytes())).expect("routed");
+            (r.primary.version, r.shadow.map(|m| m.version))
+        };
+        assert_eq!(route("u1"), (8, None), "no split: the highest");
+        registry.set_traffic(
+            "a",
+            Some(Traffic::new(BTreeMap::from([(7, 1), (8, 0)]), None).expect("split")),
+        );
+        assert_eq!(route("u1"), (7, None));
+        let s = registry.snapshot().expect("serving");
+        assert_eq!(
+            s.route("a", Some(8), Some(b"u1"))
+                .expect("named")
+                .primary
+                .version,
+            8,
+            "a version asked for is served whatever the split"
+        );
+        // Loading a third version and dropping 7 keeps the split, which now routes to what is loaded.
+        let (change, old) = registry
+            .switch(
+                "a",
+                vec![
+                    Arc::clone(s.get("a", Some(8)).expect("8")),
+                    recorded("a", 9, &drops),
+                ],
+                |_| Ok(()),
+            )
+            .expect("8 and 9");
+        assert_eq!((change.versions, change.previous), (vec![8, 9], vec![7, 8]));
+        assert_eq!(
+            old.iter().map(|m| m.version).collect::<Vec<_>>(),
+            [7],
+            "only 7 leaves: 8 is the same version"
+        );
+        drop(s);
+        assert_eq!(route("u1"), (9, None), "7 gone: the highest serves");
+        registry.set_traffic("a", None);
+        assert_eq!(route("u1"), (9, None));
     }
 
     #[test]

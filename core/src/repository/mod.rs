@@ -1,5 +1,6 @@
-//! The model repository on disk: `<repository>/<model>/<version>/model.toml`. Finds the models, picks the version
-//! to serve (the highest, unless pinned), and reads each `model.toml` into a checked [`ModelSpec`].
+//! The model repository on disk: `<repository>/<model>/<version>/model.toml`. Finds the models, picks the versions
+//! to serve (by each model's [`VersionPolicy`]: the highest, unless configured otherwise), and reads each
+//! `model.toml` into a checked [`ModelSpec`].
 
 mod batching;
 mod spec;
@@ -20,7 +21,62 @@ pub use table::{OovPolicy, Storage, TableSpec, Tier, Unfetched};
 
 use crate::error::{Echo, LoadError};
 
-/// One model of the repository and the version chosen for serving.
+/// Which versions of a model serve, as Triton's version policy says it: the `latest` N present (the default is
+/// the highest alone), or the `specific` versions named (each must be present). `--pin MODEL=V` is `specific [V]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum VersionPolicy {
+    Latest(usize),
+    Specific(Vec<u64>),
+}
+
+impl Default for VersionPolicy {
+    fn default() -> VersionPolicy {
+        VersionPolicy::Latest(1)
+    }
+}
+
+impl VersionPolicy {
+    /// Checks the policy itself (not the repository): the problem, for the caller to name the key.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            VersionPolicy::Latest(0) => Err("latest must be at least 1".to_owned()),
+            VersionPolicy::Latest(_) => Ok(()),
+            VersionPolicy::Specific(v) if v.is_empty() => {
+                Err("specific must name at least one version".to_owned())
+            }
+            VersionPolicy::Specific(v) if v.contains(&0) => {
+                Err("specific: versions start at 1".to_owned())
+            }
+            VersionPolicy::Specific(_) => Ok(()),
+        }
+    }
+
+    /// The versions of `available` (ascending) it serves, ascending; the problem when a named one is missing.
+    fn pick(&self, available: &[u64]) -> Result<Vec<u64>, String> {
+        match self {
+            VersionPolicy::Latest(n) => {
+                Ok(available[available.len().saturating_sub(*n)..].to_vec())
+            }
+            VersionPolicy::Specific(wanted) => {
+                let mut picked = Vec::with_capacity(wanted.len());
+                for v in wanted {
+                    if !available.contains(v) {
+                        return Err(format!(
+                            "version {v} is pinned but not present (present: {available:?})"
+                        ));
+                    }
+                    picked.push(*v);
+                }
+                picked.sort_unstable();
+                picked.dedup();
+                Ok(picked)
+            }
+        }
+    }
+}
+
+/// One version of a model of the repository, chosen for serving.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelVersion {
     pub name: String,
@@ -46,8 +102,12 @@ pub fn holds(root: &Path, name: &str) -> bool {
     is_valid_model_name(name) && root.join(name).is_dir()
 }
 
-/// Lists the models under `root` and picks each one's version: `pins[name]` when pinned, else the highest.
-pub fn discover(root: &Path, pins: &HashMap<String, u64>) -> Result<Vec<ModelVersion>, LoadError> {
+/// Lists the models under `root` and picks each one's versions by its policy (default: the highest), in name then
+/// version order.
+pub fn discover(
+    root: &Path,
+    policies: &HashMap<String, VersionPolicy>,
+) -> Result<Vec<ModelVersion>, LoadError> {
     let entries = std::fs::read_dir(root)
         .map_err(|e| LoadError::new(root, format!("cannot read the model repository: {e}")))?;
     let mut models = BTreeMap::new();
@@ -73,29 +133,35 @@ pub fn discover(root: &Path, pins: &HashMap<String, u64>) -> Result<Vec<ModelVer
             "holds no model (expected <repository>/<model>/<version>/model.toml)",
         ));
     }
-    for pinned in pins.keys() {
+    for pinned in policies.keys() {
         if !models.contains_key(pinned) {
             return Err(LoadError::new(
                 root,
-                format!("a version is pinned for model {pinned:?}, which is not in the repository"),
+                format!(
+                    "a version policy (or pin) is set for model {pinned:?}, which is not in the repository"
+                ),
             ));
         }
     }
-    models
-        .into_iter()
-        .map(|(name, (path, available))| {
-            let pin = pins.get(name.as_str());
-            choose(name.clone(), &path, available, pin)
-        })
-        .collect()
+    let mut found = Vec::new();
+    for (name, (path, available)) in models {
+        found.extend(choose(
+            &name,
+            &path,
+            available,
+            policies.get(name.as_str()),
+        )?);
+    }
+    Ok(found)
 }
 
-/// The version of one model of `root` to serve (`pin` when given, else the highest), as [`discover`] picks it.
+/// The versions of one model of `root` to serve (by `policy`, else the highest), ascending, as [`discover`] picks
+/// them.
 pub fn discover_model(
     root: &Path,
     name: &str,
-    pin: Option<&u64>,
-) -> Result<ModelVersion, LoadError> {
+    policy: Option<&VersionPolicy>,
+) -> Result<Vec<ModelVersion>, LoadError> {
     if !is_valid_model_name(name) {
         return Err(LoadError::new(
             root,
@@ -115,7 +181,7 @@ pub fn discover_model(
         ));
     }
     let available = versions_of(&path)?;
-    choose(name.to_owned(), &path, available, pin)
+    choose(name, &path, available, policy)
 }
 
 /// The versions of a model directory, ascending; a directory without any is refused.
@@ -131,28 +197,27 @@ fn versions_of(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
 }
 
 fn choose(
-    name: String,
+    name: &str,
     path: &Path,
     available: Vec<u64>,
-    pin: Option<&u64>,
-) -> Result<ModelVersion, LoadError> {
-    let version = match (pin, available.last()) {
-        (Some(&v), _) if available.contains(&v) => v,
-        (Some(&v), _) => {
-            return Err(LoadError::new(
-                path,
-                format!("version {v} is pinned but not present (present: {available:?})"),
-            ));
-        }
-        (None, Some(&highest)) => highest,
-        (None, None) => return Err(LoadError::new(path, "has no version directory")),
-    };
-    Ok(ModelVersion {
-        dir: path.join(version.to_string()),
-        name,
-        version,
-        available,
-    })
+    policy: Option<&VersionPolicy>,
+) -> Result<Vec<ModelVersion>, LoadError> {
+    let versions = policy
+        .unwrap_or(&VersionPolicy::default())
+        .pick(&available)
+        .map_err(|problem| LoadError::new(path, problem))?;
+    if versions.is_empty() {
+        return Err(LoadError::new(path, "has no version directory"));
+    }
+    Ok(versions
+        .into_iter()
+        .map(|version| ModelVersion {
+            dir: path.join(version.to_string()),
+            name: name.to_owned(),
+            version,
+            available: available.clone(),
+        })
+        .collect())
 }
 
 fn list_versions(model_dir: &Path) -> Result<Vec<u64>, LoadError> {
@@ -225,10 +290,65 @@ mod tests {
         assert_eq!(summary, vec![("a", 10, vec![1, 2, 10]), ("b", 3, vec![3])]);
         assert_eq!(found[0].dir, root.path().join("a/10"));
 
-        let pins = HashMap::from([("a".to_owned(), 2)]);
+        let pins = HashMap::from([("a".to_owned(), VersionPolicy::Specific(vec![2]))]);
         let found = discover(root.path(), &pins).expect("discover");
         assert_eq!(found[0].version, 2);
         assert_eq!(found[0].dir, root.path().join("a/2"));
+    }
+
+    #[test]
+    fn a_version_policy_serves_the_latest_n_or_the_versions_named() {
+        let root = tempfile::tempdir().expect("tempdir");
+        mkdirs(root.path(), &["a/1", "a/2", "a/10", "b/3"]);
+        let versions = |policy: VersionPolicy| -> Vec<(String, u64)> {
+            discover(root.path(), &HashMap::from([("a".to_owned(), policy)]))
+                .expect("discover")
+                .into_iter()
+                .map(|m| (m.name, m.version))
+                .collect()
+        };
+        let named = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect()
+        };
+        assert_eq!(
+            versions(VersionPolicy::Latest(2)),
+            named(&[("a", 2), ("a", 10), ("b", 3)])
+        );
+        assert_eq!(
+            versions(VersionPolicy::Latest(5)),
+            named(&[("a", 1), ("a", 2), ("a", 10), ("b", 3)]),
+            "more than present: all of them"
+        );
+        assert_eq!(
+            versions(VersionPolicy::Specific(vec![10, 1, 10])),
+            named(&[("a", 1), ("a", 10), ("b", 3)])
+        );
+        let missing = discover(
+            root.path(),
+            &HashMap::from([("a".to_owned(), VersionPolicy::Specific(vec![1, 4]))]),
+        )
+        .expect_err("4 is missing");
+        assert_eq!(missing.path, root.path().join("a"));
+        assert!(
+            missing
+                .problem
+                .contains("version 4 is pinned but not present (present: [1, 2, 10])"),
+            "{missing}"
+        );
+        assert_eq!(
+            discover_model(root.path(), "a", Some(&VersionPolicy::Latest(2)))
+                .expect("a")
+                .iter()
+                .map(|m| m.version)
+                .collect::<Vec<_>>(),
+            [2, 10]
+        );
+        assert_eq!(
+            VersionPolicy::Latest(0).check().expect_err("0"),
+            "latest must be at least 1"
+        );
+        assert!(VersionPolicy::Specific(vec![]).check().is_err());
+        assert!(VersionPolicy::Specific(vec![0]).check().is_err());
     }
 
     #[test]
@@ -242,14 +362,20 @@ mod tests {
         assert_eq!(err.path, root.path().join("b"));
         std::fs::remove_dir_all(root.path().join("b")).expect("rm");
 
-        let err =
-            discover(root.path(), &HashMap::from([("a".to_owned(), 7)])).expect_err("missing pin");
+        let err = discover(
+            root.path(),
+            &HashMap::from([("a".to_owned(), VersionPolicy::Specific(vec![7]))]),
+        )
+        .expect_err("missing pin");
         assert!(
             err.problem.contains("version 7 is pinned but not present"),
             "{err}"
         );
-        let err =
-            discover(root.path(), &HashMap::from([("zz".to_owned(), 1)])).expect_err("unknown pin");
+        let err = discover(
+            root.path(),
+            &HashMap::from([("zz".to_owned(), VersionPolicy::default())]),
+        )
+        .expect_err("unknown pin");
         assert!(err.problem.contains("\"zz\""), "{err}");
 
         mkdirs(root.path(), &["bad name/1"]);

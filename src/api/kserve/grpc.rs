@@ -380,7 +380,7 @@ impl GrpcInferenceService for Inference {
             .service
             .model(&request.name, Some(&request.version))
             .map_err(|e| status(&e))?;
-        let m = super::metadata(&served);
+        let m = super::metadata(&served, self.service.versions(&served.name));
         let tensors = |specs: Vec<super::TensorSpec>| {
             specs
                 .into_iter()
@@ -487,6 +487,9 @@ impl GrpcInferenceService for Inference {
             operation: Operation::Infer,
             model: &model,
             version: Some(&version),
+            routing_key: metadata
+                .get(crate::api::envelope::ROUTING_KEY)
+                .and_then(|v| v.to_str().ok()),
             arrival,
             deadline: grpc_timeout(&metadata).map(|t| t.and_then(|t| arrival.checked_add(t))),
             deadline_in_body: true,

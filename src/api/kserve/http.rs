@@ -113,7 +113,10 @@ impl From<ModelMetadata> for MetadataJson {
 
 async fn model_metadata(State(service): State<Arc<Service>>, path: ModelPath) -> Response {
     match service.model(&path.model, path.version.as_deref()) {
-        Ok(served) => axum::Json(MetadataJson::from(super::metadata(&served))).into_response(),
+        Ok(served) => {
+            let versions = service.versions(&served.name);
+            axum::Json(MetadataJson::from(super::metadata(&served, versions))).into_response()
+        }
         Err(e) => error_response(&e),
     }
 }
@@ -449,9 +452,10 @@ async fn infer(
     let request = path.request(Protocol::V2Http, Operation::Infer, &headers, true);
     let arrival = request.arrival;
     let mut body = HttpBody::new(&headers, body, service.limits.max_body_bytes);
+    let headers_ref = &headers;
     let result = service
         .model_call(request, &mut body, |mut call, body| async move {
-            let (request, binary_outputs) = decode(&headers, body)?;
+            let (request, binary_outputs) = decode(headers_ref, body)?;
             call.set_body_deadline(super::timeout_parameter(&request.parameters, arrival)?);
             let response = super::infer(&call, request).await?;
             encode(&response, &binary_outputs)

@@ -99,7 +99,7 @@ pub(crate) struct TensorSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ModelMetadata {
     pub(crate) name: String,
-    /// The versions a request may name: the served one.
+    /// The versions a request may name: those loaded.
     pub(crate) versions: Vec<String>,
     pub(crate) platform: String,
     pub(crate) inputs: Vec<TensorSpec>,
@@ -140,12 +140,17 @@ pub(crate) fn contract_of(model: &ServedModel) -> Box<dyn TensorContract + '_> {
     }
 }
 
-/// The metadata of a served model.
-pub(crate) fn metadata(model: &ServedModel) -> ModelMetadata {
+/// The metadata of a served model; `versions`: every loaded version of it (empty: this one).
+pub(crate) fn metadata(model: &ServedModel, versions: Vec<u64>) -> ModelMetadata {
     let contract = contract_of(model);
+    let versions = if versions.is_empty() {
+        vec![model.version]
+    } else {
+        versions
+    };
     ModelMetadata {
         name: model.name.clone(),
-        versions: vec![model.version.to_string()],
+        versions: versions.iter().map(u64::to_string).collect(),
         platform: format!("recserve_{}", model.spec.kind.as_str()),
         inputs: contract.inputs(),
         outputs: contract.outputs(),

@@ -26,14 +26,7 @@ pub(crate) fn routes() -> Router<Arc<Service>> {
         .route("/v2/models/{model}/versions/{version}/config", get(config))
 }
 
-/// Which versions of a model serve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum VersionPolicy {
-    /// The highest in the repository.
-    Latest,
-    /// The one `--pin` names.
-    Specific(u64),
-}
+use recserve_core::repository::VersionPolicy;
 
 /// Where the executors run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,9 +63,9 @@ pub(crate) struct ModelConfig {
     pub(crate) parameters: BTreeMap<String, String>,
 }
 
-/// The configuration of a served model; `pinned` is the version `--pin` names for it.
-pub(crate) fn model_config(model: &ServedModel, pinned: Option<u64>) -> ModelConfig {
-    let metadata = super::metadata(model);
+/// The configuration of a served model, under its version policy.
+pub(crate) fn model_config(model: &ServedModel, policy: VersionPolicy) -> ModelConfig {
+    let metadata = super::metadata(model, Vec::new());
     let batching = model.model.batching();
     let batched = metadata
         .inputs
@@ -116,10 +109,7 @@ pub(crate) fn model_config(model: &ServedModel, pinned: Option<u64>) -> ModelCon
         name: model.name.clone(),
         platform: metadata.platform.clone(),
         backend,
-        version_policy: match pinned {
-            Some(v) => VersionPolicy::Specific(v),
-            None => VersionPolicy::Latest,
-        },
+        version_policy: policy,
         max_batch_size: if batched { batching.max_batch_rows } else { 0 },
         inputs: tensors(&metadata.inputs),
         outputs: tensors(&metadata.outputs),
@@ -190,9 +180,9 @@ pub(crate) fn to_json(c: &ModelConfig) -> Value {
     out.insert("backend".into(), json!(c.backend));
     out.insert(
         "version_policy".into(),
-        match c.version_policy {
-            VersionPolicy::Latest => json!({"latest": {"num_versions": 1}}),
-            VersionPolicy::Specific(v) => json!({"specific": {"versions": [v]}}),
+        match &c.version_policy {
+            VersionPolicy::Latest(n) => json!({"latest": {"num_versions": n}}),
+            VersionPolicy::Specific(v) => json!({"specific": {"versions": v}}),
         },
     );
     out.insert("max_batch_size".into(), json!(c.max_batch_size));
@@ -238,10 +228,15 @@ pub(crate) fn to_proto(c: ModelConfig) -> proto::ModelConfigResponse {
     use proto::model_instance_group::Kind;
     use proto::model_version_policy::{Latest, PolicyChoice, Specific};
     let version_policy = proto::ModelVersionPolicy {
-        policy_choice: Some(match c.version_policy {
-            VersionPolicy::Latest => PolicyChoice::Latest(Latest { num_versions: 1 }),
+        policy_choice: Some(match &c.version_policy {
+            VersionPolicy::Latest(n) => PolicyChoice::Latest(Latest {
+                num_versions: u32::try_from(*n).unwrap_or(u32::MAX),
+            }),
             VersionPolicy::Specific(v) => PolicyChoice::Specific(Specific {
-                versions: vec![i64::try_from(v).unwrap_or(i64::MAX)],
+                versions: v
+                    .iter()
+                    .map(|&v| i64::try_from(v).unwrap_or(i64::MAX))
+                    .collect(),
             }),
         }),
     };
@@ -304,7 +299,7 @@ pub(crate) fn lookup(
     version: Option<&str>,
 ) -> Result<ModelConfig, ServiceError> {
     let served = service.model(model, version)?;
-    Ok(model_config(&served, service.pinned(&served.name)))
+    Ok(model_config(&served, service.version_policy(&served.name)))
 }
 
 async fn config(State(service): State<Arc<Service>>, path: ModelPath) -> Response {
@@ -323,7 +318,7 @@ mod tests {
             name: "deepfm".into(),
             platform: "recserve_deepfm".into(),
             backend: "onnxruntime",
-            version_policy: VersionPolicy::Specific(2),
+            version_policy: VersionPolicy::Specific(vec![2]),
             max_batch_size: 1024,
             inputs: vec![TensorConfig {
                 name: "categorical".into(),
@@ -371,7 +366,7 @@ mod tests {
         );
         let mut unbatched = ranking();
         unbatched.dynamic_batching = None;
-        unbatched.version_policy = VersionPolicy::Latest;
+        unbatched.version_policy = VersionPolicy::Latest(1);
         let json = to_json(&unbatched);
         assert!(json.get("dynamic_batching").is_none());
         assert_eq!(

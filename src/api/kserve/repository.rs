@@ -1,6 +1,7 @@
 //! The model repository extension over HTTP, as Triton defines it (so `tritonclient`'s
 //! `get_model_repository_index`, `load_model` and `unload_model` work): `POST /v2/repository/index`,
-//! `POST /v2/repository/models/{model}/load` and `.../unload`. Every call needs the admin token
+//! `POST /v2/repository/models/{model}/load` and `.../unload`; and recserve's own `GET` and `PUT
+//! /v2/repository/models/{model}/traffic`, a model's traffic split and shadow. Every call needs the admin token
 //! (`Authorization: Bearer …`); load and unload need `--model-control explicit` (docs/api.md).
 
 use std::sync::Arc;
@@ -11,13 +12,15 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::api::envelope::{Segments, body_bytes, error_response, parse_json};
-use crate::service::Service;
+use crate::config::split_of;
+use crate::service::{Service, TrafficView};
 use recserve_core::error::ServiceError;
+use recserve_core::registry::Shadow;
 
 /// The routes, for [`crate::api::router::router`] to mount.
 pub(crate) fn routes() -> Router<Arc<Service>> {
@@ -25,6 +28,10 @@ pub(crate) fn routes() -> Router<Arc<Service>> {
         .route("/v2/repository/index", post(index))
         .route("/v2/repository/models/{model}/load", post(load))
         .route("/v2/repository/models/{model}/unload", post(unload))
+        .route(
+            "/v2/repository/models/{model}/traffic",
+            get(traffic).put(set_traffic),
+        )
 }
 
 /// The `Authorization` header, checked against the admin token.
@@ -148,4 +155,76 @@ async fn unload(
         Ok(()) => service.unload_model(&model).await.map(drop),
         Err(e) => Err(e),
     })
+}
+
+/// The body of a traffic change: `{"split": {"7": 90, "8": 10}, "shadow": {"version": 9, "percent": 5}}`; both
+/// left out (or `{}`): every request to the highest loaded version.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrafficRequest {
+    #[serde(default)]
+    split: std::collections::BTreeMap<String, u32>,
+    #[serde(default)]
+    shadow: Option<ShadowRequest>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShadowRequest {
+    version: u64,
+    percent: f64,
+}
+
+/// A traffic change's body, checked: the split by version, and the shadow.
+pub(crate) fn traffic_request(
+    body: &[u8],
+) -> Result<(std::collections::BTreeMap<u64, u32>, Option<Shadow>), ServiceError> {
+    let request = optional_json::<TrafficRequest>(body)?;
+    let split = split_of(&request.split)
+        .map_err(|(key, problem)| ServiceError::invalid(format!("split.{key}"), problem))?;
+    let shadow = request.shadow.map(|s| Shadow {
+        version: s.version,
+        percent: s.percent,
+    });
+    Ok((split, shadow))
+}
+
+fn traffic_json(view: &TrafficView) -> Value {
+    let split: Map<String, Value> = view
+        .split
+        .iter()
+        .map(|(v, w)| (v.to_string(), json!(w)))
+        .collect();
+    let mut out = json!({"model": view.model, "versions": view.versions, "split": split});
+    if let Some(s) = &view.shadow {
+        out["shadow"] = json!({"version": s.version, "percent": s.percent});
+    }
+    out
+}
+
+async fn traffic(
+    State(service): State<Arc<Service>>,
+    Segments(model): Segments<String>,
+    headers: HeaderMap,
+) -> Response {
+    match authorize(&service, &headers).and_then(|()| service.traffic(&model)) {
+        Ok(view) => axum::Json(traffic_json(&view)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn set_traffic(
+    State(service): State<Arc<Service>>,
+    Segments(model): Segments<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = authorize(&service, &headers)
+        .and_then(|()| body_bytes(body, service.limits.max_body_bytes))
+        .and_then(|body| traffic_request(&body))
+        .and_then(|(split, shadow)| service.set_traffic(&model, split, shadow));
+    match result {
+        Ok(view) => axum::Json(traffic_json(&view)).into_response(),
+        Err(e) => error_response(&e),
+    }
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::UserSide;
 use super::recall::{recall_query, search_request};
-use crate::api::envelope::{HttpBody, Segments, deadline_header, parse_json};
+use crate::api::envelope::{HttpBody, Segments, deadline_header, parse_json, routing_key};
 use crate::service::{PipelineRequest, Protocol, ResolvedPipeline, ServedModel, Service};
 use recserve_core::error::ServiceError;
 use recserve_core::pipeline::{RecommendInput, Recommendation};
@@ -39,6 +39,7 @@ async fn recommend(
     let request = PipelineRequest {
         protocol: Protocol::V1,
         pipeline: &pipeline,
+        routing_key: routing_key(&headers),
         arrival,
         deadline: deadline_header(&headers, arrival),
     };
