@@ -473,3 +473,89 @@ async fn a_pipeline_routes_its_ranking_model_by_the_split_and_checks_every_versi
         "{error}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_requests_are_routed_by_their_metadata_as_http_ones_by_their_header() {
+    use recserve::api::kserve::grpc::proto;
+    use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(
+        dir.path(),
+        &format!("[models.{MODEL}.traffic]\n1 = 1\n2 = 1\n"),
+    )
+    .await;
+    let (body, _, _) = case();
+    // The case's one row in graph order (fields C1..C26: the user's, the candidate's id, its other fields).
+    let user = &body["user"]["fields"];
+    let candidate = &body["candidates"][0];
+    let mut ids: Vec<i64> = (1..=19)
+        .map(|i| user[format!("C{i}")].as_i64().expect("id"))
+        .collect();
+    ids.push(candidate["id"].as_i64().expect("id"));
+    ids.extend((21..=26).map(|i| candidate["fields"][format!("C{i}")].as_i64().expect("id")));
+    let dense: Vec<f32> = body["user"]["dense"]
+        .as_array()
+        .expect("dense")
+        .iter()
+        .map(|v| v.as_f64().expect("value") as f32)
+        .collect();
+    let tensor = |name: &str, datatype: &str, shape: Vec<i64>| {
+        proto::model_infer_request::InferInputTensor {
+            name: name.to_owned(),
+            datatype: datatype.to_owned(),
+            shape,
+            parameters: HashMap::new(),
+            contents: None,
+        }
+    };
+    let mut client = GrpcInferenceServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect");
+    let mut seen = HashMap::new();
+    for user in 0..40 {
+        let key = format!("u{user}");
+        let mut request = tonic::Request::new(proto::ModelInferRequest {
+            model_name: MODEL.to_owned(),
+            inputs: vec![
+                tensor("categorical", "INT64", vec![1, ids.len() as i64]),
+                tensor("dense", "FP32", vec![1, dense.len() as i64]),
+            ],
+            raw_input_contents: vec![
+                ids.iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                dense
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+            ],
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("x-recserve-routing-key", key.parse().expect("ascii"));
+        let answer = client
+            .model_infer(request)
+            .await
+            .expect("infer")
+            .into_inner();
+        let version: u64 = answer.model_version.parse().expect("a version");
+        let http = rank(
+            &server,
+            &format!("/v1/models/{MODEL}/rank"),
+            Some(&key),
+            &body,
+        )
+        .await
+        .0;
+        assert_eq!(
+            version, http,
+            "{key}: gRPC and HTTP route the same key alike"
+        );
+        *seen.entry(version).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), 2, "both versions answer: {seen:?}");
+}
