@@ -3,18 +3,14 @@
 
 mod common;
 
-use common::{TestServer, config, fixture_repo};
+use common::{TestServer, config, fixture_dir, fixture_repo};
 
-/// The executor threads run at `--executor-niceness` (here 7), below the transport's threads (nice 0): this test
-/// process hosts the server, so its threads are ours to inspect.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn executor_threads_run_at_the_configured_niceness() {
-    let server = TestServer::start(config(&fixture_repo(), |a| {
-        a.executor_niceness = Some(7);
-        a.executors = Some(2);
-    }))
-    .await;
-    let mut executors = Vec::new();
+/// The tests read every thread of the process: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every thread of this process whose name starts with `prefix`, with its nice value.
+fn threads(prefix: &str) -> Vec<(String, i32)> {
+    let mut found = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
         let path = task.expect("task").path();
         let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
@@ -26,14 +22,83 @@ async fn executor_threads_run_at_the_configured_niceness() {
             .nth(16)
             .and_then(|v| v.parse().ok())
             .unwrap_or(i32::MIN);
-        if name.starts_with("exec-") {
-            executors.push((name.trim().to_owned(), nice));
-        } else if name.starts_with("tokio-runtime") {
-            assert_eq!(nice, 0, "transport thread {name:?}");
+        if name.starts_with(prefix) {
+            found.push((name.trim().to_owned(), nice));
         }
+    }
+    found
+}
+
+/// The executor threads run at `--executor-niceness` (here 7), below the transport's threads (nice 0): this test
+/// process hosts the server, so its threads are ours to inspect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_threads_run_at_the_configured_niceness() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let server = TestServer::start(config(&fixture_repo(), |a| {
+        a.executor_niceness = Some(7);
+        a.executors = Some(2);
+    }))
+    .await;
+    let executors = threads("exec-");
+    for (name, nice) in threads("tokio-runtime") {
+        assert_eq!(nice, 0, "transport thread {name:?}");
     }
     // Two executors per ranking model, and each recall model's.
     assert!(executors.len() >= 2, "{executors:?}");
     assert!(executors.iter().all(|(_, n)| *n == 7), "{executors:?}");
+    drop(server);
+}
+
+/// A shadow version's executors run at nice 19 (once they take their first copy), the answering version's at
+/// `--executor-niceness`: on a busy core the shadow yields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_versions_executors_run_at_the_lowest_priority() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("recserve.toml");
+    let pipelines =
+        std::fs::read_to_string(fixture_dir().join("recserve.toml")).expect("fixture config");
+    std::fs::write(
+        &file,
+        format!(
+            "{pipelines}\n[models.deepfm-fp32]\nversions = {{ latest = 2 }}\n\
+             shadow = {{ version = 1, percent = 100 }}\n[models.deepfm-fp32.traffic]\n2 = 1\n"
+        ),
+    )
+    .expect("write config");
+    let server = TestServer::start(config(&fixture_repo(), |a| {
+        a.executor_niceness = Some(7);
+        a.executors = Some(1);
+        a.config = Some(file);
+    }))
+    .await;
+    let request = common::cases()["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["model"] == "deepfm-fp32" && c["version"] == 1)
+        .expect("a case")["request"]
+        .clone();
+    for _ in 0..3 {
+        let (status, _) = server.post("/v1/models/deepfm-fp32/rank", &request).await;
+        assert_eq!(status, 200);
+    }
+    // Thread names are cut at 15 bytes: both versions' single executor are `exec-deepfm-fp3`.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut nice: Vec<i32> = threads("exec-deepfm-fp3")
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        nice.sort_unstable();
+        if nice == [7, 19] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "executors of deepfm-fp32 at {nice:?}, not [7, 19]"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     drop(server);
 }

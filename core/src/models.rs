@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::ranking::RankingModel;
 use crate::recall::RecallModel;
-use crate::registry::{LoadContext, Loadable, Served, Snapshot};
+use crate::registry::{LoadContext, Loadable, Served, Shadowed, Snapshot};
 use crate::repository::{CandidateFeature, ModelKind, ModelSpec, ModelVersion};
 
 /// What a request asks of a model: the `endpoint` label of the request metrics.
@@ -65,6 +65,15 @@ impl Loadable for Model {
         match self {
             Model::Ranking(m) => m.device(),
             Model::Recall(m) => m.device(),
+        }
+    }
+}
+
+impl Shadowed for Model {
+    fn set_shadow(&self, shadow: bool) {
+        // Only ranking models take a shadow.
+        if let Model::Ranking(m) = self {
+            m.set_shadow(shadow);
         }
     }
 }

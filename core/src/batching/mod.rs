@@ -15,7 +15,7 @@ pub(crate) mod lateness;
 pub(crate) mod policy;
 pub mod statistics;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -187,7 +187,16 @@ struct Shared<J> {
     metrics: BatchMetrics,
     /// What the statistics extension reports of the model version.
     statistics: Statistics,
+    /// The nice value the executors should run at: `executor_niceness`, or [`SHADOW_NICENESS`] while the version
+    /// is a shadow. Each executor applies a change before its next batch.
+    niceness: AtomicU8,
+    /// `executor_niceness`, for when the version stops being a shadow.
+    base_niceness: u8,
 }
+
+/// The nice value of a shadow version's executors: the lowest priority, so that on a busy core the version that
+/// answers runs first and the shadow's queue, not the primary's, fills up.
+pub const SHADOW_NICENESS: u8 = 19;
 
 impl<J> Shared<J> {
     fn lock(&self) -> MutexGuard<'_, State<J>> {
@@ -236,6 +245,8 @@ impl<W: Work> Batcher<W> {
             estimator,
             metrics,
             statistics,
+            niceness: AtomicU8::new(niceness),
+            base_niceness: niceness,
         });
         let mut threads = Vec::with_capacity(executors.len());
         for (i, executor) in executors.into_iter().enumerate() {
@@ -276,6 +287,17 @@ impl<W: Work> Batcher<W> {
     /// The model version's statistics so far.
     pub(crate) fn statistics(&self) -> StatisticsSnapshot {
         self.shared.statistics.snapshot()
+    }
+
+    /// Runs the executors at the lowest priority while the version is a shadow (`true`), at `executor_niceness`
+    /// otherwise. Takes effect at each executor's next batch.
+    pub fn set_shadow(&self, shadow: bool) {
+        let niceness = if shadow {
+            SHADOW_NICENESS
+        } else {
+            self.shared.base_niceness
+        };
+        self.shared.niceness.store(niceness, Ordering::Relaxed);
     }
 
     /// Counts a call of the model (a request, or a pipeline's stage on it) that ended now, from the current
@@ -447,6 +469,13 @@ pub fn lower_priority(niceness: u8) {
     if niceness == 0 {
         return;
     }
+    set_niceness(niceness);
+}
+
+/// Sets the calling thread's nice value, lower or higher than it is. Going back down (a shadow version that
+/// takes traffic again) needs `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it: without either the thread keeps
+/// running at the lower priority, and says so once.
+fn set_niceness(niceness: u8) {
     // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
     let result = unsafe {
         let tid = libc::gettid();
@@ -456,7 +485,7 @@ pub fn lower_priority(niceness: u8) {
         tracing::warn!(
             niceness,
             error = %std::io::Error::last_os_error(),
-            "could not lower a thread's priority"
+            "could not set a thread's priority"
         );
     }
 }
@@ -465,8 +494,14 @@ pub fn lower_priority(niceness: u8) {
 /// stops once the batcher is closing and the queue is empty.
 fn run_executor<E: BatchExecutor>(mut executor: E, shared: &Shared<Job<E::Work>>) {
     let metrics = &shared.metrics;
+    let mut applied = shared.niceness.load(Ordering::Relaxed);
     let mut state = shared.lock();
     loop {
+        let wanted = shared.niceness.load(Ordering::Relaxed);
+        if wanted != applied {
+            set_niceness(wanted);
+            applied = wanted;
+        }
         let now = Instant::now();
         let dropped = state
             .policy

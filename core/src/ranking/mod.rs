@@ -375,6 +375,11 @@ impl RankingModel {
     }
 
     /// The batching it runs with.
+    /// Runs the executors at the lowest priority while this version is its model's shadow.
+    pub fn set_shadow(&self, shadow: bool) {
+        self.batcher.set_shadow(shadow);
+    }
+
     pub fn batching(&self) -> &BatchConfig {
         &self.batching
     }

@@ -53,7 +53,7 @@ pub struct RequestLimits {
 }
 
 /// A loaded model of any kind, as the registry holds it.
-pub trait Loadable: Send + Sync + Sized + 'static {
+pub trait Loadable: Shadowed + Send + Sync + Sized + 'static {
     /// Loads, checks and (with [`LoadContext::warm_up`]) warms up the version in `version.dir`, whose `model.toml`
     /// reads as `spec`.
     fn load(
@@ -63,4 +63,10 @@ pub trait Loadable: Send + Sync + Sized + 'static {
     ) -> Result<Self, LoadError>;
     /// Where its tables live (`cpu`, `cuda:0`), for logs and `recserve_model_info`.
     fn device(&self) -> &str;
+}
+
+/// What the registry tells a served version when its model's traffic changes.
+pub trait Shadowed {
+    /// Whether it is its model's shadow version now (its work then yields to every other version's).
+    fn set_shadow(&self, _shadow: bool) {}
 }

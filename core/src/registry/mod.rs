@@ -30,7 +30,7 @@ mod releaser;
 mod snapshot;
 mod traffic;
 
-pub use context::{LoadContext, Loadable, RequestLimits};
+pub use context::{LoadContext, Loadable, RequestLimits, Shadowed};
 use releaser::Releaser;
 pub use snapshot::Routed;
 pub(crate) use snapshot::{Served, Snapshot};
@@ -121,7 +121,7 @@ pub struct Registry<M: Send + Sync + 'static> {
     releaser: Releaser<M>,
 }
 
-impl<M: Send + Sync + 'static> Registry<M> {
+impl<M: Shadowed + Send + Sync + 'static> Registry<M> {
     pub fn new(metrics: Metrics) -> Registry<M> {
         Registry {
             current: RwLock::new(None),
@@ -150,7 +150,8 @@ impl<M: Send + Sync + 'static> Registry<M> {
                 },
             );
         }
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(snapshot));
+        drop(status);
+        self.publish(snapshot);
     }
 
     /// The models serving now, or `None` before the first snapshot is installed.
@@ -210,7 +211,7 @@ impl<M: Send + Sync + 'static> Registry<M> {
             current.with(versions)
         };
         check(&next)?;
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(next));
+        self.publish(next);
         let switch = Change {
             name: name.to_owned(),
             versions: now,
@@ -225,6 +226,17 @@ impl<M: Send + Sync + 'static> Registry<M> {
     pub fn set_traffic(&self, name: &str, traffic: Option<Traffic>) {
         let _one_at_a_time = lock(&self.changes);
         let next = self.current().with_traffic(name, traffic.map(Arc::new));
+        self.publish(next);
+    }
+
+    /// Serves `next` from now on; each version learns whether it is now its model's shadow.
+    fn publish(&self, next: Snapshot<M>) {
+        for (name, versions) in &next.models {
+            let shadow = next.traffic(name).and_then(|t| t.shadow).map(|s| s.version);
+            for (&version, served) in versions {
+                served.model.set_shadow(shadow == Some(version));
+            }
+        }
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(next));
     }
 }
@@ -489,6 +501,9 @@ storage = "fp32"
     /// A model that records the thread it is dropped on.
     #[derive(Debug)]
     struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Shadowed for Recorded {}
+    impl Shadowed for () {}
 
     impl Drop for Recorded {
         fn drop(&mut self) {
