@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::{CheckRepositoryArgs, Config, ServeArgs};
+use crate::api::auth::InferenceTokens;
+use crate::config::{CheckRepositoryArgs, Config, ServeArgs, TlsFiles};
 use crate::service::StartLoad;
+use crate::tls::Tls;
 use recserve_core::error::LoadError;
 use recserve_core::metrics::Metrics;
 use recserve_core::models::Model;
@@ -125,10 +127,72 @@ impl Report {
     }
 }
 
-/// `check-config`'s second half: what `serve` loads at start ([`StartLoad`]: the admin token file, ONNX Runtime,
-/// the device, every model, not warmed up, and the pipelines), reported on stderr, one line per model and
-/// pipeline; exit status 1 when the server would not start, naming why.
+/// `check-config`'s second half: what `serve` loads at start, reported on stderr: the TLS files and the inference
+/// tokens' file ([`credentials`]), then [`StartLoad`] (the admin token file, ONNX Runtime, the device, every model,
+/// not warmed up, and the pipelines), one line per model and pipeline; exit status 1 when the server would not
+/// start, naming why.
 pub fn start(config: &Config) -> ExitCode {
+    let problems = credentials(
+        config.tls.as_ref(),
+        config.inference_tokens_file.as_deref(),
+        &mut std::io::stderr().lock(),
+    );
+    start_load(config, problems)
+}
+
+/// The TLS files (`--tls-cert`, `--tls-key`, `--tls-client-ca`) and `--inference-tokens-file`, read by the very
+/// loaders `serve` starts with ([`Tls::load`]: readable, parseable, the key the certificate's; [`InferenceTokens::load`]:
+/// at least one token, none with whitespace), one line each on `out`. Returns how many would stop the start.
+pub(crate) fn credentials(
+    tls: Option<&TlsFiles>,
+    tokens_file: Option<&Path>,
+    out: &mut impl Write,
+) -> usize {
+    let mut problems = 0;
+    let mut say = |line: String| {
+        // stderr that cannot be written has nowhere to say so.
+        let _ = writeln!(out, "check-config: {line}");
+    };
+    if let Some(files) = tls {
+        match Tls::load(files) {
+            Ok(_) => say(format!(
+                "TLS certificate {} and key {} load{}",
+                files.cert.display(),
+                files.key.display(),
+                files
+                    .client_ca
+                    .as_ref()
+                    .map(|ca| format!(
+                        "; client certificates are verified against {}",
+                        ca.display()
+                    ))
+                    .unwrap_or_default()
+            )),
+            Err(e) => {
+                problems += 1;
+                say(format!("ERROR the server would not start: {e}"));
+            }
+        }
+    }
+    if let Some(file) = tokens_file {
+        match InferenceTokens::load(file) {
+            Ok(tokens) => say(format!(
+                "--inference-tokens-file {} holds {} token(s)",
+                file.display(),
+                tokens.count()
+            )),
+            Err(e) => {
+                problems += 1;
+                say(format!("ERROR the server would not start: {e}"));
+            }
+        }
+    }
+    problems
+}
+
+/// [`StartLoad`] as `serve` runs it, models not warmed up, reported on stderr; `credential_problems`: files
+/// [`credentials`] refused, which stop the start whatever the models do.
+fn start_load(config: &Config, credential_problems: usize) -> ExitCode {
     let metrics = Metrics::new();
     let registry = Registry::new(metrics.clone());
     match StartLoad::run(config, &registry, metrics, false) {
@@ -173,8 +237,19 @@ pub fn start(config: &Config) -> ExitCode {
                     c.recall_model, c.ranking_model, c.candidates, c.k
                 );
             }
+            if credential_problems > 0 {
+                eprintln!(
+                    "check-config: ERROR the server would not start: {credential_problems} TLS or token file(s) \
+                     cannot be used (named above)"
+                );
+            }
             eprintln!(
-                "check-config: the server would start on {} ({} model(s), {} pipeline(s); not warmed up){}",
+                "check-config: the {} on {} ({} model(s), {} pipeline(s); not warmed up){}",
+                if credential_problems > 0 {
+                    "models would load"
+                } else {
+                    "server would start"
+                },
                 config.repository.display(),
                 loaded.models.models().count(),
                 loaded.pipelines.len(),
@@ -184,7 +259,7 @@ pub fn start(config: &Config) -> ExitCode {
                     format!(", without {} model(s) that fail to load", failed.len())
                 }
             );
-            if failed.is_empty() {
+            if failed.is_empty() && credential_problems == 0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
@@ -356,6 +431,95 @@ precision = "fp32"
             json["models"]["a"]["versions"]["3"]["error"],
             serde_json::Value::Null
         );
+    }
+
+    /// `credentials`' lines and its count of problems.
+    fn checked(tls: Option<&TlsFiles>, tokens: Option<&Path>) -> (String, usize) {
+        let mut out = Vec::new();
+        let problems = credentials(tls, tokens, &mut out);
+        (String::from_utf8(out).expect("utf-8"), problems)
+    }
+
+    #[test]
+    fn tls_and_token_files_are_judged_by_the_loaders_serve_starts_with() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write");
+            path
+        };
+        let one = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+        let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+        let files = TlsFiles {
+            cert: write("cert.pem", &one.cert.pem()),
+            key: write("key.pem", &one.signing_key.serialize_pem()),
+            client_ca: Some(write("ca.pem", &other.cert.pem())),
+        };
+        let tokens = write("tokens", "# team a\nalpha\n\nbeta\n");
+        let (text, problems) = checked(Some(&files), Some(&tokens));
+        assert_eq!(problems, 0, "{text}");
+        assert!(
+            text.contains("cert.pem and key ") && text.contains("verified against "),
+            "{text}"
+        );
+        assert!(text.contains("tokens holds 2 token(s)\n"), "{text}");
+        // Nothing configured: nothing to say.
+        assert_eq!(checked(None, None), (String::new(), 0));
+
+        // The key of another certificate, a client CA that is not a certificate, a tokens' file without tokens:
+        // each named by its flag and file.
+        let mismatched = TlsFiles {
+            key: write("other.key", &other.signing_key.serialize_pem()),
+            client_ca: None,
+            ..files.clone()
+        };
+        let bad_ca = TlsFiles {
+            client_ca: Some(write("notca.pem", "hello\n")),
+            ..files.clone()
+        };
+        let empty = write("empty-tokens", "# nothing yet\n\n");
+        for (tls, tokens, flag, file, problem) in [
+            (
+                Some(&mismatched),
+                None,
+                "--tls-key",
+                "other.key",
+                "does not match the certificate",
+            ),
+            (
+                Some(&bad_ca),
+                None,
+                "--tls-client-ca",
+                "notca.pem",
+                "holds no certificate",
+            ),
+            (
+                None,
+                Some(empty.as_path()),
+                "--inference-tokens-file",
+                "empty-tokens",
+                "holds no token",
+            ),
+            (
+                None,
+                Some(dir.path().join("missing").as_path()),
+                "--inference-tokens-file",
+                "missing",
+                "cannot read",
+            ),
+        ] {
+            let (text, problems) = checked(tls, tokens);
+            assert_eq!(problems, 1, "{text}");
+            let line = text.trim_end();
+            assert!(
+                line.starts_with(&format!(
+                    "check-config: ERROR the server would not start: {flag} "
+                )) && line.contains(&format!("{file}: {problem}")),
+                "{line}"
+            );
+        }
+        let (text, problems) = checked(Some(&mismatched), Some(&empty));
+        assert_eq!(problems, 2, "{text}");
     }
 
     #[test]

@@ -10,3 +10,4 @@ pub mod service;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["main"],
     &["server", "check"],
     &["api"],
-    &["service", "telemetry"],
+    &["service", "telemetry", "tls"],
     &["config"],
     // The core crate (`recserve-core`).
     &["models"],

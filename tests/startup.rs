@@ -554,6 +554,70 @@ fn check_config_loads_the_repository_and_the_pipelines_as_the_server_would_start
             && stderr.contains("deepfm-fp16/1/model.toml"),
         "{stderr}"
     );
+
+    // TLS and the inference tokens: files `serve` would refuse are named with their flag, and the models are
+    // still checked (exit 1); good ones get a line each (exit 0).
+    let one = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("UTF-8 path").to_owned()
+    };
+    let cert = write("cert.pem", &one.cert.pem());
+    let key = write("key.pem", &one.signing_key.serialize_pem());
+    let wrong_key = write("wrong.key", &other.signing_key.serialize_pem());
+    let tokens = write("tokens", "t0ken\n");
+    let no_tokens = write("no-tokens", "\n# none\n");
+    let (code, stderr) = check(
+        &[
+            "--repository",
+            repo,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--inference-tokens-file",
+            &tokens,
+        ],
+        &config,
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "check-config: TLS certificate {cert} and key {key} load"
+        )) && stderr.contains(&format!(
+            "check-config: --inference-tokens-file {tokens} holds 1 token(s)"
+        )),
+        "{stderr}"
+    );
+    let (code, stderr) = check(
+        &[
+            "--repository",
+            repo,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &wrong_key,
+            "--inference-tokens-file",
+            &no_tokens,
+        ],
+        &config,
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    for line in [
+        format!(
+            "check-config: ERROR the server would not start: --tls-key {wrong_key}: does not match the certificate of --tls-cert {cert}"
+        ),
+        format!(
+            "check-config: ERROR the server would not start: --inference-tokens-file {no_tokens}: holds no token"
+        ),
+        "check-config: ERROR the server would not start: 2 TLS or token file(s) cannot be used"
+            .to_owned(),
+        "check-config: the models would load on".to_owned(),
+    ] {
+        assert!(stderr.contains(&line), "{line}\n{stderr}");
+    }
 }
 
 /// Loads at start are counted as loads (`recserve_model_loads_total`, the load duration) with the default

@@ -75,6 +75,14 @@ impl InferenceTokens {
         Ok(count)
     }
 
+    /// How many tokens the file held when last read.
+    pub(crate) fn count(&self) -> usize {
+        self.tokens
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// The file read.
     pub(crate) fn path(&self) -> &Path {
         &self.file

@@ -250,7 +250,7 @@ impl Config {
     }
 }
 
-/// The files both listeners serve TLS with (`server/tls.rs` reads them at start and on SIGHUP).
+/// The files both listeners serve TLS with (`tls.rs` reads them at start and on SIGHUP).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct TlsFiles {
     #[serde(rename = "tls_cert")]

@@ -46,12 +46,12 @@ use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tower_service::Service as _;
 
-use super::tls::Tls;
 use crate::api::guard::HYPER_MAX_HEADERS;
 use crate::api::timed_body::{Reader, TimedBody};
 use crate::config::Timeouts;
 use crate::telemetry::requests::{Observed, RequestTelemetry};
 use crate::telemetry::traceparent;
+use crate::tls::Tls;
 use recserve_core::metrics::{ConnectionMetrics, Metrics, TraceSink};
 use recserve_core::trace::{self, TraceCell};
 
@@ -241,7 +241,11 @@ async fn connection(
     let stream = match &connections.tls {
         None => Stream::Plain(stream),
         Some(tls) => {
-            let handshake = tls.acceptor(kind).accept(stream);
+            let acceptor = match kind {
+                Listener::Http => tls.http_acceptor(),
+                Listener::Grpc => tls.grpc_acceptor(),
+            };
+            let handshake = acceptor.accept(stream);
             let mut drain = connections.drain.subscribe();
             tokio::select! {
                 result = handshake => match result {

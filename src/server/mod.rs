@@ -1,11 +1,10 @@
 //! Running the server: bind nothing (the caller passes the listeners, so tests use port 0), serve HTTP and gRPC
 //! from one process at once so `/health/live` answers while models load on a thread of their own, and drain both
 //! on the shutdown future. [`connections`] serves each connection, with its timeouts and the connection cap, over
-//! TLS when [`tls`] is configured. SIGHUP, or a change of one of them, rereads the TLS files and the inference
+//! TLS when [`crate::tls`] is configured. SIGHUP, or a change of one of them, rereads the TLS files and the inference
 //! tokens' file.
 
 pub(crate) mod connections;
-pub(crate) mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,7 +43,7 @@ pub async fn run(
     let tls = config
         .tls
         .as_ref()
-        .map(|files| tls::Tls::load(files).map(Arc::new))
+        .map(|files| crate::tls::Tls::load(files).map(Arc::new))
         .transpose()
         .map_err(|e| StartError::Credentials(e.into()))?;
     let tokens = config
@@ -203,7 +202,7 @@ const FILE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// stays in use; connections already open keep the certificate they were made with. SIGHUP is listened for
 /// before this returns, so a SIGHUP that follows cannot end the process.
 fn reload_on_hangup(
-    tls: Option<Arc<tls::Tls>>,
+    tls: Option<Arc<crate::tls::Tls>>,
     tokens: Option<Arc<InferenceTokens>>,
     metrics: Metrics,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {

@@ -3,7 +3,11 @@
 //! and verified against `--tls-client-ca` when it is given. [`Tls::reload`] rereads the files (on SIGHUP, or a change) and swaps
 //! the configurations in for the handshakes that follow; connections already open keep theirs, and a reload that
 //! fails keeps the previous configuration. The handshake itself runs in the connection's task
-//! (`connections.rs`), under its timeout and within the connection cap.
+//! (`server/connections.rs`), under its timeout and within the connection cap.
+//!
+//! Below both `server` (which serves with it) and `check` (`check-config` loads the files exactly as `serve` does).
+//! The PEM readers and the crypto provider are public for `recload`, the load generator, whose TLS client reads
+//! its CA, certificate and key with the same checks and messages.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -15,20 +19,19 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
-use super::connections::Listener;
 use crate::config::TlsFiles;
 
-/// Why the TLS files cannot be used: the flag, its file and the problem.
+/// Why a TLS file cannot be used: the flag, its file and the problem.
 #[derive(Debug, thiserror::Error)]
 #[error("{flag} {}: {problem}", .file.display())]
-pub(crate) struct TlsError {
+pub struct TlsError {
     flag: &'static str,
     file: PathBuf,
     problem: String,
 }
 
 impl TlsError {
-    fn new(flag: &'static str, file: &Path, problem: impl Into<String>) -> TlsError {
+    pub fn new(flag: &'static str, file: &Path, problem: impl Into<String>) -> TlsError {
         TlsError {
             flag,
             file: file.to_path_buf(),
@@ -86,13 +89,21 @@ impl Tls {
         paths
     }
 
-    /// The acceptor for the next handshake on `listener`.
-    pub(crate) fn acceptor(&self, listener: Listener) -> TlsAcceptor {
-        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
-        match listener {
-            Listener::Http => current.http.clone(),
-            Listener::Grpc => current.grpc.clone(),
-        }
+    /// The acceptor for the next handshake on the HTTP listener.
+    pub(crate) fn http_acceptor(&self) -> TlsAcceptor {
+        self.current().http
+    }
+
+    /// The acceptor for the next handshake on the gRPC listener.
+    pub(crate) fn grpc_acceptor(&self) -> TlsAcceptor {
+        self.current().grpc
+    }
+
+    fn current(&self) -> Acceptors {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -102,14 +113,14 @@ impl Tls {
     reason = "rustls 0.23.48 deprecates ring's provider for lacking post-quantum key exchange; aws-lc-rs, which has \
               it, is a long C build (cmake, NASM) on these machines: ring builds with the C compiler alone"
 )]
-fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn acceptors(files: &TlsFiles) -> Result<Acceptors, TlsError> {
     let provider = provider();
     let certs = read_certs("--tls-cert", &files.cert)?;
-    let key = read_key(&files.key)?;
+    let key = read_key("--tls-key", &files.key)?;
     let client_ca = files
         .client_ca
         .as_deref()
@@ -139,8 +150,11 @@ fn acceptors(files: &TlsFiles) -> Result<Acceptors, TlsError> {
     })
 }
 
-/// Every certificate of a PEM file, at least one.
-fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+/// Every certificate of a PEM file, at least one; an error names `flag` and the file.
+pub fn read_certs(
+    flag: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem =
         std::fs::read(path).map_err(|e| TlsError::new(flag, path, format!("cannot read: {e}")))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
@@ -156,8 +170,8 @@ fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let flag = "--tls-key";
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1); an error names `flag` and the file.
+pub fn read_key(flag: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem =
         std::fs::read(path).map_err(|e| TlsError::new(flag, path, format!("cannot read: {e}")))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
