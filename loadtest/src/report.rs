@@ -72,9 +72,23 @@ pub struct RunReport {
     pub settle_s: f64,
     #[serde(default = "settled_default")]
     pub settled: bool,
+    /// How long opening connections took (TCP, and the TLS handshake of an `https://` target); `null` in reports
+    /// older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<ConnectionReport>,
     /// Every answer checked against saved scores (`--check-scores`), warm-up included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score_check: Option<crate::check::AnswerCounts>,
+}
+
+/// Connection set-up of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionReport {
+    /// The connections opened before the clock started: their set-up is in no request's latency.
+    pub before_run: Option<LatencySummary>,
+    /// Connections opened again during the run (warm-up included), because the server had closed one or a request
+    /// timed out on it: each one's set-up is in the latency of the request that needed it.
+    pub during_run: Option<LatencySummary>,
 }
 
 fn settled_default() -> bool {
@@ -119,6 +133,10 @@ impl RunReport {
             cpu_s: stats.cpu.map(|c| c.as_secs_f64()),
             settle_s: stats.settle_wait.as_secs_f64(),
             settled: stats.settled,
+            connections: Some(ConnectionReport {
+                before_run: stats.setup.before.summary(),
+                during_run: stats.setup.during.summary(),
+            }),
             score_check: None,
         }
     }
@@ -249,6 +267,32 @@ impl fmt::Display for RunReport {
                 100.0 * share,
                 self.wall_s
             )?;
+        }
+        if let Some(c) = &self.connections {
+            let tls = if self.target.url.starts_with("https://") {
+                " with the TLS handshake"
+            } else {
+                ""
+            };
+            if let Some(b) = &c.before_run {
+                write!(
+                    f,
+                    "  connect     {} opened before the clock{tls}: p50 {} · max {}",
+                    b.count,
+                    Ms(b.p50_ms),
+                    Ms(b.max_ms)
+                )?;
+            }
+            match &c.during_run {
+                None => writeln!(f, " · none reopened during the run")?,
+                Some(d) => writeln!(
+                    f,
+                    " · {} reopened during the run (in those requests' latency): p50 {} · max {}",
+                    d.count,
+                    Ms(d.p50_ms),
+                    Ms(d.max_ms)
+                )?,
+            }
         }
         if let (Mode::Open { .. }, Some(d)) = (self.mode, &self.send_delay_ms) {
             writeln!(

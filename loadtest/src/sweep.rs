@@ -507,6 +507,7 @@ mod tests {
             peak_in_flight: 1,
             wall_s: 1.0,
             cpu_s: Some(0.1),
+            connections: None,
             settle_s: 0.0,
             settled: true,
             score_check: None,

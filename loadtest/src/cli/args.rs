@@ -11,15 +11,33 @@ use serde_json::{Map, Value};
 
 use super::CliError;
 use crate::arrivals::Arrivals;
-use crate::target::{Envelope, TensorLayout};
+use crate::target::tls::read_token;
+use crate::target::{Access, Envelope, TensorLayout, TlsClient, TlsFiles};
 use crate::workload::{BodyForm, IdDistribution, RecallInput};
 
 /// Where requests go.
 #[derive(Clone, Debug, Args)]
 pub struct TargetArgs {
-    /// Server URL: http://host:port, optionally with a path prefix.
+    /// Server URL: http://host:port, optionally with a path prefix; https:// speaks TLS (needs --tls-ca).
     #[arg(long, env = "RECLOAD_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
+    /// PEM file of the CA certificate(s) that signed the server's certificate, for an https:// --url. The
+    /// handshake is made when a connection opens, before the clock starts: it counts in a request's latency only
+    /// when a connection has to be opened again during the run (the report says how often).
+    #[arg(long, env = "RECLOAD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM file of recload's client certificate, for a server that asks for one (`--tls-client-ca`); with
+    /// --tls-key.
+    #[arg(long, env = "RECLOAD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --tls-cert.
+    #[arg(long, env = "RECLOAD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// File whose first token (one per line; blank lines and `#` comments skipped, as the server's
+    /// --inference-tokens-file) is sent as `Authorization: Bearer <token>` with every request (gRPC: the
+    /// `authorization` metadata). A file, so the token shows neither in the process list nor in reports.
+    #[arg(long, env = "RECLOAD_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// How the JSON body travels: as is, as one BYTES tensor of a KServe v2 request (Triton Python-backend
     /// models that parse recserve's /v1 JSON), or rewritten into KServe v2 tensors (rank workload, needs
     /// --repository for the tensors' column order): the DeepFM model's own row tensors as binary data
@@ -344,6 +362,32 @@ pub struct CeilingArgs {
 }
 
 impl TargetArgs {
+    /// The TLS client and token the flags name, their files read.
+    pub(super) fn access(&self) -> Result<Access, CliError> {
+        let tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), cert, key) => Some(
+                TlsClient::load(&TlsFiles {
+                    ca: ca.clone(),
+                    identity: cert.clone().zip(key.clone()),
+                })
+                .map_err(|e| CliError::Usage(e.to_string()))?,
+            ),
+            (None, None, None) => None,
+            (None, _, _) => {
+                return Err(CliError::Usage(
+                    "--tls-cert and --tls-key need --tls-ca: a client certificate is sent only over TLS".to_owned(),
+                ));
+            }
+        };
+        let token = self
+            .token_file
+            .as_deref()
+            .map(read_token)
+            .transpose()
+            .map_err(CliError::Usage)?;
+        Ok(Access { tls, token })
+    }
+
     /// How bodies travel over HTTP, for the commands that send HTTP only (check, bodies).
     pub(super) fn envelope(&self, workload: &WorkloadArgs) -> Result<Envelope, CliError> {
         match self.transport(workload)? {

@@ -11,7 +11,8 @@ use crate::workload::{RankBody, Workload};
 
 pub(super) async fn check_command(args: &CheckArgs) -> Result<(), CliError> {
     let envelope = args.target.envelope(&args.workload)?;
-    let target = HttpTarget::new(&args.target.url, envelope).await?;
+    let target =
+        HttpTarget::with_access(&args.target.url, envelope, &args.target.access()?).await?;
     let expected = match &args.expect {
         Some(path) => Some(ScoresFile::parse(
             &std::fs::read_to_string(path).map_err(io_error(path))?,

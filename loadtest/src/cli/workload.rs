@@ -134,7 +134,8 @@ pub(super) async fn prepare(
             AnyPrepared::Http(prepare_http(target, envelope, workload).await?)
         }
         Transport::Grpc { model, layout } => {
-            let grpc = GrpcTarget::new(&target.url, model, layout).await?;
+            let grpc =
+                GrpcTarget::with_access(&target.url, model, layout, &target.access()?).await?;
             let (w, ids) = workload_from(workload, None).await?;
             AnyPrepared::Grpc(pooled(grpc, &w, ids, workload))
         }
@@ -147,7 +148,7 @@ pub(super) async fn prepare_http(
     envelope: crate::target::Envelope,
     workload: &WorkloadArgs,
 ) -> Result<Prepared<HttpTarget>, CliError> {
-    let http = HttpTarget::new(&target.url, envelope).await?;
+    let http = HttpTarget::with_access(&target.url, envelope, &target.access()?).await?;
     let (w, ids) = build_workload(workload, &http).await?;
     Ok(pooled(http, &w, ids, workload))
 }

@@ -6,16 +6,23 @@
 //! with the gRPC status OK and one FP32 score per candidate in its first raw output.
 
 use std::error::Error as _;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use hyper::Uri;
+use hyper_util::rt::TokioIo;
 use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use recserve::api::kserve::grpc::proto::model_infer_request::InferInputTensor;
 use recserve::api::kserve::grpc::proto::{ModelInferRequest, ModelInferResponse};
+use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
-use super::http::{TargetError, resolve};
+use super::http::{TargetError, resolve, secure};
 use super::tensors::{TensorLayout, row_tensors};
+use super::tls::{self, Access, Handshake};
 use super::{Failure, Target, TargetInfo};
 use crate::workload::Request;
 
@@ -27,6 +34,10 @@ pub struct GrpcTarget {
     endpoint: Endpoint,
     model: String,
     layout: TensorLayout,
+    /// `https://`: the TLS handshake (ALPN `h2`) made under the channel's HTTP/2.
+    tls: Option<Handshake>,
+    /// `Bearer <token>`, the `authorization` metadata of every call.
+    authorization: Option<AsciiMetadataValue>,
 }
 
 /// A `ModelInfer` request ready to send, with the number of scores its answer must hold.
@@ -49,7 +60,28 @@ impl GrpcTarget {
         model: String,
         layout: TensorLayout,
     ) -> Result<GrpcTarget, TargetError> {
+        GrpcTarget::with_access(url, model, layout, &Access::default()).await
+    }
+
+    /// [`GrpcTarget::new`] for `http://` or `https://` URLs, with `access`'s TLS client (which an `https://` URL
+    /// needs) and token.
+    pub async fn with_access(
+        url: &str,
+        model: String,
+        layout: TensorLayout,
+        access: &Access,
+    ) -> Result<GrpcTarget, TargetError> {
         let (uri, addr) = resolve(url).await?;
+        let tls = secure(url, &uri, access, b"h2")?;
+        let authorization = access
+            .authorization()
+            .map_err(TargetError::Access)?
+            .map(|value| {
+                AsciiMetadataValue::try_from(value.as_bytes()).map_err(|_| {
+                    TargetError::Access("the token cannot be gRPC metadata".to_owned())
+                })
+            })
+            .transpose()?;
         let bad = |problem: &str| TargetError::Url {
             url: url.to_owned(),
             problem: problem.to_owned(),
@@ -59,6 +91,7 @@ impl GrpcTarget {
                 "a gRPC target takes no path: give the server's gRPC address, http://host:port",
             ));
         }
+        // The scheme stays http:// over TLS: the handshake is the connector's (`Tls`), below the channel.
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| bad(&format!("not a gRPC endpoint ({e})")))?
             .tcp_nodelay(true);
@@ -68,6 +101,34 @@ impl GrpcTarget {
             endpoint,
             model,
             layout,
+            tls,
+            authorization,
+        })
+    }
+}
+
+/// Opens a channel's connection over TLS: TCP, then the handshake.
+#[derive(Clone, Debug)]
+struct Tls {
+    addr: SocketAddr,
+    handshake: Handshake,
+}
+
+impl tonic::codegen::Service<Uri> for Tls {
+    type Response = TokioIo<tls::Stream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            tls::open(this.addr, Some(&this.handshake))
+                .await
+                .map(TokioIo::new)
         })
     }
 }
@@ -174,14 +235,21 @@ impl Target for GrpcTarget {
     }
 
     async fn connect(&self) -> Result<GrpcConn, Failure> {
-        let channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| Failure::Connect {
-                addr: self.addr.to_string(),
-                reason: with_sources(&e),
-            })?;
+        let channel = match &self.tls {
+            None => self.endpoint.connect().await,
+            Some(handshake) => {
+                self.endpoint
+                    .connect_with_connector(Tls {
+                        addr: self.addr,
+                        handshake: handshake.clone(),
+                    })
+                    .await
+            }
+        };
+        let channel = channel.map_err(|e| Failure::Connect {
+            addr: self.addr.to_string(),
+            reason: with_sources(&e),
+        })?;
         Ok(GrpcConn {
             client: GrpcInferenceServiceClient::new(channel),
         })
@@ -193,9 +261,14 @@ impl Target for GrpcTarget {
     }
 
     async fn send(&self, conn: &mut GrpcConn, request: &GrpcRequest) -> Result<Bytes, Failure> {
+        let mut call = tonic::Request::new(request.message.clone());
+        if let Some(authorization) = &self.authorization {
+            call.metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         let response = conn
             .client
-            .model_infer(request.message.clone())
+            .model_infer(call)
             .await
             .map_err(failure_of)?
             .into_inner();
@@ -346,7 +419,11 @@ mod tests {
                 .starts_with("--url \"http://127.0.0.1:9/v2\": a gRPC target takes no path"),
             "{err}"
         );
-        let err = target("https://127.0.0.1:9").await.expect_err("TLS");
+        let err = target("https://127.0.0.1:9")
+            .await
+            .expect_err("TLS without a CA");
+        assert!(err.to_string().contains("https:// needs --tls-ca"), "{err}");
+        let err = target("ftp://127.0.0.1:9").await.expect_err("not HTTP");
         assert!(err.to_string().contains("not supported"), "{err}");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");

@@ -13,14 +13,14 @@ use std::net::SocketAddr;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{SendRequest, handshake};
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Uri};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::net::TcpStream;
 
 use super::tensors::{Tensor, TensorLayout, grouped_batched_tensors, row_tensors};
+use super::tls::{self, Access, Handshake};
 use super::{Failure, Target, TargetInfo};
 use crate::workload::Request;
 
@@ -45,6 +45,9 @@ pub enum Envelope {
 pub enum TargetError {
     #[error("--url {url:?}: {problem}")]
     Url { url: String, problem: String },
+    /// A TLS file or the token file that cannot be used.
+    #[error("{0}")]
+    Access(String),
     #[error("--url {url:?}: cannot resolve {host}: {reason}")]
     Resolve {
         url: String,
@@ -62,6 +65,10 @@ pub struct HttpTarget {
     /// Path of the URL without its trailing '/', prepended to every request path.
     prefix: String,
     envelope: Envelope,
+    /// `https://`: the connector (ALPN `http/1.1`) and the name the server's certificate must carry.
+    tls: Option<Handshake>,
+    /// `Bearer <token>`, sent with every request.
+    authorization: Option<HeaderValue>,
 }
 
 /// A request ready to send.
@@ -102,7 +109,19 @@ const QUOTED_BYTES: usize = 300;
 impl HttpTarget {
     /// Parses `url` (`http://host:port[/prefix]`) and resolves its host once.
     pub async fn new(url: &str, envelope: Envelope) -> Result<HttpTarget, TargetError> {
+        HttpTarget::with_access(url, envelope, &Access::default()).await
+    }
+
+    /// [`HttpTarget::new`] for `http://` or `https://` URLs, with `access`'s TLS client (which an `https://` URL
+    /// needs) and token.
+    pub async fn with_access(
+        url: &str,
+        envelope: Envelope,
+        access: &Access,
+    ) -> Result<HttpTarget, TargetError> {
         let (uri, addr) = resolve(url).await?;
+        let tls = secure(url, &uri, access, b"http/1.1")?;
+        let authorization = access.authorization().map_err(TargetError::Access)?;
         let invalid_host = || TargetError::Url {
             url: url.to_owned(),
             problem: "invalid host".to_owned(),
@@ -116,6 +135,8 @@ impl HttpTarget {
             host,
             prefix: uri.path().trim_end_matches('/').to_owned(),
             envelope,
+            tls,
+            authorization,
         })
     }
 
@@ -126,7 +147,8 @@ impl HttpTarget {
     /// The full URL `request` goes to.
     pub fn url_of(&self, request: &HttpRequest) -> String {
         format!(
-            "http://{}{}",
+            "{}://{}{}",
+            if self.tls.is_some() { "https" } else { "http" },
             self.host.to_str().unwrap_or_default(),
             request.path
         )
@@ -135,10 +157,14 @@ impl HttpTarget {
     /// `GET <url><path>` on a connection of its own: the status and the body.
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), Failure> {
         let mut conn = self.connect().await?;
-        let request = hyper::Request::builder()
+        let mut builder = hyper::Request::builder()
             .method(Method::GET)
             .uri(format!("{}{path}", self.prefix))
-            .header(HOST, self.host.clone())
+            .header(HOST, self.host.clone());
+        if let Some(authorization) = &self.authorization {
+            builder = builder.header(AUTHORIZATION, authorization.clone());
+        }
+        let request = builder
             .body(Full::new(Bytes::new()))
             .map_err(|e| Failure::Connection(format!("cannot build GET {path}: {e}")))?;
         let (status, body) = exchange(&mut conn, request).await?;
@@ -146,22 +172,57 @@ impl HttpTarget {
     }
 }
 
-/// Parses `url` (`http://host:port[/path]`, no query) and resolves its host once: the URI and the address.
+/// The TLS connector (offering `alpn`) and server name an `https://` `uri` needs, `None` for `http://`; `access`
+/// must have a TLS client exactly when the URL is `https://`.
+pub(super) fn secure(
+    url: &str,
+    uri: &Uri,
+    access: &Access,
+    alpn: &[u8],
+) -> Result<Option<Handshake>, TargetError> {
+    let bad = |problem: String| TargetError::Url {
+        url: url.to_owned(),
+        problem,
+    };
+    match (uri.scheme_str() == Some("https"), &access.tls) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(bad(
+            "--tls-ca is given, but the URL is http://: use https:// to speak TLS".to_owned(),
+        )),
+        (true, None) => Err(bad(
+            "https:// needs --tls-ca FILE, the CA certificate (PEM) that signed the server's certificate"
+                .to_owned(),
+        )),
+        (true, Some(client)) => {
+            // `resolve` refused a URL without a host.
+            let host = uri
+                .host()
+                .unwrap_or_default()
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            client.handshake(host, alpn).map(Some).map_err(bad)
+        }
+    }
+}
+
+/// Parses `url` (`http://` or `https://host:port[/path]`, no query) and resolves its host once: the URI and the
+/// address.
 pub(super) async fn resolve(url: &str) -> Result<(Uri, SocketAddr), TargetError> {
     let bad = |problem: &str| TargetError::Url {
         url: url.to_owned(),
         problem: problem.to_owned(),
     };
     let uri: Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
-    match uri.scheme_str() {
-        Some("http") => {}
+    let default_port = match uri.scheme_str() {
+        Some("http") => 80,
+        Some("https") => 443,
         Some(other) => {
             return Err(bad(&format!(
-                "scheme {other:?} is not supported; use http://"
+                "scheme {other:?} is not supported; use http:// or https://"
             )));
         }
-        None => return Err(bad("needs a scheme: http://host:port")),
-    }
+        None => return Err(bad("needs a scheme: http://host:port or https://host:port")),
+    };
     if uri.query().is_some() {
         return Err(bad("must not have a query string"));
     }
@@ -170,7 +231,7 @@ pub(super) async fn resolve(url: &str) -> Result<(Uri, SocketAddr), TargetError>
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority.port_u16().unwrap_or(default_port);
     let addr = tokio::net::lookup_host((host, port))
         .await
         .map_err(|e| TargetError::Resolve {
@@ -349,12 +410,13 @@ impl Target for HttpTarget {
     }
 
     async fn connect(&self) -> Result<HttpConn, Failure> {
-        let connect_error = |e: std::io::Error| Failure::Connect {
-            addr: self.addr.to_string(),
-            reason: e.to_string(),
-        };
-        let stream = TcpStream::connect(self.addr).await.map_err(connect_error)?;
-        stream.set_nodelay(true).map_err(connect_error)?;
+        let stream =
+            tls::open(self.addr, self.tls.as_ref())
+                .await
+                .map_err(|e| Failure::Connect {
+                    addr: self.addr.to_string(),
+                    reason: e.to_string(),
+                })?;
         let (sender, connection) =
             handshake(TokioIo::new(stream))
                 .await
@@ -379,6 +441,9 @@ impl Target for HttpTarget {
             .uri(request.path.clone())
             .header(HOST, self.host.clone())
             .header(CONTENT_TYPE, request.content_type.clone());
+        if let Some(authorization) = &self.authorization {
+            builder = builder.header(AUTHORIZATION, authorization.clone());
+        }
         if let Some(length) = &request.header_length {
             builder = builder.header("inference-header-content-length", length.clone());
         }
@@ -651,7 +716,8 @@ mod tests {
     #[tokio::test]
     async fn urls_are_checked_before_anything_is_sent() {
         for (url, problem) in [
-            ("https://localhost:1", "not supported"),
+            ("ftp://localhost:1", "not supported"),
+            ("https://localhost:1", "needs --tls-ca"),
             ("localhost:8000", "scheme"),
             ("http://localhost:1/?a=b", "query"),
             ("not a url", "not a URL"),

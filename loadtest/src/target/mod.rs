@@ -6,6 +6,7 @@
 pub mod grpc;
 pub mod http;
 pub mod tensors;
+pub mod tls;
 
 use std::future::Future;
 
@@ -18,6 +19,7 @@ use crate::workload::Request;
 pub use grpc::GrpcTarget;
 pub use http::{Envelope, HttpTarget};
 pub use tensors::TensorLayout;
+pub use tls::{Access, TlsClient, TlsFiles};
 
 /// Why one request failed.
 #[derive(Debug, Clone, thiserror::Error)]
