@@ -8,16 +8,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
+use common::otlp::Collector;
 use common::{TestServer, config, fixture_dir, fixture_repo};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use recserve::api::kserve::grpc::proto::ServerLiveRequest;
 use recserve::api::kserve::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -25,55 +18,6 @@ use serde_json::Value;
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
-
-/// The spans received, with their resource's service name.
-#[derive(Clone, Debug, Default)]
-struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.0.lock().expect("lock");
-        for resource in request.into_inner().resource_spans {
-            let service = resource
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref()?.value.clone())
-                .map(|v| match v {
-                    Any::StringValue(s) => s,
-                    other => format!("{other:?}"),
-                })
-                .unwrap_or_default();
-            for scope in resource.scope_spans {
-                spans.extend(scope.spans.into_iter().map(|s| (service.clone(), s)));
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-impl Collector {
-    /// Starts the receiver on port 0: its `http://` URL.
-    async fn start(&self) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind port 0");
-        let addr = listener.local_addr().expect("addr");
-        let router =
-            tonic::service::Routes::new(TraceServiceServer::new(self.clone())).into_axum_router();
-        tokio::spawn(async move { axum::serve(listener, router).await });
-        format!("http://{addr}")
-    }
-
-    fn spans(&self) -> Vec<(String, Span)> {
-        self.0.lock().expect("lock").clone()
-    }
-}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -5,6 +5,7 @@
     reason = "each test binary uses a different part of this module"
 )]
 
+pub mod otlp;
 pub mod raw;
 pub mod redis;
 pub mod tls;
