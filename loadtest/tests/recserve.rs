@@ -6,8 +6,9 @@
 //! No assertion depends on how fast anything ran.
 
 mod common;
+#[path = "common/server.rs"]
+mod server;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,21 +21,7 @@ use recload::report::RunReport;
 use recload::target::{Envelope, HttpTarget, Target, TensorLayout};
 use recload::workload::IdDistribution;
 use recserve::config::ServeArgs;
-use recserve::server::Listeners;
-use tokio::sync::oneshot;
-
-fn ort_library() -> PathBuf {
-    std::env::var_os("ORT_DYLIB_PATH")
-        .map(PathBuf::from)
-        .expect("ORT_DYLIB_PATH must point at libonnxruntime.so: run scripts/test.sh, or source scripts/env.sh")
-}
-
-struct Server {
-    addr: SocketAddr,
-    grpc_addr: SocketAddr,
-    stop: oneshot::Sender<()>,
-    handle: tokio::task::JoinHandle<Result<(), recserve::service::StartError>>,
-}
+use server::{Server, ort_library};
 
 async fn start_recserve() -> Server {
     start_recserve_with(serve_config(|_| {})).await
@@ -55,50 +42,18 @@ async fn start_recserve_with(mut config: recserve::config::Config) -> Server {
     // (a minute) and the queue are long enough, so that no assertion depends on how fast anything ran.
     config.batch.default_deadline_ms = Some(60_000);
     config.batch.queue_capacity = 1 << 16;
-    let bind = || async {
-        tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind port 0")
-    };
-    let listeners = Listeners {
-        http: bind().await,
-        grpc: bind().await,
-    };
-    let addr = listeners.http.local_addr().expect("address");
-    let grpc_addr = listeners.grpc.local_addr().expect("address");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(recserve::server::run(config, listeners, async {
-        let _ = stopped.await;
-    }));
-    let probe = HttpTarget::new(&format!("http://{addr}"), Envelope::None)
+    let server = Server::start(config).await;
+    let probe = HttpTarget::new(&format!("http://{}", server.addr), Envelope::None)
         .await
         .expect("URL");
     for _ in 0..600 {
-        assert!(
-            !handle.is_finished(),
-            "recserve stopped before it was ready"
-        );
+        assert!(server.is_running(), "recserve stopped before it was ready");
         if let Ok((200, _)) = probe.get("/health/ready").await {
-            return Server {
-                addr,
-                grpc_addr,
-                stop,
-                handle,
-            };
+            return server;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("recserve not ready after 60 s");
-}
-
-impl Server {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.handle
-            .await
-            .expect("server task")
-            .expect("clean shutdown");
-    }
 }
 
 async fn run(args: &[&str]) -> RunReport {

@@ -6,6 +6,8 @@
 //! the CA, the run does not start and says why. No assertion depends on how fast anything ran.
 
 mod common;
+#[path = "common/server.rs"]
+mod server;
 #[path = "../../tests/common/tls.rs"]
 #[allow(
     dead_code,
@@ -13,21 +15,13 @@ mod common;
 )]
 mod server_tls;
 
-use std::path::PathBuf;
-
 use clap::Parser;
 use common::fixture_repo;
 use recload::cli::{Cli, CliError, Command, run_report};
 use recload::report::RunReport;
 use recserve::config::ServeArgs;
-use recserve::server::Listeners;
+use server::{Server, ort_library};
 use server_tls::{Ca, H1, ServerFiles, connector, wait_ready};
-
-fn ort_library() -> PathBuf {
-    std::env::var_os("ORT_DYLIB_PATH")
-        .map(PathBuf::from)
-        .expect("ORT_DYLIB_PATH must point at libonnxruntime.so: run scripts/test.sh, or source scripts/env.sh")
-}
 
 async fn run(args: &[String]) -> Result<RunReport, CliError> {
     let cli = Cli::try_parse_from(
@@ -70,27 +64,14 @@ async fn runs_over_mutual_tls_with_a_token_on_http_and_grpc_and_refusals_are_rep
     let mut config = args.resolve().expect("valid configuration");
     // However slow the machine, every request waits for its answer.
     config.batch.default_deadline_ms = Some(60_000);
-    let bind = || async {
-        tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind port 0")
-    };
-    let listeners = Listeners {
-        http: bind().await,
-        grpc: bind().await,
-    };
-    let http_port = listeners.http.local_addr().expect("address").port();
-    let grpc_port = listeners.grpc.local_addr().expect("address").port();
-    let http_addr = listeners.http.local_addr().expect("address");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(recserve::server::run(config, listeners, async {
-        let _ = stopped.await;
-    }));
+    let server = Server::start(config).await;
+    let (http_port, grpc_port) = (server.addr.port(), server.grpc_addr.port());
     let client = (
         std::fs::read_to_string(&client_cert).expect("read"),
         std::fs::read_to_string(&client_key).expect("read"),
     );
-    wait_ready(http_addr, &connector(&ca.pem(), Some(&client), H1)).await;
+    wait_ready(server.addr, &connector(&ca.pem(), Some(&client), H1)).await;
+    assert!(server.is_running(), "recserve stopped");
 
     let repo = fixture_repo();
     let flags = |url: String, grpc: bool, credentials: &[&str]| -> Vec<String> {
@@ -263,6 +244,5 @@ async fn runs_over_mutual_tls_with_a_token_on_http_and_grpc_and_refusals_are_rep
         assert!(err.contains(&message), "{message}\n{err}");
     }
 
-    let _ = stop.send(());
-    server.await.expect("server task").expect("clean shutdown");
+    server.stop().await;
 }
