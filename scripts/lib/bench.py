@@ -6,8 +6,10 @@ read, and a generated section of a document (docs/benchmarks.md) replaced betwee
 Python scripts import it (`sys.path` gets scripts/lib); the shell scripts reach it through
 scripts/lib/server-process.sh, which calls this command line:
 
-    bench.py wait-ready URL PID LOG [--timeout S]   poll URL until it answers 2xx; fail if PID exits first
-    bench.py scrape URL OUT                          URL's body (a /metrics text) into OUT
+    bench.py wait-ready URL PID LOG [--timeout S] [--cafile CA]
+                                                     poll URL until it answers 2xx (https://: trusting the CA
+                                                     certificate in CA); fail if PID exits first
+    bench.py scrape URL OUT [--cafile CA]            URL's body (a /metrics text) into OUT
     bench.py rss PID [--mib]                         PID's resident memory now, KiB (or MiB)
     bench.py sample-rss PID OUT [--every S]          PID's resident memory (KiB) appended to OUT every S seconds
                                                      until PID exits or this is killed; the first sample at once
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -53,10 +56,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-def answers(url: str, timeout: float = 1.0) -> bool:
-    """Whether a GET of `url` answers 2xx."""
+def answers(url: str, timeout: float = 1.0, cafile: str | None = None) -> bool:
+    """Whether a GET of `url` answers 2xx (an https:// URL: trusting the CA certificate(s) in `cafile`)."""
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
             return 200 <= answer.status < 300
     except (OSError, ValueError):
         return False
@@ -69,14 +73,16 @@ def tail(log: str | Path, lines: int = 20) -> str:
         return ""
 
 
-def wait_ready(url: str, pid: int, log: str | Path, timeout: float = 120.0, every: float = 0.2) -> float:
-    """Polls `url` until it answers 2xx; the seconds that took. Raises RuntimeError, with the end of `log`, when
-    `pid` exits first or `timeout` seconds pass."""
+def wait_ready(
+    url: str, pid: int, log: str | Path, timeout: float = 120.0, every: float = 0.2, cafile: str | None = None
+) -> float:
+    """Polls `url` until it answers 2xx (an https:// URL: trusting `cafile`); the seconds that took. Raises
+    RuntimeError, with the end of `log`, when `pid` exits first or `timeout` seconds pass."""
     start = time.monotonic()
     while True:
         if not alive(pid):
             raise RuntimeError(f"{tail(log)}\nthe server exited before it was ready; log: {log}")
-        if answers(url):
+        if answers(url, cafile=cafile):
             return time.monotonic() - start
         if time.monotonic() - start > timeout:
             raise RuntimeError(f"{tail(log)}\nnot ready after {timeout:.0f} s: {url}; log: {log}")
@@ -138,9 +144,10 @@ def sample_rss(pid: int, sink: Callable[[int], None], every: float = 1.0, stop: 
 # --- /metrics -------------------------------------------------------------------------------------------------------
 
 
-def scrape(url: str, timeout: float = 30.0) -> str:
-    """The body of `url` (a server's /metrics)."""
-    with urllib.request.urlopen(url, timeout=timeout) as answer:
+def scrape(url: str, timeout: float = 30.0, cafile: str | None = None) -> str:
+    """The body of `url` (a server's /metrics; an https:// URL: trusting the CA certificate(s) in `cafile`)."""
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
         return answer.read().decode("utf-8")
 
 
@@ -260,9 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("pid", type=int)
     w.add_argument("log")
     w.add_argument("--timeout", type=float, default=120.0)
+    w.add_argument("--cafile", help="the CA certificate (PEM) an https:// URL's server certificate chains to")
     s = sub.add_parser("scrape")
     s.add_argument("url")
     s.add_argument("out")
+    s.add_argument("--cafile", help="the CA certificate (PEM) an https:// URL's server certificate chains to")
     r = sub.add_parser("rss")
     r.add_argument("pid", type=int)
     r.add_argument("--mib", action="store_true")
@@ -276,9 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         if a.command == "wait-ready":
-            wait_ready(a.url, a.pid, a.log, a.timeout)
+            wait_ready(a.url, a.pid, a.log, a.timeout, cafile=a.cafile)
         elif a.command == "scrape":
-            Path(a.out).write_text(scrape(a.url), encoding="utf-8")
+            Path(a.out).write_text(scrape(a.url, cafile=a.cafile), encoding="utf-8")
         elif a.command == "rss":
             kib = rss_kib(a.pid)
             print(kib // 1024 if a.mib else kib)

@@ -57,9 +57,11 @@ stop_server() {
 }
 trap stop_server EXIT
 
-# Polls URL until it answers 2xx (120 s at most); fails, with the end of LOG, if $server_pid exits first.
+# Polls URL until it answers 2xx (120 s at most); fails, with the end of LOG, if $server_pid exits first. An
+# https:// URL is trusted through the CA certificate in $ready_cafile.
+ready_cafile=""
 wait_ready() { # URL LOG
-  python "$_bench_py" wait-ready "$1" "$server_pid" "$2"
+  python "$_bench_py" wait-ready "$1" "$server_pid" "$2" ${ready_cafile:+--cafile "$ready_cafile"}
 }
 
 # Starts COMMAND in the background on the server's CPUs, its output in LOG, sets server_pid (the server's own: the
