@@ -64,9 +64,10 @@ else
   echo "SKIPPED: no CUDA device: ${ignored} GPU device tests not run here (scripts/gpu-check.sh runs them on a GPU machine)"
 fi
 # The model toolchain's tests, the peer benchmark's scoring (loadtest/peers/rankcore.py) against the fixture, and
-# its reporter and steal reader (scripts/test_bench_peers_tail.py), and the benchmarks' shared library.
+# its reporter and steal reader (scripts/test_bench_peers_tail.py), the benchmarks' shared library, and the IVF
+# benchmark's catalogues and peer reporting (scripts/test_ivf_bench.py).
 python -m pytest -q models/tests loadtest/peers scripts/test_bench_peers_tail.py scripts/test_bench_tail.py \
-  scripts/test_bench_lib.py scripts/test_bench_features.py
+  scripts/test_bench_lib.py scripts/test_bench_features.py scripts/test_ivf_bench.py
 # The shell commands of README.md and docs/*.md, run against servers on the demo and the fixture or checked against
 # the --help of the debug binaries `cargo test` just built (target/debug/recserve, target/debug/recload).
 python -m pytest -q scripts/test_docs_commands.py
