@@ -362,6 +362,37 @@ async fn a_request_may_ask_for_exact_or_its_own_nprobe_on_every_route() {
         .await;
     assert_eq!((s1, s2), (200, 200), "{exact} {all_lists}");
     assert_eq!(exact["outputs"], all_lists["outputs"]);
+    // Many users of one request are searched through the index together (2 of 8 lists, shared scans): each user's
+    // rows are what that user gets alone.
+    let users = [3, 5, 0, 7, 3, 11, 2, 9, 40, 1];
+    let ask = |ids: &[i64]| {
+        serde_json::json!({
+            "inputs": [{"name": "user_id", "datatype": "INT64", "shape": [ids.len()], "data": ids}],
+            "parameters": {"k": 7},
+        })
+    };
+    let (status, together) = server.post("/v2/models/lightgcn/infer", &ask(&users)).await;
+    assert_eq!(status, 200, "{together}");
+    for (i, &user) in users.iter().enumerate() {
+        let (status, alone) = server
+            .post("/v2/models/lightgcn/infer", &ask(&[user]))
+            .await;
+        assert_eq!(status, 200, "{alone}");
+        for (t, a) in together["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .zip(alone["outputs"].as_array().expect("outputs"))
+        {
+            let rows = t["data"].as_array().expect("data");
+            assert_eq!(
+                rows[i * 7..(i + 1) * 7],
+                a["data"].as_array().expect("data")[..],
+                "user {user}, output {}",
+                t["name"]
+            );
+        }
+    }
     let (_, metrics) = server.get("/metrics").await;
     assert!(
         sample(

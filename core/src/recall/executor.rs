@@ -1,6 +1,6 @@
 //! The executor: what one executor thread of a recall model does with a batch. It embeds each query (a user's
 //! row, or the `1 / sqrt(|H|)`-scaled sum of a history's rows), scores every exact query together in one pass over
-//! the catalogue and every index query through the IVF index, and answers each job in query order. A query whose
+//! the catalogue and the index queries together through the IVF index, and answers each job in query order. A query whose
 //! vector cannot be made fails its own job and no other; a failed search fails every job that reached it.
 
 use std::sync::Arc;
@@ -191,8 +191,9 @@ impl RecallExecutor {
     }
 }
 
-/// Searches every query as it asks (exact ones in one pass over the catalogue, index ones one by one), answers in
-/// query order, and records what each search did.
+/// Searches every query as it asks (exact ones in one pass over the catalogue; index ones together, one search per
+/// distinct [`Probe`], so that they share the centroid pass and each list's read), answers in query order, and
+/// records what each search did.
 fn search_all(
     tables: &Tables,
     queries: &[(SearchQuery<'_>, Search)],
@@ -200,44 +201,55 @@ fn search_all(
     index_scratch: &mut IvfScratch,
     metrics: &RecallMetrics,
 ) -> Result<Vec<Vec<Scored>>, ExecError> {
-    let exact: Vec<SearchQuery<'_>> = queries
-        .iter()
-        .filter(|(_, search)| *search == Search::Exact)
-        .map(|(q, _)| *q)
-        .collect();
-    let mut exact_results = if exact.is_empty() {
-        Vec::new()
-    } else {
-        let (results, stats) = tables.catalogue.search(&exact, scratch);
-        metrics.topk_duration.observe(stats.seconds);
-        metrics.items_scored.inc_by(stats.scored);
-        metrics.exact_queries.inc_by(exact.len() as u64);
-        results
-    }
-    .into_iter();
-    let mut out = Vec::with_capacity(queries.len());
-    for (q, search) in queries {
-        match search {
-            Search::Exact => out.push(exact_results.next().ok_or_else(|| {
-                ExecError::Panicked("an exact search result is missing".to_owned())
-            })?),
+    let mut out: Vec<Option<Vec<Scored>>> = vec![None; queries.len()];
+    let mut searched = |search: Search, out: &mut [Option<Vec<Scored>>]| -> Result<(), ExecError> {
+        let (at, batch): (Vec<usize>, Vec<SearchQuery<'_>>) = queries
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, s))| *s == search)
+            .map(|(i, (q, _))| (i, *q))
+            .unzip();
+        let results = match search {
+            Search::Exact => {
+                let (results, stats) = tables.catalogue.search(&batch, scratch);
+                metrics.topk_duration.observe(stats.seconds);
+                metrics.items_scored.inc_by(stats.scored);
+                metrics.exact_queries.inc_by(batch.len() as u64);
+                results
+            }
             Search::Index(probe) => {
                 let (index, _) = tables.index.as_ref().ok_or_else(|| {
                     ExecError::Failed("an index search on a model without an index".to_owned())
                 })?;
-                let (mut results, stats) =
-                    index.search(std::slice::from_ref(q), *probe, index_scratch);
+                let (results, stats) = index.search(&batch, probe, index_scratch);
                 metrics.topk_duration.observe(stats.seconds);
-                metrics.index_queries.inc();
+                metrics.index_queries.inc_by(batch.len() as u64);
                 metrics.index_lists.inc_by(stats.lists);
                 metrics.index_codes.inc_by(stats.codes);
                 metrics.index_reranked.inc_by(stats.reranked);
                 metrics.index_capped.inc_by(stats.capped);
-                out.push(results.pop().unwrap_or_default());
+                results
             }
+        };
+        if results.len() != at.len() {
+            return Err(ExecError::Panicked("a search result is missing".to_owned()));
+        }
+        for (i, result) in at.into_iter().zip(results) {
+            out[i] = Some(result);
+        }
+        Ok(())
+    };
+    // Each distinct search once, in the order it first appears.
+    let mut seen: Vec<Search> = Vec::new();
+    for (_, search) in queries {
+        if !seen.contains(search) {
+            seen.push(*search);
+            searched(*search, &mut out)?;
         }
     }
-    Ok(out)
+    out.into_iter()
+        .map(|r| r.ok_or_else(|| ExecError::Panicked("a search result is missing".to_owned())))
+        .collect()
 }
 
 impl BatchExecutor for RecallExecutor {

@@ -4,7 +4,7 @@
 //! quantizer of `nlist` centroids and, per list, its items as int8 row-wise codes laid out in the catalogue's
 //! 16-item panels. A query scores the centroids (an fp32 [`Catalogue`] of them, so ties go to the lower list),
 //! scans the codes of its best `nprobe` lists with the catalogue's own code-domain kernel
-//! ([`kernel::code_dots`]), and re-ranks the candidates with the documented exact score read from the item table
+//! ([`super::kernel::code_dots`]), and re-ranks the candidates with the documented exact score read from the item table
 //! itself ([`exact_score`]), so every score in an answer is bit for bit the exact path's.
 //!
 //! Which items are candidates is decided by a bound, not a fixed depth: each item carries `err`, such that for any
@@ -20,18 +20,25 @@
 //!
 //! If the probed lists hold fewer than `k + |exclude|` items, further lists are probed in centroid order until they
 //! do, so an answer has as many items as the exact one.
+//!
+//! The queries of one call (a request with many users, an executor's batch) are searched together
+//! (`ivf_search.rs`): the centroids are scored for all of them in one pass, and each probed list is read once for
+//! every query that probes it. Each answer is bit for bit the one its query gets alone (tested against the
+//! one-query-at-a-time search and brute force in `ivf_tests.rs`).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::catalogue::{Catalogue, CodeRow, LANES, SearchQuery, SearchScratch};
-use super::kernel::{self, Isa};
-use super::select::{Scored, TopK, answer_order};
+use super::catalogue::{Catalogue, CodeRow, LANES};
+use super::kernel::Isa;
 use crate::repository::{OovPolicy, Storage, TableSpec};
+
+#[path = "ivf_search.rs"]
+mod search;
+pub use search::IvfScratch;
 
 /// Bytes that stay where they are (a mapped file, or a buffer in tests).
 pub(crate) type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -68,19 +75,6 @@ pub struct IvfStats {
     /// Queries whose candidates were cut by `max_candidates` (their answer may differ from the exact top `k` of the
     /// probed lists).
     pub(crate) capped: u64,
-}
-
-/// Buffers one executor reuses from search to search.
-#[derive(Debug, Default)]
-pub struct IvfScratch {
-    centroids: SearchScratch,
-    lists: Vec<u32>,
-    dots: Vec<[f32; LANES]>,
-    lower: TopK,
-    /// Upper bounds of every scanned panel's lanes, and which panel each row is (the second pass reads them).
-    upper: Vec<[f32; LANES]>,
-    panels: Vec<u32>,
-    candidates: Vec<Scored>,
 }
 
 /// Where the big arrays lie in the index file.
@@ -431,232 +425,6 @@ impl IvfIndex {
     pub(crate) fn list_items(&self, l: usize) -> Vec<u32> {
         let first = self.offsets[l] * LANES;
         self.ids()[first..first + self.sizes[l]].to_vec()
-    }
-
-    #[cfg(test)]
-    /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, ascending.
-    pub(crate) fn probed_lists(
-        &self,
-        query: &[f32],
-        k: usize,
-        excluded: usize,
-        nprobe: usize,
-        scratch: &mut IvfScratch,
-    ) -> Vec<u32> {
-        self.probe(self.isa, query, k, excluded, nprobe, scratch);
-        scratch.lists.clone()
-    }
-
-    /// Fills `scratch.lists` (ascending) with the best `nprobe` lists by centroid score, and more in centroid order
-    /// while they hold fewer than `k + excluded` items.
-    fn probe(
-        &self,
-        isa: Isa,
-        query: &[f32],
-        k: usize,
-        excluded: usize,
-        nprobe: usize,
-        scratch: &mut IvfScratch,
-    ) {
-        let nlist = self.nlist();
-        let need = (k + excluded).min(self.items);
-        let mut want = nprobe.clamp(1, nlist);
-        loop {
-            let q = SearchQuery {
-                vector: query,
-                k: want,
-                exclude: &[],
-            };
-            let (mut found, _) = self
-                .centroids
-                .search_with(isa, &[q], &mut scratch.centroids);
-            let best = found.pop().unwrap_or_default();
-            scratch.lists.clear();
-            let mut held = 0;
-            for s in &best {
-                if scratch.lists.len() >= nprobe.max(1) && held >= need {
-                    break;
-                }
-                scratch.lists.push(s.id);
-                held += self.sizes[s.id as usize];
-            }
-            if held >= need || want == nlist {
-                break;
-            }
-            want = nlist;
-        }
-        scratch.lists.sort_unstable();
-    }
-
-    /// Every query's top `k`: the exact top `k` of the items in its probed lists (see the module docs).
-    ///
-    /// # Panics
-    /// If a query's vector does not hold `dim` values.
-    pub fn search(
-        &self,
-        queries: &[SearchQuery<'_>],
-        probe: Probe,
-        scratch: &mut IvfScratch,
-    ) -> (Vec<Vec<Scored>>, IvfStats) {
-        self.search_with(self.isa, queries, probe, scratch)
-    }
-
-    /// [`IvfIndex::search`] with the kernels of `isa` (which the CPU must support).
-    pub(crate) fn search_with(
-        &self,
-        isa: Isa,
-        queries: &[SearchQuery<'_>],
-        probe: Probe,
-        scratch: &mut IvfScratch,
-    ) -> (Vec<Vec<Scored>>, IvfStats) {
-        let started = Instant::now();
-        let mut stats = IvfStats::default();
-        let results = queries
-            .iter()
-            .map(|q| self.search_one(isa, q, probe, scratch, &mut stats))
-            .collect();
-        stats.seconds = started.elapsed().as_secs_f64();
-        (results, stats)
-    }
-
-    fn search_one(
-        &self,
-        isa: Isa,
-        q: &SearchQuery<'_>,
-        probe: Probe,
-        s: &mut IvfScratch,
-        stats: &mut IvfStats,
-    ) -> Vec<Scored> {
-        let dim = self.dim;
-        assert_eq!(q.vector.len(), dim, "a query vector holds dim values");
-        let (mut qsum, mut qabs) = (0.0f32, 0.0f32);
-        for &x in q.vector {
-            qsum += x;
-            qabs += x.abs();
-        }
-        let qabs = qabs * (1.0 + NORM_SLACK);
-        self.probe(isa, q.vector, q.k, q.exclude.len(), probe.nprobe, s);
-        let total: usize = s.lists.iter().map(|&l| self.sizes[l as usize]).sum();
-        s.lower.reset(q.k, total);
-        s.upper.clear();
-        s.panels.clear();
-        let (ids, codes) = (self.ids(), self.codes());
-        let (scale, bias, err) = (
-            self.floats(&self.ranges.scale),
-            self.floats(&self.ranges.bias),
-            self.floats(&self.ranges.err),
-        );
-        // First pass: every probed item's bounds; the k-th best lower bound of the non-excluded ones.
-        for &l in &s.lists {
-            let (first, last) = (self.offsets[l as usize], self.offsets[l as usize + 1]);
-            s.dots.clear();
-            kernel::code_dots(
-                isa,
-                &codes[first * dim..last * dim],
-                dim,
-                q.vector,
-                &mut s.dots,
-            );
-            for (i, acc) in s.dots.iter().enumerate() {
-                let p = first + i;
-                let (mut lo, mut up) = ([0.0f32; LANES], [0.0f32; LANES]);
-                let mut best = f32::NEG_INFINITY;
-                for l in 0..LANES {
-                    let approx = acc[l] * scale[p][l] + bias[p][l] * qsum;
-                    let w = err[p][l] * qabs;
-                    let padding = ids[p * LANES + l] == PADDING;
-                    lo[l] = if padding {
-                        f32::NEG_INFINITY
-                    } else {
-                        approx - w
-                    };
-                    up[l] = if padding {
-                        f32::NEG_INFINITY
-                    } else {
-                        approx + w
-                    };
-                    best = best.max(lo[l]);
-                }
-                s.upper.push(up);
-                s.panels.push(p as u32);
-                if !s.lower.wants(best) {
-                    continue;
-                }
-                for (l, &low) in lo.iter().enumerate() {
-                    let at = p * LANES + l;
-                    if low == f32::NEG_INFINITY || !s.lower.wants(low) {
-                        continue;
-                    }
-                    if q.exclude.binary_search(&ids[at]).is_ok() {
-                        continue;
-                    }
-                    s.lower.push(at as u32, low);
-                }
-            }
-        }
-        let lows = s.lower.finish();
-        let floor = if lows.len() >= q.k {
-            lows[q.k - 1].score
-        } else {
-            f32::NEG_INFINITY
-        };
-        // Second pass: the candidates are the items whose upper bound reaches that floor (see the module docs).
-        s.candidates.clear();
-        for (up, &p) in s.upper.iter().zip(&s.panels) {
-            if up.iter().all(|&u| u < floor) {
-                continue;
-            }
-            for (l, &u) in up.iter().enumerate() {
-                let at = p as usize * LANES + l;
-                if u < floor || u == f32::NEG_INFINITY {
-                    continue;
-                }
-                if q.exclude.binary_search(&ids[at]).is_ok() {
-                    continue;
-                }
-                s.candidates.push(Scored {
-                    id: at as u32,
-                    score: u,
-                });
-            }
-        }
-        let most = probe.max_candidates.max(q.k);
-        if s.candidates.len() > most {
-            // The highest upper bounds (equal ones: the lower lane) are kept.
-            stats.capped += 1;
-            s.candidates.select_nth_unstable_by(most - 1, answer_order);
-            s.candidates.truncate(most);
-        }
-        let candidates = &s.candidates;
-        let table = (*self.table).as_ref();
-        let row_bytes = self.storage.row_bytes(dim);
-        // Every candidate's row is touched first: these loads are independent, so their cache and TLB misses
-        // overlap, where each exact score's long chain of dependent adds would take them one at a time.
-        let mut touched = 0u8;
-        for c in candidates {
-            let start = ids[c.id as usize] as usize * row_bytes;
-            for b in table[start..start + row_bytes].iter().step_by(64) {
-                touched ^= *b;
-            }
-        }
-        std::hint::black_box(touched);
-        let mut answer: Vec<Scored> = candidates
-            .iter()
-            .map(|c| {
-                let id = ids[c.id as usize];
-                let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];
-                Scored {
-                    id,
-                    score: exact_score(self.storage, row, q.vector, qsum),
-                }
-            })
-            .collect();
-        stats.lists += s.lists.len() as u64;
-        stats.codes += total as u64;
-        stats.reranked += answer.len() as u64;
-        answer.sort_unstable_by(answer_order);
-        answer.truncate(q.k);
-        answer
     }
 }
 

@@ -11,7 +11,9 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
 use super::*;
+use crate::recall::catalogue::{SearchQuery, SearchScratch};
 use crate::recall::reference;
+use crate::recall::select::{Scored, TopK, answer_order};
 use crate::recall::tests::{Rng, encode, search_queries, spec};
 
 /// An f64-sized buffer, so that the file's f32 and u32 tensors are aligned as they are in a mapped file.
@@ -599,4 +601,236 @@ fn exact_score_is_the_reference_score_bit_for_bit() {
             assert_eq!(got.to_bits(), w.to_bits(), "{storage:?} row {i}");
         }
     }
+}
+
+/// The search of one query as the index did it before batches were searched together, written plainly: its own
+/// centroid search (again over every centroid if its lists hold too few items), its lists one after another with
+/// scalar code dot products (summed in `j` order from 0.0, a multiply then an add, as the kernels sum them), every
+/// panel's upper bounds kept, then the same selection, cap and re-rank. Returns the answer and its stats.
+fn one_at_a_time(index: &IvfIndex, q: &SearchQuery<'_>, probe: Probe) -> (Vec<Scored>, IvfStats) {
+    let (dim, nlist) = (index.dim, index.nlist());
+    let need = (q.k + q.exclude.len()).min(index.items);
+    let mut want = probe.nprobe.clamp(1, nlist);
+    let mut centroid_scratch = SearchScratch::default();
+    let lists = loop {
+        let c = SearchQuery {
+            vector: q.vector,
+            k: want,
+            exclude: &[],
+        };
+        let (mut found, _) = index.centroids.search(&[c], &mut centroid_scratch);
+        let (mut lists, mut held) = (Vec::new(), 0);
+        for s in &found.pop().expect("one answer") {
+            if lists.len() >= probe.nprobe.max(1) && held >= need {
+                break;
+            }
+            lists.push(s.id);
+            held += index.sizes[s.id as usize];
+        }
+        if held >= need || want == nlist {
+            lists.sort_unstable();
+            break lists;
+        }
+        want = nlist;
+    };
+    let (mut qsum, mut qabs) = (0.0f32, 0.0f32);
+    for &x in q.vector {
+        qsum += x;
+        qabs += x.abs();
+    }
+    let qabs = qabs * (1.0 + NORM_SLACK);
+    let (ids, codes) = (index.ids(), index.codes());
+    let (scale, bias, err) = (
+        index.floats(&index.ranges.scale),
+        index.floats(&index.ranges.bias),
+        index.floats(&index.ranges.err),
+    );
+    let total: usize = lists.iter().map(|&l| index.sizes[l as usize]).sum();
+    let mut lower = TopK::default();
+    lower.reset(q.k, total);
+    let mut upper: Vec<(usize, [f32; LANES])> = Vec::new();
+    for &l in &lists {
+        for p in index.offsets[l as usize]..index.offsets[l as usize + 1] {
+            let (mut lo, mut up) = ([0.0f32; LANES], [0.0f32; LANES]);
+            let mut best = f32::NEG_INFINITY;
+            for lane in 0..LANES {
+                let mut dot = 0.0f32;
+                for j in 0..dim {
+                    dot += q.vector[j] * f32::from(codes[p * dim + j].0[lane]);
+                }
+                let approx = dot * scale[p][lane] + bias[p][lane] * qsum;
+                let w = err[p][lane] * qabs;
+                let padding = ids[p * LANES + lane] == PADDING;
+                lo[lane] = if padding {
+                    f32::NEG_INFINITY
+                } else {
+                    approx - w
+                };
+                up[lane] = if padding {
+                    f32::NEG_INFINITY
+                } else {
+                    approx + w
+                };
+                best = best.max(lo[lane]);
+            }
+            upper.push((p, up));
+            if !lower.wants(best) {
+                continue;
+            }
+            for (lane, &low) in lo.iter().enumerate() {
+                let at = p * LANES + lane;
+                if low != f32::NEG_INFINITY
+                    && lower.wants(low)
+                    && q.exclude.binary_search(&ids[at]).is_err()
+                {
+                    lower.push(at as u32, low);
+                }
+            }
+        }
+    }
+    let lows = lower.finish();
+    let floor = if lows.len() >= q.k {
+        lows[q.k - 1].score
+    } else {
+        f32::NEG_INFINITY
+    };
+    let mut candidates = Vec::new();
+    for (p, up) in &upper {
+        for (lane, &u) in up.iter().enumerate() {
+            let at = p * LANES + lane;
+            if u >= floor && u != f32::NEG_INFINITY && q.exclude.binary_search(&ids[at]).is_err() {
+                candidates.push(Scored {
+                    id: at as u32,
+                    score: u,
+                });
+            }
+        }
+    }
+    let mut stats = IvfStats {
+        lists: lists.len() as u64,
+        codes: total as u64,
+        ..IvfStats::default()
+    };
+    let most = probe.max_candidates.max(q.k);
+    if candidates.len() > most {
+        stats.capped = 1;
+        candidates.select_nth_unstable_by(most - 1, answer_order);
+        candidates.truncate(most);
+    }
+    let table = (*index.table).as_ref();
+    let row_bytes = index.storage.row_bytes(dim);
+    let mut answer: Vec<Scored> = candidates
+        .iter()
+        .map(|c| {
+            let id = ids[c.id as usize];
+            let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];
+            Scored {
+                id,
+                score: exact_score(index.storage, row, q.vector, qsum),
+            }
+        })
+        .collect();
+    stats.reranked = answer.len() as u64;
+    answer.sort_unstable_by(answer_order);
+    answer.truncate(q.k);
+    (answer, stats)
+}
+
+/// Stats without the time.
+fn counts(s: &IvfStats) -> [u64; 4] {
+    [s.lists, s.codes, s.reranked, s.capped]
+}
+
+#[test]
+fn a_batch_answers_each_query_as_it_is_answered_alone_and_as_brute_force_over_its_lists() {
+    let mut rng = Rng(0x1F_0009);
+    let (mut checked, mut capped, mut widened) = (0, 0, 0);
+    for storage in [Storage::Fp32, Storage::Fp16, Storage::Int8] {
+        // Many small lists (some smaller than k), a few large ones, and a catalogue of one list.
+        for (items, dim, clusters, nlist) in [(2500, 24, 10, 40), (1200, 16, 4, 7), (300, 8, 3, 1)]
+        {
+            let (spec, table) = clustered(&mut rng, items, dim, clusters, storage);
+            let index = open(&spec, &table, nlist);
+            let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..33)
+                .map(|i| {
+                    let mut vector = query(&mut rng, dim);
+                    if i == 5 || i == 6 {
+                        // The same vector twice in one batch.
+                        vector = (0..dim).map(|j| j as f32 * 0.1 - 0.5).collect();
+                    }
+                    let k = [1, 10, 100, items / 2, 1 + rng.below(items)][i % 5];
+                    let mut exclude: Vec<u32> = (0..[0, 3, 40, 200][i % 4])
+                        .map(|_| rng.below(items + 10) as u32)
+                        .collect();
+                    exclude.sort_unstable();
+                    exclude.dedup();
+                    (vector, k, exclude)
+                })
+                .collect();
+            let search = search_queries(&queries);
+            for (nprobe, max_candidates) in
+                [(1, ALL), (3, ALL), (nlist, ALL), (2, 150), (nlist + 5, 40)]
+            {
+                let probe = Probe {
+                    nprobe,
+                    max_candidates,
+                };
+                let alone: Vec<(Vec<Scored>, IvfStats)> = search
+                    .iter()
+                    .map(|q| one_at_a_time(&index, q, probe))
+                    .collect();
+                capped += alone.iter().filter(|(_, s)| s.capped > 0).count();
+                widened += alone
+                    .iter()
+                    .filter(|(_, s)| s.lists as usize > nprobe.min(nlist))
+                    .count();
+                for isa in Isa::available() {
+                    let mut scratch = IvfScratch::default();
+                    // Batches of 1, 2, 5, 32 and 33, one scratch for all (reused across sizes).
+                    for size in [1, 2, 5, 32, 33] {
+                        for (chunk, want) in search.chunks(size).zip(alone.chunks(size)) {
+                            let (got, stats) = index.search_with(isa, chunk, probe, &mut scratch);
+                            let mut summed = IvfStats::default();
+                            for (i, (got, (want, want_stats))) in got.iter().zip(want).enumerate() {
+                                assert!(
+                                    same(got, want),
+                                    "{storage:?} {items}×{dim} nlist {nlist} nprobe {nprobe} cap {max_candidates} \
+                                     {} batch {size} query {i}:\n got  {:?}\n want {:?}",
+                                    isa.as_str(),
+                                    &got[..got.len().min(6)],
+                                    &want[..want.len().min(6)]
+                                );
+                                summed.lists += want_stats.lists;
+                                summed.codes += want_stats.codes;
+                                summed.reranked += want_stats.reranked;
+                                summed.capped += want_stats.capped;
+                                checked += 1;
+                            }
+                            assert_eq!(counts(&stats), counts(&summed), "batch {size}");
+                        }
+                    }
+                }
+                // And each answer is the brute-force top k of its probed lists.
+                for ((vector, k, exclude), (want, _)) in queries.iter().zip(&alone) {
+                    let lists = index.probed_lists(
+                        vector,
+                        *k,
+                        exclude.len(),
+                        nprobe,
+                        &mut IvfScratch::default(),
+                    );
+                    let scores = reference::scores(&spec, &table, vector);
+                    if max_candidates == ALL {
+                        let brute = top_of_lists(&index, &lists, &scores, *k, exclude);
+                        assert!(same(want, &brute), "{storage:?} nprobe {nprobe} k {k}");
+                    }
+                }
+            }
+        }
+    }
+    // The cases the test is about did occur: capped candidates, and lists added for a large k + |exclude|.
+    assert!(
+        checked > 5000 && capped > 10 && widened > 10,
+        "{checked} {capped} {widened}"
+    );
 }

@@ -121,31 +121,48 @@ pub(crate) fn scan_shard(isa: Isa, shard: &Shard, scan: ShardScan<'_>) {
     }
 }
 
-/// The code-domain dot products of one query with a run of int8 panels: `out` receives, per panel `p` of `codes`
-/// (`codes.len() / dim` panels of `dim` rows each), `Σ_j q[j] · c[j][l]` for its 16 lanes, summed in `j` order
-/// exactly as the catalogue's tiles sum them (so the same codes give the same bits). The IVF index's scan
-/// ([`super::ivf`]) turns them into approximate scores with each item's scale and bias.
+/// What a scan of codes ([`code_dots`]) hands each query's dot products with each panel to.
+pub(crate) trait DotSink {
+    /// The dot products of query `which[i]` with panel `panel`'s 16 lanes. Called inside the kernel's
+    /// instruction set (implementations are inlined there, so their arithmetic is vectorized with it).
+    fn take(&mut self, i: usize, panel: usize, dots: &[f32; LANES]);
+}
+
+/// The code-domain dot products of a group of queries with a run of int8 panels (one IVF list): `sink` receives,
+/// for each query `queries[which[i]]` and panel `p` of `codes` (`codes.len() / dim` panels of `dim` rows each),
+/// `Σ_j q[j] · c[j][l]` for its 16 lanes, summed in `j` order exactly as the catalogue's tiles sum them (so the same
+/// codes give the same bits, whatever the group). The codes are read once per tile of up to 4 queries, so a list
+/// that several queries probe is converted once for all of them. The IVF index's scan ([`super::ivf`]) turns them
+/// into bounds with each item's scale, bias and error bound.
 ///
 /// # Panics
-/// If `codes` is not a whole number of panels, `query` does not hold `dim` values, or the CPU lacks `isa`.
-pub(crate) fn code_dots(
+/// If `codes` is not a whole number of panels, a query does not hold `dim` values, `which` names a query that is not
+/// there, or the CPU lacks `isa`.
+pub(crate) fn code_dots<S: DotSink>(
     isa: Isa,
     codes: &[CodeRow],
     dim: usize,
-    query: &[f32],
-    out: &mut Vec<[f32; LANES]>,
+    queries: &[&[f32]],
+    which: &[u32],
+    sink: &mut S,
 ) {
     assert!(
-        dim > 0 && codes.len().is_multiple_of(dim) && query.len() == dim,
-        "whole panels of dim rows and a query of dim values"
+        dim > 0 && codes.len().is_multiple_of(dim),
+        "whole panels of dim rows"
+    );
+    assert!(
+        which
+            .iter()
+            .all(|&q| queries.get(q as usize).is_some_and(|v| v.len() == dim)),
+        "every query is there and holds dim values"
     );
     match isa {
-        Isa::Generic => dots_any::<Portable, 4>(codes, dim, query, out),
+        Isa::Generic => dots_any::<Portable, S, 1, 2, 4>(codes, dim, queries, which, sink),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2");
             // SAFETY: the CPU supports AVX2 (checked just above).
-            unsafe { dots_avx2(codes, dim, query, out) }
+            unsafe { dots_avx2(codes, dim, queries, which, sink) }
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
@@ -154,44 +171,89 @@ pub(crate) fn code_dots(
                 "no AVX-512F"
             );
             // SAFETY: the CPU supports AVX-512F (checked just above).
-            unsafe { dots_avx512(codes, dim, query, out) }
+            unsafe { dots_avx512(codes, dim, queries, which, sink) }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn dots_avx2(codes: &[CodeRow], dim: usize, query: &[f32], out: &mut Vec<[f32; LANES]>) {
-    dots_any::<x86::Avx2, 4>(codes, dim, query, out);
+fn dots_avx2<S: DotSink>(
+    codes: &[CodeRow],
+    dim: usize,
+    queries: &[&[f32]],
+    which: &[u32],
+    sink: &mut S,
+) {
+    dots_any::<x86::Avx2, S, 1, 2, 4>(codes, dim, queries, which, sink);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn dots_avx512(codes: &[CodeRow], dim: usize, query: &[f32], out: &mut Vec<[f32; LANES]>) {
-    dots_any::<x86::Avx512, 8>(codes, dim, query, out);
-}
-
-/// One query against `G` panels per tile (the single-query shapes of the scan), then one panel at a time.
-#[inline(always)]
-fn dots_any<K: Kernel, const G: usize>(
+fn dots_avx512<S: DotSink>(
     codes: &[CodeRow],
     dim: usize,
-    query: &[f32],
-    out: &mut Vec<[f32; LANES]>,
+    queries: &[&[f32]],
+    which: &[u32],
+    sink: &mut S,
 ) {
-    let qs: [&[f32]; 1] = [query];
+    dots_any::<x86::Avx512, S, 4, 4, 8>(codes, dim, queries, which, sink);
+}
+
+/// The queries of `which` in tiles of 4, 2 and 1 (the scan's tile shapes, `G4`, `G2`, `G1` panels per tile).
+#[inline(always)]
+fn dots_any<K: Kernel, S: DotSink, const G4: usize, const G2: usize, const G1: usize>(
+    codes: &[CodeRow],
+    dim: usize,
+    queries: &[&[f32]],
+    which: &[u32],
+    sink: &mut S,
+) {
+    let mut i = 0;
+    while i < which.len() {
+        let left = which.len() - i;
+        if left >= 4 {
+            dots_tiles::<K, S, 4, G4>(codes, dim, queries, &which[i..i + 4], i, sink);
+            i += 4;
+        } else if left >= 2 {
+            dots_tiles::<K, S, 2, G2>(codes, dim, queries, &which[i..i + 2], i, sink);
+            i += 2;
+        } else {
+            dots_tiles::<K, S, 1, G1>(codes, dim, queries, &which[i..i + 1], i, sink);
+            i += 1;
+        }
+    }
+}
+
+/// `Q` queries (the group's `first..first + Q`) against `G` panels per tile, then one panel at a time.
+#[inline(always)]
+fn dots_tiles<K: Kernel, S: DotSink, const Q: usize, const G: usize>(
+    codes: &[CodeRow],
+    dim: usize,
+    queries: &[&[f32]],
+    which: &[u32],
+    first: usize,
+    sink: &mut S,
+) {
+    let qs: [&[f32]; Q] = std::array::from_fn(|i| &queries[which[i] as usize][..dim]);
     let panels = codes.len() / dim;
     let mut p = 0;
     while p + G <= panels {
-        // SAFETY: the entry point checked the CPU; the rows are G·dim long and the query dim values.
-        let [acc] = unsafe { K::tile::<CodeRow, 1, G>(&codes[p * dim..(p + G) * dim], dim, &qs) };
-        out.extend(acc);
+        // SAFETY: the entry point checked the CPU; the rows are G·dim long and every query dim values.
+        let acc = unsafe { K::tile::<CodeRow, Q, G>(&codes[p * dim..(p + G) * dim], dim, &qs) };
+        for (q, tiles) in acc.iter().enumerate() {
+            for (g, dots) in tiles.iter().enumerate() {
+                sink.take(first + q, p + g, dots);
+            }
+        }
         p += G;
     }
     while p < panels {
         // SAFETY: as above, for one panel.
-        let [acc] = unsafe { K::tile::<CodeRow, 1, 1>(&codes[p * dim..(p + 1) * dim], dim, &qs) };
-        out.extend(acc);
+        let acc = unsafe { K::tile::<CodeRow, Q, 1>(&codes[p * dim..(p + 1) * dim], dim, &qs) };
+        for (q, tiles) in acc.iter().enumerate() {
+            sink.take(first + q, p, &tiles[0]);
+        }
         p += 1;
     }
 }

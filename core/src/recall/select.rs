@@ -80,6 +80,13 @@ impl TopK {
         !self.primed || score > self.threshold
     }
 
+    /// Whether a score is at least the `k`-th best kept so far (every score is, before the first prune). The
+    /// threshold never falls, so a score below it is below the `k`-th best of the whole stream.
+    #[inline(always)]
+    pub(crate) fn reaches(&self, score: f32) -> bool {
+        !self.primed || score >= self.threshold
+    }
+
     /// Adds a candidate that [`TopK::wants`] accepted; its id must be higher than every id offered before.
     #[inline]
     pub(crate) fn push(&mut self, id: u32, score: f32) {

@@ -1,0 +1,445 @@
+//! The search of a batch of queries through the IVF index, shared: the centroids are scored for every query in one
+//! pass over them (the catalogue's matrix-product scan, [`Catalogue::search_with`]), the (query, list) pairs are
+//! grouped by list, and each probed list is read once for the group of queries that probe it
+//! ([`IvfIndex::scan_list`], whose kernel converts each code row once for up to 4 queries). Then each query
+//! selects and re-ranks its own candidates.
+//!
+//! Every query's answer is bit for bit the answer it gets searched alone: its lists are chosen by its own centroid
+//! scores (whose bits and ties do not depend on the batch), it visits them in ascending list order as a single
+//! query does, and its bounds are the same arithmetic on the same code dot products (the kernel's sums do not
+//! depend on the tile shape). Its selection, exclusions, candidate cap and counts are its own.
+//!
+//! **The scan seam.** [`IvfIndex::scan_list`] is the only step that reads codes: one list's codes and per-item
+//! parameters and the group's [`Prepared`] queries in, per query and panel of the list the lower and upper bounds
+//! of every lane's exact score out ([`ListBounds`]). Everything after it (padding, selection, exclusion, cap,
+//! re-rank) is independent of the code format, so a second format plugs in as another scan step with the same
+//! contract: `lo ≤ exact score ≤ up` for every item lane.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use super::{IvfIndex, IvfStats, NORM_SLACK, Probe, exact_score};
+use crate::recall::catalogue::{LANES, SearchQuery, SearchScratch};
+use crate::recall::kernel::{self, Isa};
+use crate::recall::select::{Scored, TopK, answer_order};
+
+/// What a list scan reads of one query besides its vector, computed once per search.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Prepared {
+    /// `Σ_j q[j]` in index order (the int8 codes' bias term, and the exact score of int8 tables).
+    pub(crate) qsum: f32,
+    /// `‖q‖₁` raised by [`NORM_SLACK`]: an item's bound is its `err` times this.
+    pub(crate) qabs: f32,
+}
+
+/// A list scan's output for a group of queries: at `[i · panels + p]`, the bounds of the 16 lanes of the list's
+/// panel `p` for the group's query `i` (padding lanes hold anything; the caller masks them).
+#[derive(Debug, Default)]
+pub(crate) struct ListBounds {
+    pub(crate) lo: Vec<[f32; LANES]>,
+    pub(crate) up: Vec<[f32; LANES]>,
+}
+
+/// The int8 codes' bounds, computed from each tile's dot products inside the kernel: `approx = dot · scale + bias ·
+/// Σq`, and the exact score is within `err · ‖q‖₁` of it.
+struct Int8Bounds<'a> {
+    scale: &'a [[f32; LANES]],
+    bias: &'a [[f32; LANES]],
+    err: &'a [[f32; LANES]],
+    prepared: &'a [Prepared],
+    group: &'a [u32],
+    panels: usize,
+    lo: &'a mut [[f32; LANES]],
+    up: &'a mut [[f32; LANES]],
+}
+
+impl kernel::DotSink for Int8Bounds<'_> {
+    #[inline(always)]
+    fn take(&mut self, i: usize, p: usize, dots: &[f32; LANES]) {
+        let Prepared { qsum, qabs } = self.prepared[self.group[i] as usize];
+        let (scale, bias, err) = (&self.scale[p], &self.bias[p], &self.err[p]);
+        let at = i * self.panels + p;
+        let (lo, up) = (&mut self.lo[at], &mut self.up[at]);
+        for l in 0..LANES {
+            let approx = dots[l] * scale[l] + bias[l] * qsum;
+            let w = err[l] * qabs;
+            lo[l] = approx - w;
+            up[l] = approx + w;
+        }
+    }
+}
+
+/// One query's search in progress.
+#[derive(Debug, Default)]
+struct QueryScan {
+    /// Its probed lists: a range of [`IvfScratch::lists`].
+    lists: Range<usize>,
+    /// Items in its probed lists.
+    total: usize,
+    /// Its `k` best lower bounds among non-excluded items.
+    lower: TopK,
+    /// Upper bounds of the lanes of each scanned panel that may still hold a candidate, and which panel each is
+    /// (the second pass reads them).
+    upper: Vec<[f32; LANES]>,
+    panels: Vec<u32>,
+}
+
+/// Buffers one executor reuses from search to search.
+#[derive(Debug, Default)]
+pub struct IvfScratch {
+    centroids: SearchScratch,
+    prepared: Vec<Prepared>,
+    /// Every query's probed lists, ascending within each query.
+    lists: Vec<u32>,
+    /// `(list << 32) | query` for every probed pair, sorted: the pairs grouped by list.
+    pairs: Vec<u64>,
+    /// The queries of the list being scanned.
+    group: Vec<u32>,
+    bounds: ListBounds,
+    queries: Vec<QueryScan>,
+    candidates: Vec<Scored>,
+}
+
+impl IvfIndex {
+    /// Every query's top `k`: the exact top `k` of the items in its probed lists (see the module docs of
+    /// [`super`]). The queries are searched together (see [`self`]); each answer is the one it gets alone.
+    ///
+    /// # Panics
+    /// If a query's vector does not hold `dim` values.
+    pub fn search(
+        &self,
+        queries: &[SearchQuery<'_>],
+        probe: Probe,
+        scratch: &mut IvfScratch,
+    ) -> (Vec<Vec<Scored>>, IvfStats) {
+        self.search_with(self.isa, queries, probe, scratch)
+    }
+
+    /// [`IvfIndex::search`] with the kernels of `isa` (which the CPU must support).
+    pub(crate) fn search_with(
+        &self,
+        isa: Isa,
+        queries: &[SearchQuery<'_>],
+        probe: Probe,
+        s: &mut IvfScratch,
+    ) -> (Vec<Vec<Scored>>, IvfStats) {
+        let started = Instant::now();
+        let nq = queries.len();
+        s.prepared.clear();
+        for q in queries {
+            assert_eq!(q.vector.len(), self.dim, "a query vector holds dim values");
+            let (mut qsum, mut qabs) = (0.0f32, 0.0f32);
+            for &x in q.vector {
+                qsum += x;
+                qabs += x.abs();
+            }
+            s.prepared.push(Prepared {
+                qsum,
+                qabs: qabs * (1.0 + NORM_SLACK),
+            });
+        }
+        self.probe_all(isa, queries, probe.nprobe, s);
+        s.queries
+            .resize_with(nq.max(s.queries.len()), QueryScan::default);
+        s.pairs.clear();
+        for (qi, (q, scan)) in queries.iter().zip(&mut s.queries).enumerate() {
+            let lists = &s.lists[scan.lists.clone()];
+            scan.total = lists.iter().map(|&l| self.sizes[l as usize]).sum();
+            scan.lower.reset(q.k, scan.total);
+            scan.upper.clear();
+            scan.panels.clear();
+            s.pairs
+                .extend(lists.iter().map(|&l| (u64::from(l) << 32) | qi as u64));
+        }
+        s.pairs.sort_unstable();
+        let vectors: Vec<&[f32]> = queries.iter().map(|q| q.vector).collect();
+        // First pass, one list at a time for every query that probes it: every probed item's bounds, and each
+        // query's k-th best lower bound of its non-excluded items.
+        let mut at = 0;
+        while at < s.pairs.len() {
+            let list = (s.pairs[at] >> 32) as usize;
+            s.group.clear();
+            while let Some(&pair) = s.pairs.get(at).filter(|&&p| (p >> 32) as usize == list) {
+                s.group.push(pair as u32);
+                at += 1;
+            }
+            self.scan_list(isa, list, &vectors, &s.prepared, &s.group, &mut s.bounds);
+            for (i, &qi) in s.group.iter().enumerate() {
+                self.offer(
+                    list,
+                    i,
+                    &s.bounds,
+                    queries[qi as usize].exclude,
+                    &mut s.queries[qi as usize],
+                );
+            }
+        }
+        let mut stats = IvfStats::default();
+        let results = queries
+            .iter()
+            .enumerate()
+            .map(|(qi, q)| {
+                let scan = &mut s.queries[qi];
+                stats.lists += scan.lists.len() as u64;
+                stats.codes += scan.total as u64;
+                self.answer(
+                    q,
+                    s.prepared[qi].qsum,
+                    probe,
+                    scan,
+                    &mut s.candidates,
+                    &mut stats,
+                )
+            })
+            .collect();
+        stats.seconds = started.elapsed().as_secs_f64();
+        (results, stats)
+    }
+
+    /// The scan step (the seam a second code format plugs into): the bounds of every lane of list `list` for the
+    /// queries `group` (indices into `vectors` and `prepared`), written to `out` as [`ListBounds`] lays them out.
+    /// The int8 codes: `approx = dot(q, codes) · scale + bias · Σq`, within `err · ‖q‖₁` of the exact score.
+    fn scan_list(
+        &self,
+        isa: Isa,
+        list: usize,
+        vectors: &[&[f32]],
+        prepared: &[Prepared],
+        group: &[u32],
+        out: &mut ListBounds,
+    ) {
+        let (first, last) = (self.offsets[list], self.offsets[list + 1]);
+        let dim = self.dim;
+        let panels = last - first;
+        out.lo.resize(group.len() * panels, [0.0; LANES]);
+        out.up.resize(group.len() * panels, [0.0; LANES]);
+        let mut sink = Int8Bounds {
+            scale: &self.floats(&self.ranges.scale)[first..last],
+            bias: &self.floats(&self.ranges.bias)[first..last],
+            err: &self.floats(&self.ranges.err)[first..last],
+            prepared,
+            group,
+            panels,
+            lo: &mut out.lo,
+            up: &mut out.up,
+        };
+        let codes = &self.codes()[first * dim..last * dim];
+        kernel::code_dots(isa, codes, dim, vectors, group, &mut sink);
+    }
+
+    /// Hands the bounds of list `list` for the group's query `i` to that query's search: its lower bounds to its
+    /// selection (unless excluded), and the upper bounds of the panels that may still hold a candidate to its
+    /// second pass.
+    fn offer(
+        &self,
+        list: usize,
+        i: usize,
+        bounds: &ListBounds,
+        exclude: &[u32],
+        scan: &mut QueryScan,
+    ) {
+        let (first, last) = (self.offsets[list], self.offsets[list + 1]);
+        let (size, panels) = (self.sizes[list], last - first);
+        let ids = self.ids();
+        let rows = i * panels..(i + 1) * panels;
+        for (local, (lo, up)) in bounds.lo[rows.clone()]
+            .iter()
+            .zip(&bounds.up[rows])
+            .enumerate()
+        {
+            let p = first + local;
+            let (mut lo, mut up) = (*lo, *up);
+            // The lanes past the list's items are padding (checked at open).
+            for l in (size.saturating_sub(local * LANES)).min(LANES)..LANES {
+                lo[l] = f32::NEG_INFINITY;
+                up[l] = f32::NEG_INFINITY;
+            }
+            // The selection's threshold never falls and the final floor is at least it: a panel whose upper bounds
+            // are all below it holds no candidate.
+            let mut highest = f32::NEG_INFINITY;
+            for &u in &up {
+                highest = highest.max(u);
+            }
+            if scan.lower.reaches(highest) {
+                scan.upper.push(up);
+                scan.panels.push(p as u32);
+            }
+            let mut best = f32::NEG_INFINITY;
+            for &low in &lo {
+                best = best.max(low);
+            }
+            if !scan.lower.wants(best) {
+                continue;
+            }
+            for (l, &low) in lo.iter().enumerate() {
+                let at = p * LANES + l;
+                if low == f32::NEG_INFINITY || !scan.lower.wants(low) {
+                    continue;
+                }
+                if exclude.binary_search(&ids[at]).is_ok() {
+                    continue;
+                }
+                scan.lower.push(at as u32, low);
+            }
+        }
+    }
+
+    /// The second pass and the re-rank of one query: the candidates are the items whose upper bound reaches the
+    /// `k`-th best lower bound (at most `max_candidates`, the highest upper bounds), scored exactly from the table.
+    fn answer(
+        &self,
+        q: &SearchQuery<'_>,
+        qsum: f32,
+        probe: Probe,
+        scan: &mut QueryScan,
+        candidates: &mut Vec<Scored>,
+        stats: &mut IvfStats,
+    ) -> Vec<Scored> {
+        let ids = self.ids();
+        let lows = scan.lower.finish();
+        let floor = if lows.len() >= q.k {
+            lows[q.k - 1].score
+        } else {
+            f32::NEG_INFINITY
+        };
+        candidates.clear();
+        for (up, &p) in scan.upper.iter().zip(&scan.panels) {
+            if up.iter().all(|&u| u < floor) {
+                continue;
+            }
+            for (l, &u) in up.iter().enumerate() {
+                let at = p as usize * LANES + l;
+                if u < floor || u == f32::NEG_INFINITY {
+                    continue;
+                }
+                if q.exclude.binary_search(&ids[at]).is_ok() {
+                    continue;
+                }
+                candidates.push(Scored {
+                    id: at as u32,
+                    score: u,
+                });
+            }
+        }
+        let most = probe.max_candidates.max(q.k);
+        if candidates.len() > most {
+            // The highest upper bounds (equal ones: the lower lane) are kept.
+            stats.capped += 1;
+            candidates.select_nth_unstable_by(most - 1, answer_order);
+            candidates.truncate(most);
+        }
+        let table = (*self.table).as_ref();
+        let row_bytes = self.storage.row_bytes(self.dim);
+        // Every candidate's row is touched first: these loads are independent, so their cache and TLB misses
+        // overlap, where each exact score's long chain of dependent adds would take them one at a time.
+        let mut touched = 0u8;
+        for c in candidates.iter() {
+            let start = ids[c.id as usize] as usize * row_bytes;
+            for b in table[start..start + row_bytes].iter().step_by(64) {
+                touched ^= *b;
+            }
+        }
+        std::hint::black_box(touched);
+        let mut answer: Vec<Scored> = candidates
+            .iter()
+            .map(|c| {
+                let id = ids[c.id as usize];
+                let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];
+                Scored {
+                    id,
+                    score: exact_score(self.storage, row, q.vector, qsum),
+                }
+            })
+            .collect();
+        stats.reranked += answer.len() as u64;
+        answer.sort_unstable_by(answer_order);
+        answer.truncate(q.k);
+        answer
+    }
+
+    /// Fills every query's range of `s.lists` (ascending) with its best `nprobe` lists by centroid score, and more
+    /// in centroid order while they hold fewer than `k + |exclude|` items. The centroids are scored for all the
+    /// queries in one pass, and once more, over every centroid, for the queries whose lists held too few.
+    fn probe_all(&self, isa: Isa, queries: &[SearchQuery<'_>], nprobe: usize, s: &mut IvfScratch) {
+        let nlist = self.nlist();
+        let want = nprobe.clamp(1, nlist);
+        let need = |q: &SearchQuery<'_>| (q.k + q.exclude.len()).min(self.items);
+        let (mut best, _) = self.centroids.search_with(
+            isa,
+            &centroid_queries(queries.iter(), want),
+            &mut s.centroids,
+        );
+        if want < nlist {
+            let short: Vec<usize> = queries
+                .iter()
+                .zip(&best)
+                .enumerate()
+                .filter(|(_, (q, found))| {
+                    found
+                        .iter()
+                        .map(|c| self.sizes[c.id as usize])
+                        .sum::<usize>()
+                        < need(q)
+                })
+                .map(|(qi, _)| qi)
+                .collect();
+            if !short.is_empty() {
+                let again = centroid_queries(short.iter().map(|&qi| &queries[qi]), nlist);
+                let (all, _) = self.centroids.search_with(isa, &again, &mut s.centroids);
+                for (qi, found) in short.into_iter().zip(all) {
+                    best[qi] = found;
+                }
+            }
+        }
+        s.lists.clear();
+        s.queries
+            .resize_with(queries.len().max(s.queries.len()), QueryScan::default);
+        for ((q, found), scan) in queries.iter().zip(&best).zip(&mut s.queries) {
+            let start = s.lists.len();
+            let mut held = 0;
+            for c in found {
+                if s.lists.len() - start >= nprobe.max(1) && held >= need(q) {
+                    break;
+                }
+                s.lists.push(c.id);
+                held += self.sizes[c.id as usize];
+            }
+            s.lists[start..].sort_unstable();
+            scan.lists = start..s.lists.len();
+        }
+    }
+
+    #[cfg(test)]
+    /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, ascending.
+    pub(crate) fn probed_lists(
+        &self,
+        query: &[f32],
+        k: usize,
+        excluded: usize,
+        nprobe: usize,
+        scratch: &mut IvfScratch,
+    ) -> Vec<u32> {
+        let exclude = vec![u32::MAX; excluded];
+        let q = SearchQuery {
+            vector: query,
+            k,
+            exclude: &exclude,
+        };
+        self.probe_all(self.isa, &[q], nprobe, scratch);
+        scratch.lists.clone()
+    }
+}
+
+/// The centroid searches of `queries`: their vectors, `k` lists each, nothing excluded.
+fn centroid_queries<'a>(
+    queries: impl Iterator<Item = &'a SearchQuery<'a>>,
+    k: usize,
+) -> Vec<SearchQuery<'a>> {
+    queries
+        .map(|q| SearchQuery {
+            vector: q.vector,
+            k,
+            exclude: &[],
+        })
+        .collect()
+}
