@@ -1,5 +1,5 @@
-//! Loading a recall model: opening its tables, laying the item table out as a [`Catalogue`], opening its IVF
-//! index, checking the user and history tables, warming an executor up so the batcher's estimate starts from
+//! Loading a recall model: opening its tables, making the item table a [`Catalogue`] (laid out at load, or, for a
+//! model with an IVF index, read where it is mapped, so the table is held once), opening its IVF index, checking the user and history tables, warming an executor up so the batcher's estimate starts from
 //! measured batch times, and starting the batcher.
 
 use std::sync::Arc;
@@ -25,8 +25,9 @@ pub const DEFAULT_MAX_BATCH_QUERIES: usize = 64;
 const WARM_UP_BUDGET: Duration = Duration::from_millis(250);
 
 impl RecallModel {
-    /// Opens the tables, lays the item table out as a [`Catalogue`] in `--shards` shards, measures a few batch
-    /// sizes for the batcher's estimate, and starts the batcher.
+    /// Opens the tables, makes the item table a [`Catalogue`] in `--shards` shards (laid out at load; read where
+    /// it is mapped when the model has an index), measures a few batch sizes for the batcher's estimate, and
+    /// starts the batcher.
     pub(crate) fn load(
         ctx: &LoadContext,
         mv: &ModelVersion,
@@ -39,25 +40,32 @@ impl RecallModel {
             .ok_or_else(|| LoadError::new(&toml, "a lightgcn model needs [recall]"))?;
         let entry = |t: usize| spec.tables[t].clone();
         let item = entry(recall.item_table);
-        let item_bytes = open_tables(&mv.dir, std::slice::from_ref(&item), ctx.preload)?;
-        let catalogue = Catalogue::new(&item.spec, item_bytes[0].as_slice(), ctx.shards).map_err(
-            |problem| {
-                LoadError::new(
-                    &mv.dir.join(&item.file),
-                    format!("recall.item_table {:?} {problem}", item.spec.name),
-                )
-            },
-        )?;
+        // One call, so that tables sharing a file share one mapping (a second map of the same file would count its
+        // pages twice in the process's memory).
+        let mut entries = vec![item.clone(), entry(recall.user_table)];
+        entries.extend(recall.history_table.map(entry));
+        let mut bytes = open_tables(&mv.dir, &entries, ctx.preload)?;
+        let store_entries = entries.split_off(1);
+        let item_bytes = bytes.remove(0);
         let index = recall
             .index
             .as_ref()
-            .map(|spec| open_index(&mv.dir, spec, &item.spec, &item_bytes[0], ctx.preload))
+            .map(|spec| open_index(&mv.dir, spec, &item.spec, &item_bytes, ctx.preload))
             .transpose()?;
-        drop(item_bytes);
+        // With an index, the exact catalogue reads the same mapped rows as the index's re-rank: one copy of the
+        // table. Without one, the table is laid out at load for the fastest exact scan.
+        let catalogue = if index.is_some() {
+            Catalogue::mapped(&item.spec, Arc::new(item_bytes), ctx.shards)
+        } else {
+            Catalogue::new(&item.spec, item_bytes.as_slice(), ctx.shards)
+        }
+        .map_err(|problem| {
+            LoadError::new(
+                &mv.dir.join(&item.file),
+                format!("recall.item_table {:?} {problem}", item.spec.name),
+            )
+        })?;
 
-        let mut store_entries = vec![entry(recall.user_table)];
-        store_entries.extend(recall.history_table.map(entry));
-        let bytes = open_tables(&mv.dir, &store_entries, ctx.preload)?;
         let mut zero_rows = Vec::with_capacity(store_entries.len());
         for (e, b) in store_entries.iter().zip(&bytes) {
             zero_rows.push(scan_rows(&e.spec, b.as_slice()).map_err(|problem| {

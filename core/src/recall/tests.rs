@@ -3,6 +3,8 @@
 //! tables, batches, shard layouts, `k` and exclusions; and every score within the proven f32 rounding bound of
 //! the float64 score.
 
+use std::sync::Arc;
+
 use super::contract::Source;
 use super::reference;
 use super::*;
@@ -97,7 +99,10 @@ pub(super) fn search_queries(queries: &[(Vec<f32>, usize, Vec<u32>)]) -> Vec<Sea
 /// Searches `queries` (vector, k, exclude) on `case` in `shards` shards with every ISA, and checks each answer
 /// against the reference; returns how many answers were checked.
 fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], what: &str) -> usize {
-    let catalogue = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
+    let copied = Catalogue::new(&case.spec, &case.bytes, shards).expect("valid table");
+    let mapped =
+        Catalogue::mapped(&case.spec, Arc::new(case.bytes.clone()), shards).expect("valid table");
+    assert!(mapped.is_mapped() && !copied.is_mapped());
     let search = search_queries(queries);
     let wanted: Vec<Vec<Scored>> = queries
         .iter()
@@ -110,7 +115,10 @@ fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], wh
         })
         .collect();
     let mut checked = 0;
-    for isa in Isa::available() {
+    for (isa, catalogue) in Isa::available()
+        .into_iter()
+        .flat_map(|isa| [(isa, &copied), (isa, &mapped)])
+    {
         let mut scratch = SearchScratch::default();
         let (got, stats) = catalogue.search_with(isa, &search, &mut scratch);
         assert_eq!(stats.scored, (queries.len() * case.items()) as u64);
@@ -122,11 +130,12 @@ fn check(case: &Case, shards: usize, queries: &[(Vec<f32>, usize, Vec<u32>)], wh
                     .all(|(a, b)| a.id == b.id && a.score.to_bits() == b.score.to_bits());
             assert!(
                 same,
-                "{what}: {} items × dim {} {:?}, {shards} shards, {}, query {i} (k {}, {} excluded):\n got  {:?}\n want {:?}",
+                "{what}: {} items × dim {} {:?}, {shards} shards, {}, mapped {}, query {i} (k {}, {} excluded):\n got  {:?}\n want {:?}",
                 case.items(),
                 case.spec.dim,
                 case.spec.storage,
                 isa.as_str(),
+                catalogue.is_mapped(),
                 queries[i].1,
                 queries[i].2.len(),
                 &got[..got.len().min(8)],
@@ -186,6 +195,33 @@ fn random_tables_batches_and_shards_match_the_reference_bit_for_bit() {
         }
     }
     assert!(checked > 300, "{checked}");
+}
+
+#[test]
+fn a_mapped_catalogue_scans_block_after_block_as_the_laid_out_one_does() {
+    // 5,000 × 64 spans several of the mapped catalogue's blocks per shard (1,024 fp32 items, 3,632 int8 items).
+    let mut rng = Rng(0x5EED_0007);
+    let (items, dim) = (5000, 64);
+    let mut checked = 0;
+    for storage in [Storage::Fp32, Storage::Fp16, Storage::Int8] {
+        let case = Case::new(&random_values(&mut rng, items, dim), dim, storage);
+        let queries: Vec<_> = (0..5)
+            .map(|i| {
+                let vector: Vec<f32> = (0..dim).map(|_| rng.unit()).collect();
+                let k = [1, 100, 1500, items, 37][i];
+                // Exclusions on both sides of block boundaries, and many of them.
+                let mut exclude = vec![1023, 1024, 1025, 3631, 3632, 4095, 4096];
+                exclude.extend(random_exclude(&mut rng, items, i * 300));
+                exclude.sort_unstable();
+                exclude.dedup();
+                (vector, k, exclude)
+            })
+            .collect();
+        for shards in [1, 3] {
+            checked += check(&case, shards, &queries, "blocks");
+        }
+    }
+    assert!(checked >= 60, "{checked}");
 }
 
 #[test]
