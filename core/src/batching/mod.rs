@@ -194,9 +194,33 @@ struct Shared<J> {
     base_niceness: u8,
 }
 
-/// The nice value of a shadow version's executors: the lowest priority, so that on a busy core the version that
-/// answers runs first and the shadow's queue, not the primary's, fills up.
+/// The nice value of a shadow version's executors, which also run under `SCHED_IDLE` ([`set_scheduling`]): the
+/// lowest priority, so that on a busy core the version that answers runs first and the shadow's queue, not the
+/// primary's, fills up.
 pub const SHADOW_NICENESS: u8 = 19;
+
+/// Moves the calling executor thread to its version's scheduling: a shadow's ([`SHADOW_NICENESS`]) under
+/// `SCHED_IDLE`, which runs only when no other thread wants the core and is preempted at once when one wakes;
+/// otherwise `SCHED_OTHER` at `niceness`. Leaving `SCHED_IDLE` needs the same right as raising priority
+/// ([`set_niceness`]); without it the thread stays idle-class, and says so once.
+fn set_scheduling(niceness: u8) {
+    let policy = if niceness == SHADOW_NICENESS {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: gettid takes nothing; sched_setscheduler reads `param`, which lives across the call.
+    let result = unsafe { libc::sched_setscheduler(libc::gettid(), policy, &param) };
+    if result != 0 {
+        tracing::warn!(
+            niceness,
+            error = %std::io::Error::last_os_error(),
+            "could not change an executor thread's scheduling class"
+        );
+    }
+    set_niceness(niceness);
+}
 
 impl<J> Shared<J> {
     fn lock(&self) -> MutexGuard<'_, State<J>> {
@@ -499,7 +523,7 @@ fn run_executor<E: BatchExecutor>(mut executor: E, shared: &Shared<Job<E::Work>>
     loop {
         let wanted = shared.niceness.load(Ordering::Relaxed);
         if wanted != applied {
-            set_niceness(wanted);
+            set_scheduling(wanted);
             applied = wanted;
         }
         let now = Instant::now();
