@@ -2,21 +2,25 @@
 //!
 //! An index file (written by `python -m recserve_models index`, format in docs/model-repository.md) holds a coarse
 //! quantizer of `nlist` centroids and, per list, its items as int8 row-wise codes laid out in the catalogue's
-//! 16-item panels. A query scores the centroids (an fp32 [`Catalogue`] of them, so ties go to the lower list),
-//! scans the codes of its best `nprobe` lists with the catalogue's own code-domain kernel
-//! ([`super::kernel::code_dots`]), and re-ranks the candidates with the documented exact score read from the item table
+//! 16-item panels, or (`codes = "pq4"`) as 4-bit product-quantization codes of their residuals to the list's
+//! centroid in blocks of 32 ([`pq4`]). A query scores the centroids (an fp32 [`Catalogue`] of them, so ties go to
+//! the lower list), scans the codes of its best `nprobe` lists (int8: the catalogue's own code-domain kernel,
+//! [`super::kernel::code_dots`]; pq4: the fast-scan scanner [`pq4::scan`]), and re-ranks the candidates with the documented exact score read from the item table
 //! itself ([`exact_score`]), so every score in an answer is bit for bit the exact path's.
 //!
 //! Which items are candidates is decided by a bound, not a fixed depth: each item carries `err`, such that for any
-//! query `q` its exact f32 score lies within `err · ‖q‖₁` of its approximate (code) score. A first pass over the
+//! query `q` its exact f32 score lies within `err · ‖q‖₁` of its approximate (code) score (pq4: within
+//! `err · ‖q‖₂ + w`, below). A first pass over the
 //! probed lists finds `L`, the `k`-th best lower bound of their (non-excluded) items, and keeps every item's upper
 //! bound; a second pass takes as candidates the items whose upper bound reaches `L` (no sort: a handful more than
 //! `k` on trained catalogues), and only those are re-ranked. An item whose upper bound is below `L` has an exact
 //! score strictly below the `k`-th best exact score of the scanned items, so it cannot be in their top `k`, not
-//! even by a tie. The answer is therefore **the exact top `k` of the items of the probed lists**
+//! even by a tie. The candidates are re-ranked highest upper bound first, a chunk at a time, and the re-rank stops
+//! when the next upper bound is below the `k`-th best exact score found so far: every later candidate's exact
+//! score is below it too. The answer is therefore **the exact top `k` of the items of the probed lists**
 //! (same order, same ties by lower id, same exclusions): `nprobe = nlist` is the exact answer, and recall never
-//! falls as `nprobe` grows. `max_candidates` caps the re-ranked set (the highest upper bounds are kept); an answer
-//! whose cap cut into that set is counted in [`IvfStats::capped`].
+//! falls as `nprobe` grows. `max_candidates` caps the re-ranked set (the highest upper bounds are re-ranked); an
+//! answer whose cap stopped the re-rank before the rule did is counted in [`IvfStats::capped`].
 //!
 //! If the probed lists hold fewer than `k + |exclude|` items, further lists are probed in centroid order until they
 //! do, so an answer has as many items as the exact one.
@@ -25,6 +29,18 @@
 //! (`ivf_search.rs`): the centroids are scored for all of them in one pass, and each probed list is read once for
 //! every query that probes it. Each answer is bit for bit the one its query gets alone (tested against the
 //! one-query-at-a-time search and brute force in `ivf_tests.rs`).
+//!
+//! **The pq4 bound.** Item `x` of list `l` is coded as `x̂`, its residual `x − c_l` quantized, and carries `err ≥
+//! (‖x − c_l − x̂‖₂ + 2·γ(dim + 2)·√dim·R)·(1 + 2⁻¹⁰)` (the builder's float64, rounded up): by Cauchy–Schwarz
+//! `|<q, x> − <q, c_l> − <q, x̂>| ≤ ‖q‖₂·‖x − c_l − x̂‖₂`, and the exact f32 score is within `γ(dim + 2)·R·‖q‖₁ ≤
+//! γ(dim + 2)·R·√dim·‖q‖₂` of `<q, x>` (`R`: `max_j |x_j|`, or an int8 row's `|bias| + 255·|scale|`). The query's
+//! tables ([`Lut`]) give `<q, x̂> ≈ Δ·S + Σ_m offset_m`, `S` the item's u16 sum of table entries, within `M·Δ/2`
+//! plus their float64 rounding (`Lut::error`); `<q, c_l>` is summed in float64 (products exact). The code score is
+//! `a = f32(<q, c_l> + Σ_m offset_m) + f32(Δ)·S` in f32, within `8·2⁻²⁴·(|<q, c_l> + Σ offset| + 255·M·Δ)` of the
+//! same in real numbers. So per list `w = (Lut::error + that + 2·(dim + 2)·2⁻⁵³·Σ_j |q_j·c_lj|)·(1 + 2⁻¹⁰)`,
+//! rounded up to f32, and the bounds are `a ± (err·‖q‖₂·(1 + 10⁻⁴) + w)`; the slack factors cover the f32
+//! rounding of these last products and sums. A test catalogue whose codes are exact (`ivf_tests.rs`) fails
+//! without `w` or with half the residual term: bounds then miss exact scores.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -34,6 +50,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::catalogue::{Catalogue, CodeRow, LANES};
 use super::kernel::Isa;
+use super::pq4;
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 #[path = "ivf_search.rs"]
@@ -50,8 +67,20 @@ pub const FORMAT_VERSION: &str = "1";
 /// A lane of a panel that holds no item (the tail of a list).
 const PADDING: u32 = u32::MAX;
 
-/// Relative slack on `‖q‖₁` as computed in f32 (its rounding is at most `dim · 2⁻²⁴` relative).
+/// Relative slack on `‖q‖₁` and `‖q‖₂` as computed in f32 (their rounding is at most `dim · 2⁻²⁴` relative).
 const NORM_SLACK: f32 = 1e-4;
+
+/// The unit roundoffs of f32 and f64.
+const F32_UNIT: f64 = 1.0 / (1u64 << 24) as f64;
+const F64_UNIT: f64 = f64::EPSILON / 2.0;
+/// Relative slack on a PQ4 query's width `w`, which covers the f32 products and sums of the bounds themselves.
+const BOUND_SLACK: f64 = 1.0 / 1024.0;
+
+/// `x` as the least f32 not below it.
+fn round_up(x: f64) -> f32 {
+    let y = x as f32;
+    if f64::from(y) < x { y.next_up() } else { y }
+}
 
 /// How one query searches the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,9 +111,26 @@ pub struct IvfStats {
 struct Ranges {
     ids: Range<usize>,
     codes: Range<usize>,
-    scale: Range<usize>,
-    bias: Range<usize>,
     err: Range<usize>,
+}
+
+/// How the items of a list are coded (the file's `codes`).
+#[derive(Clone, Debug)]
+enum Codes {
+    /// Row-wise int8 in panels of [`LANES`] items, with each item's scale and bias.
+    Int8 {
+        scale: Range<usize>,
+        bias: Range<usize>,
+    },
+    /// 4-bit PQ of the residual to the list's centroid, in blocks of [`pq4::BLOCK`] items ([`pq4`]).
+    Pq4 {
+        /// Sub-quantizers.
+        m: usize,
+        /// `[m][16][dim / m]`.
+        codebooks: Vec<f32>,
+        /// The coarse centroids `[nlist][dim]`, whose scores the residuals' are added to.
+        centroids: Vec<f32>,
+    },
 }
 
 /// An IVF index over one item table, with the table itself for re-ranking.
@@ -94,7 +140,8 @@ pub struct IvfIndex {
     storage: Storage,
     file: Bytes,
     ranges: Ranges,
-    /// First panel of each list, and one past the last panel.
+    coding: Codes,
+    /// First panel (16 lanes; a pq4 block is two) of each list, and one past the last.
     offsets: Vec<usize>,
     /// Items of each list.
     sizes: Vec<usize>,
@@ -195,12 +242,15 @@ impl IvfIndex {
                 field("format_version")?
             ));
         }
-        if field("codes")? != "int8" {
-            return Err(format!(
-                "has codes {:?}; this server reads \"int8\" codes",
-                field("codes")?
-            ));
-        }
+        let pq = match field("codes")? {
+            "int8" => false,
+            "pq4" => true,
+            other => {
+                return Err(format!(
+                    "has codes {other:?} in its metadata; this server reads \"int8\" and \"pq4\" codes"
+                ));
+            }
+        };
         let number = |key: &str| -> Result<usize, String> {
             let v = field(key)?;
             v.parse()
@@ -249,6 +299,19 @@ impl IvfIndex {
         if nlist == 0 || dim == 0 {
             return Err("has nlist or dim 0".to_owned());
         }
+        let m = if pq {
+            let m = number("pq_m")?;
+            if m < 2 || !m.is_multiple_of(2) || m > pq4::MAX_M || !dim.is_multiple_of(m) {
+                return Err(format!(
+                    "has pq_m = {m} in its metadata: it must be even, from 2 to {}, and divide dim {dim}",
+                    pq4::MAX_M
+                ));
+            }
+            m
+        } else {
+            0
+        };
+        let group = if pq { pq4::BLOCK } else { LANES };
 
         let tensors = SafeTensors::deserialize(buffer)
             .map_err(|e| format!("is not a valid safetensors file (truncated or corrupt?): {e}"))?;
@@ -277,15 +340,16 @@ impl IvfIndex {
             .iter()
             .map(|b| usize::try_from(i64::from_le_bytes(*b)).unwrap_or(usize::MAX))
             .collect();
-        let panels = *offsets.last().unwrap_or(&0);
+        let groups = *offsets.last().unwrap_or(&0);
         if offsets[0] != 0 {
             return Err("tensor \"list_offsets\" does not start at 0".to_owned());
         }
+        let unit = if pq { "blocks" } else { "panels" };
         for l in 0..nlist {
-            let want = sizes[l].div_ceil(LANES);
+            let want = sizes[l].div_ceil(group);
             if offsets[l] > offsets[l + 1] || offsets[l + 1] - offsets[l] != want {
                 return Err(format!(
-                    "list {l} holds {} items but spans panels {}..{} (expected {want} panels of {LANES})",
+                    "list {l} holds {} items but spans {unit} {}..{} (expected {want} {unit} of {group})",
                     sizes[l],
                     offsets[l],
                     offsets[l + 1]
@@ -308,13 +372,46 @@ impl IvfIndex {
         };
         let centroids = Catalogue::new(&centroid_spec, centroid_bytes, 1)
             .map_err(|problem| format!("tensor \"centroids\" {problem}"))?;
-        let lanes = panels * LANES;
+        let lanes = groups * group;
         let ranges = Ranges {
             ids: tensor_range(buffer, tensor("ids", Dtype::U32, &[lanes])?),
-            codes: tensor_range(buffer, tensor("codes", Dtype::U8, &[panels, dim, LANES])?),
-            scale: tensor_range(buffer, tensor("scale", Dtype::F32, &[panels, LANES])?),
-            bias: tensor_range(buffer, tensor("bias", Dtype::F32, &[panels, LANES])?),
-            err: tensor_range(buffer, tensor("err", Dtype::F32, &[panels, LANES])?),
+            codes: tensor_range(
+                buffer,
+                if pq {
+                    tensor("codes", Dtype::U8, &[groups, m / 2, pq4::BLOCK])?
+                } else {
+                    tensor("codes", Dtype::U8, &[groups, dim, LANES])?
+                },
+            ),
+            err: tensor_range(buffer, tensor("err", Dtype::F32, &[groups, group])?),
+        };
+        let coding = if pq {
+            let books = tensor("codebooks", Dtype::F32, &[m, pq4::CENTROIDS, dim / m])?;
+            let codebooks: Vec<f32> = books
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|b| f32::from_le_bytes(*b))
+                .collect();
+            if let Some(v) = codebooks.iter().find(|v| !v.is_finite()) {
+                return Err(format!("tensor \"codebooks\" holds {v}"));
+            }
+            let centroids = centroid_bytes
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|b| f32::from_le_bytes(*b))
+                .collect();
+            Codes::Pq4 {
+                m,
+                codebooks,
+                centroids,
+            }
+        } else {
+            Codes::Int8 {
+                scale: tensor_range(buffer, tensor("scale", Dtype::F32, &[groups, LANES])?),
+                bias: tensor_range(buffer, tensor("bias", Dtype::F32, &[groups, LANES])?),
+            }
         };
         drop(tensors);
         let index = IvfIndex {
@@ -323,7 +420,9 @@ impl IvfIndex {
             storage: spec.storage,
             file,
             ranges,
-            offsets,
+            coding,
+            // In panels of 16 lanes whatever the codes (a pq4 block is two), as the search addresses lanes.
+            offsets: offsets.iter().map(|&o| o * (group / LANES)).collect(),
             sizes,
             centroids,
             table,
@@ -346,18 +445,19 @@ impl IvfIndex {
                 ))
             }
         };
-        for (name, range) in [
-            ("ids", &self.ranges.ids),
-            ("scale", &self.ranges.scale),
-            ("bias", &self.ranges.bias),
-            ("err", &self.ranges.err),
-        ] {
+        let mut floats = vec![("err", &self.ranges.err)];
+        if let Codes::Int8 { scale, bias } = &self.coding {
+            floats.extend([("scale", scale), ("bias", bias)]);
+        }
+        aligned("ids", &self.ranges.ids)?;
+        for (name, range) in &floats {
             aligned(name, range)?;
         }
         let ids = self.ids();
+        let group = self.group();
         let mut seen = vec![false; self.items];
         for (l, (&size, first)) in self.sizes.iter().zip(&self.offsets).enumerate() {
-            let lanes = &ids[first * LANES..(first + size.div_ceil(LANES)) * LANES];
+            let lanes = &ids[first * LANES..first * LANES + size.div_ceil(group) * group];
             for (i, &id) in lanes.iter().enumerate() {
                 if i >= size {
                     if id != PADDING {
@@ -379,12 +479,9 @@ impl IvfIndex {
                 }
             }
         }
-        for (name, values) in [
-            ("scale", self.floats(&self.ranges.scale)),
-            ("bias", self.floats(&self.ranges.bias)),
-            ("err", self.floats(&self.ranges.err)),
-        ] {
-            if let Some(v) = values
+        for (name, range) in floats {
+            if let Some(v) = self
+                .floats(range)
                 .iter()
                 .flatten()
                 .find(|v| !v.is_finite() || (name == "err" && **v < 0.0))
@@ -395,12 +492,32 @@ impl IvfIndex {
         Ok(())
     }
 
+    /// Items per group of a list's codes: a panel (int8) or a block (PQ4).
+    fn group(&self) -> usize {
+        match self.coding {
+            Codes::Int8 { .. } => LANES,
+            Codes::Pq4 { .. } => pq4::BLOCK,
+        }
+    }
+
+    /// The file's `codes`: `"int8"` or `"pq4"`.
+    pub fn codes_name(&self) -> &'static str {
+        match self.coding {
+            Codes::Int8 { .. } => "int8",
+            Codes::Pq4 { .. } => "pq4",
+        }
+    }
+
     fn ids(&self) -> &[u32] {
         bytemuck::cast_slice(&(*self.file).as_ref()[self.ranges.ids.clone()])
     }
 
     fn codes(&self) -> &[CodeRow] {
-        bytemuck::cast_slice(&(*self.file).as_ref()[self.ranges.codes.clone()])
+        bytemuck::cast_slice(self.code_bytes())
+    }
+
+    fn code_bytes(&self) -> &[u8] {
+        &(*self.file).as_ref()[self.ranges.codes.clone()]
     }
 
     fn floats(&self, range: &Range<usize>) -> &[[f32; LANES]] {

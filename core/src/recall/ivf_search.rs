@@ -18,18 +18,43 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use super::{IvfIndex, IvfStats, NORM_SLACK, Probe, exact_score};
+use super::pq4::{self, Lut};
+use super::{
+    BOUND_SLACK, Codes, F32_UNIT, F64_UNIT, IvfIndex, IvfStats, NORM_SLACK, Probe, exact_score,
+    round_up,
+};
 use crate::recall::catalogue::{LANES, SearchQuery, SearchScratch};
 use crate::recall::kernel::{self, Isa};
 use crate::recall::select::{Scored, TopK, answer_order};
+
+/// Candidates re-ranked between two checks of the stopping rule.
+const RERANK_CHUNK: usize = 32;
 
 /// What a list scan reads of one query besides its vector, computed once per search.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Prepared {
     /// `Σ_j q[j]` in index order (the int8 codes' bias term, and the exact score of int8 tables).
     pub(crate) qsum: f32,
-    /// `‖q‖₁` raised by [`NORM_SLACK`]: an item's bound is its `err` times this.
+    /// `‖q‖₁` raised by [`NORM_SLACK`]: an int8 item's bound is its `err` times this.
     pub(crate) qabs: f32,
+    /// `‖q‖₂` raised by [`NORM_SLACK`]: a pq4 item's bound is its `err` times this, plus the list's `w`.
+    pub(crate) qnorm: f32,
+}
+
+impl Prepared {
+    fn of(vector: &[f32]) -> Prepared {
+        let (mut qsum, mut qabs, mut qsq) = (0.0f32, 0.0f32, 0.0f32);
+        for &x in vector {
+            qsum += x;
+            qabs += x.abs();
+            qsq += x * x;
+        }
+        Prepared {
+            qsum,
+            qabs: qabs * (1.0 + NORM_SLACK),
+            qnorm: qsq.sqrt() * (1.0 + NORM_SLACK),
+        }
+    }
 }
 
 /// A list scan's output for a group of queries: at `[i · panels + p]`, the bounds of the 16 lanes of the list's
@@ -38,6 +63,8 @@ pub(crate) struct Prepared {
 pub(crate) struct ListBounds {
     pub(crate) lo: Vec<[f32; LANES]>,
     pub(crate) up: Vec<[f32; LANES]>,
+    /// The pq4 scan's table sums of one query.
+    sums: Vec<[u16; pq4::BLOCK]>,
 }
 
 /// The int8 codes' bounds, computed from each tile's dot products inside the kernel: `approx = dot · scale + bias ·
@@ -56,7 +83,7 @@ struct Int8Bounds<'a> {
 impl kernel::DotSink for Int8Bounds<'_> {
     #[inline(always)]
     fn take(&mut self, i: usize, p: usize, dots: &[f32; LANES]) {
-        let Prepared { qsum, qabs } = self.prepared[self.group[i] as usize];
+        let Prepared { qsum, qabs, .. } = self.prepared[self.group[i] as usize];
         let (scale, bias, err) = (&self.scale[p], &self.bias[p], &self.err[p]);
         let at = i * self.panels + p;
         let (lo, up) = (&mut self.lo[at], &mut self.up[at]);
@@ -89,6 +116,8 @@ struct QueryScan {
 pub struct IvfScratch {
     centroids: SearchScratch,
     prepared: Vec<Prepared>,
+    /// pq4: every query's look-up tables.
+    luts: Vec<Lut>,
     /// Every query's probed lists, ascending within each query.
     lists: Vec<u32>,
     /// `(list << 32) | query` for every probed pair, sorted: the pairs grouped by list.
@@ -128,15 +157,13 @@ impl IvfIndex {
         s.prepared.clear();
         for q in queries {
             assert_eq!(q.vector.len(), self.dim, "a query vector holds dim values");
-            let (mut qsum, mut qabs) = (0.0f32, 0.0f32);
-            for &x in q.vector {
-                qsum += x;
-                qabs += x.abs();
+            s.prepared.push(Prepared::of(q.vector));
+        }
+        if let Codes::Pq4 { m, codebooks, .. } = &self.coding {
+            s.luts.resize_with(nq.max(s.luts.len()), Lut::default);
+            for (q, lut) in queries.iter().zip(&mut s.luts) {
+                lut.fill(q.vector, codebooks, *m);
             }
-            s.prepared.push(Prepared {
-                qsum,
-                qabs: qabs * (1.0 + NORM_SLACK),
-            });
         }
         self.probe_all(isa, queries, probe.nprobe, s);
         s.queries
@@ -163,7 +190,24 @@ impl IvfIndex {
                 s.group.push(pair as u32);
                 at += 1;
             }
-            self.scan_list(isa, list, &vectors, &s.prepared, &s.group, &mut s.bounds);
+            match &self.coding {
+                Codes::Int8 { scale, bias } => self.scan_list(
+                    isa,
+                    list,
+                    (&vectors, &s.prepared),
+                    &s.group,
+                    (scale, bias),
+                    &mut s.bounds,
+                ),
+                Codes::Pq4 { m, centroids, .. } => self.scan_list_pq4(
+                    isa,
+                    list,
+                    (&vectors, &s.prepared, &s.luts),
+                    &s.group,
+                    (*m, centroids),
+                    &mut s.bounds,
+                ),
+            }
             for (i, &qi) in s.group.iter().enumerate() {
                 self.offer(
                     list,
@@ -203,9 +247,9 @@ impl IvfIndex {
         &self,
         isa: Isa,
         list: usize,
-        vectors: &[&[f32]],
-        prepared: &[Prepared],
+        (vectors, prepared): (&[&[f32]], &[Prepared]),
         group: &[u32],
+        (scale, bias): (&Range<usize>, &Range<usize>),
         out: &mut ListBounds,
     ) {
         let (first, last) = (self.offsets[list], self.offsets[list + 1]);
@@ -214,8 +258,8 @@ impl IvfIndex {
         out.lo.resize(group.len() * panels, [0.0; LANES]);
         out.up.resize(group.len() * panels, [0.0; LANES]);
         let mut sink = Int8Bounds {
-            scale: &self.floats(&self.ranges.scale)[first..last],
-            bias: &self.floats(&self.ranges.bias)[first..last],
+            scale: &self.floats(scale)[first..last],
+            bias: &self.floats(bias)[first..last],
             err: &self.floats(&self.ranges.err)[first..last],
             prepared,
             group,
@@ -225,6 +269,60 @@ impl IvfIndex {
         };
         let codes = &self.codes()[first * dim..last * dim];
         kernel::code_dots(isa, codes, dim, vectors, group, &mut sink);
+    }
+
+    /// The scan step of pq4 codes (same contract as [`IvfIndex::scan_list`], two panels per block): `approx =
+    /// <q, c_l> + Σ_m offset_m + Δ · S` from the query's tables, within `err · ‖q‖₂ + w` of the exact score (the
+    /// bound in the module docs of [`super`]).
+    fn scan_list_pq4(
+        &self,
+        isa: Isa,
+        list: usize,
+        (vectors, prepared, luts): (&[&[f32]], &[Prepared], &[Lut]),
+        group: &[u32],
+        (m, centroids): (usize, &[f32]),
+        out: &mut ListBounds,
+    ) {
+        let (first, last) = (self.offsets[list], self.offsets[list + 1]);
+        let dim = self.dim;
+        let bytes = pq4::block_bytes(m);
+        let codes = &self.code_bytes()[first / 2 * bytes..last / 2 * bytes];
+        let err = &self.floats(&self.ranges.err)[first..last];
+        let panels = last - first;
+        out.lo.resize(group.len() * panels, [0.0; LANES]);
+        out.up.resize(group.len() * panels, [0.0; LANES]);
+        let centroid = &centroids[list * dim..(list + 1) * dim];
+        for (i, &qi) in group.iter().enumerate() {
+            let (vector, lut) = (vectors[qi as usize], &luts[qi as usize]);
+            let qnorm = prepared[qi as usize].qnorm;
+            // The centroid's score in f64 (products exact, only the sum rounds), and the list's w.
+            let (mut dot, mut abs) = (0.0f64, 0.0f64);
+            for (&a, &c) in vector.iter().zip(centroid) {
+                let p = f64::from(a) * f64::from(c);
+                dot += p;
+                abs += p.abs();
+            }
+            let offset = dot + lut.offset;
+            let rounding = 8.0 * F32_UNIT * (offset.abs() + 255.0 * m as f64 * lut.delta)
+                + 2.0 * (dim as f64 + 2.0) * F64_UNIT * abs;
+            let w = round_up((lut.error + rounding) * (1.0 + BOUND_SLACK));
+            let (offset, delta) = (offset as f32, lut.delta as f32);
+            out.sums.clear();
+            pq4::scan(isa, codes, m, &lut.table, &mut out.sums);
+            let rows = i * panels..(i + 1) * panels;
+            let (lo, up) = (&mut out.lo[rows.clone()], &mut out.up[rows]);
+            for (b, sums) in out.sums.iter().enumerate() {
+                for half in 0..2 {
+                    let p = 2 * b + half;
+                    for l in 0..LANES {
+                        let approx = offset + delta * f32::from(sums[half * LANES + l]);
+                        let width = err[p][l] * qnorm + w;
+                        lo[p][l] = approx - width;
+                        up[p][l] = approx + width;
+                    }
+                }
+            }
+        }
     }
 
     /// Hands the bounds of list `list` for the group's query `i` to that query's search: its lower bounds to its
@@ -322,39 +420,129 @@ impl IvfIndex {
             }
         }
         let most = probe.max_candidates.max(q.k);
-        if candidates.len() > most {
-            // The highest upper bounds (equal ones: the lower lane) are kept.
-            stats.capped += 1;
-            candidates.select_nth_unstable_by(most - 1, answer_order);
-            candidates.truncate(most);
-        }
+        // Highest upper bound first (equal ones: the lower lane), re-ranked a chunk at a time until the next upper
+        // bound is below the k-th best exact score so far (see the module docs of [`super`]), or the cap is
+        // reached. Only the best k + one chunk are sorted at first; the rest is sorted once that k-th best score
+        // has dropped the candidates it beats.
         let table = (*self.table).as_ref();
         let row_bytes = self.storage.row_bytes(self.dim);
-        // Every candidate's row is touched first: these loads are independent, so their cache and TLB misses
-        // overlap, where each exact score's long chain of dependent adds would take them one at a time.
-        let mut touched = 0u8;
-        for c in candidates.iter() {
-            let start = ids[c.id as usize] as usize * row_bytes;
-            for b in table[start..start + row_bytes].iter().step_by(64) {
-                touched ^= *b;
-            }
+        let mut answer: Vec<Scored> = Vec::with_capacity(q.k + RERANK_CHUNK);
+        let mut kth = f32::NEG_INFINITY;
+        let mut done = 0;
+        let head = (q.k + RERANK_CHUNK).min(candidates.len());
+        if head < candidates.len() {
+            candidates.select_nth_unstable_by(head - 1, answer_order);
         }
-        std::hint::black_box(touched);
-        let mut answer: Vec<Scored> = candidates
-            .iter()
-            .map(|c| {
+        candidates[..head].sort_unstable_by(answer_order);
+        let (mut at, mut sorted) = (0, head);
+        loop {
+            let beaten = |c: &Scored, answer: &[Scored]| answer.len() >= q.k && c.score < kth;
+            if at == sorted && at < candidates.len() {
+                let mut kept = at;
+                for r in at..candidates.len() {
+                    if !beaten(&candidates[r], &answer) {
+                        candidates.swap(kept, r);
+                        kept += 1;
+                    }
+                }
+                candidates.truncate(kept);
+                candidates[at..].sort_unstable_by(answer_order);
+                sorted = kept;
+            }
+            let rest = &candidates[at..sorted];
+            let Some(next) = rest.first() else {
+                break;
+            };
+            if beaten(next, &answer) {
+                break;
+            }
+            if done == most {
+                stats.capped += 1;
+                break;
+            }
+            let take = rest.len().min(RERANK_CHUNK).min(most - done);
+            let live = rest[..take]
+                .iter()
+                .position(|c| beaten(c, &answer))
+                .unwrap_or(take);
+            let chunk = &rest[..live];
+            // The chunk's rows are touched first: these loads are independent, so their cache and TLB misses
+            // overlap, where each exact score's long chain of dependent adds would take them one at a time.
+            let mut touched = 0u8;
+            for c in chunk {
+                let start = ids[c.id as usize] as usize * row_bytes;
+                for b in table[start..start + row_bytes].iter().step_by(64) {
+                    touched ^= *b;
+                }
+            }
+            std::hint::black_box(touched);
+            answer.extend(chunk.iter().map(|c| {
                 let id = ids[c.id as usize];
                 let row = &table[id as usize * row_bytes..(id as usize + 1) * row_bytes];
                 Scored {
                     id,
                     score: exact_score(self.storage, row, q.vector, qsum),
                 }
-            })
-            .collect();
-        stats.reranked += answer.len() as u64;
+            }));
+            done += live;
+            at += live;
+            if answer.len() >= q.k {
+                answer.select_nth_unstable_by(q.k - 1, answer_order);
+                answer.truncate(q.k);
+                kth = answer[q.k - 1].score;
+            }
+            if live < take {
+                break; // the rest is beaten (kth only rises)
+            }
+        }
+        stats.reranked += done as u64;
         answer.sort_unstable_by(answer_order);
         answer.truncate(q.k);
         answer
+    }
+
+    #[cfg(test)]
+    /// Every item's (id, lower bound, upper bound) on its exact score for `query`, from the scan step.
+    pub(crate) fn item_bounds(
+        &self,
+        isa: Isa,
+        query: &[f32],
+        s: &mut IvfScratch,
+    ) -> Vec<(u32, f32, f32)> {
+        let prepared = [Prepared::of(query)];
+        let mut luts = vec![Lut::default()];
+        if let Codes::Pq4 { m, codebooks, .. } = &self.coding {
+            luts[0].fill(query, codebooks, *m);
+        }
+        let ids = self.ids();
+        let mut out = Vec::new();
+        for list in 0..self.nlist() {
+            match &self.coding {
+                Codes::Int8 { scale, bias } => self.scan_list(
+                    isa,
+                    list,
+                    (&[query], &prepared),
+                    &[0],
+                    (scale, bias),
+                    &mut s.bounds,
+                ),
+                Codes::Pq4 { m, centroids, .. } => self.scan_list_pq4(
+                    isa,
+                    list,
+                    (&[query], &prepared, &luts),
+                    &[0],
+                    (*m, centroids),
+                    &mut s.bounds,
+                ),
+            }
+            let first = self.offsets[list];
+            for lane in 0..self.sizes[list] {
+                let (p, l) = (lane / LANES, lane % LANES);
+                let id = ids[(first + p) * LANES + l];
+                out.push((id, s.bounds.lo[p][l], s.bounds.up[p][l]));
+            }
+        }
+        out
     }
 
     /// Fills every query's range of `s.lists` (ascending) with its best `nprobe` lists by centroid score, and more

@@ -37,10 +37,139 @@ fn gamma(n: usize) -> f64 {
     nu / (1.0 - nu)
 }
 
-/// Builds an index file for `table` (layout of `spec.storage`): centroids are `nlist` evenly spaced items, each
-/// item goes to the list whose centroid scores it highest, codes and bounds as documented. `metadata` overrides
-/// metadata fields.
+/// How a test index codes its items.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coding {
+    Int8,
+    /// With this many sub-quantizers.
+    Pq4(usize),
+}
+
+/// Builds an int8 index file (see [`build_as`]).
 fn build(spec: &TableSpec, table: &[u8], nlist: usize, metadata: &[(&str, &str)]) -> Vec<u8> {
+    build_as(Coding::Int8, spec, table, nlist, metadata)
+}
+
+/// What an item's exact f32 score ranges over: `max_j |x_j|`, or for an int8 row `|bias| + 255·|scale|`.
+fn exact_range(spec: &TableSpec, table: &[u8], id: usize, row: &[f32]) -> f64 {
+    match spec.storage {
+        Storage::Int8 => {
+            let params = &table[id * spec.storage.row_bytes(spec.dim) + spec.dim..];
+            let ts = f32::from_le_bytes([params[0], params[1], params[2], params[3]]);
+            let tb = f32::from_le_bytes([params[4], params[5], params[6], params[7]]);
+            f64::from(tb.abs()) + 255.0 * f64::from(ts.abs())
+        }
+        Storage::Fp32 | Storage::Fp16 => row.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs()))),
+    }
+}
+
+/// The PQ4 tensors of `lists` (item ids per list) of items `x` with coarse `centroids`: a simple codebook (any
+/// codebook must give exact answers), codes the nearest centroids, `err` the documented bound. Returns (ids, codes, err, codebooks, offsets, sizes).
+#[expect(clippy::type_complexity, reason = "a test builder's six tensors")]
+fn pq4_tensors(
+    spec: &TableSpec,
+    table: &[u8],
+    x: &[f32],
+    centroids: &[f32],
+    lists: &[Vec<u32>],
+    m: usize,
+) -> (Vec<u32>, Vec<u8>, Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>) {
+    let (n, dim) = (spec.rows as usize, spec.dim);
+    let sub = dim / m;
+    let mut list_of = vec![0usize; n];
+    for (l, list) in lists.iter().enumerate() {
+        for &id in list {
+            list_of[id as usize] = l;
+        }
+    }
+    let residual = |id: usize| -> Vec<f64> {
+        let c = &centroids[list_of[id] * dim..(list_of[id] + 1) * dim];
+        (0..dim)
+            .map(|j| f64::from(x[id * dim + j]) - f64::from(c[j]))
+            .collect()
+    };
+    // Each sub-quantizer's centroids: the first 16 distinct residual sub-vectors in item order, then those of
+    // evenly spaced items (a catalogue of at most 16 sub-vector values per sub-quantizer is coded without error).
+    let mut books = vec![0.0f32; m * pq4::CENTROIDS * sub];
+    for s in 0..m {
+        let mut found: Vec<Vec<f32>> = Vec::new();
+        for id in 0..n {
+            let v: Vec<f32> = residual(id)[s * sub..(s + 1) * sub]
+                .iter()
+                .map(|&r| r as f32)
+                .collect();
+            if found.len() < pq4::CENTROIDS && !found.contains(&v) {
+                found.push(v);
+            }
+        }
+        for c in found.len()..pq4::CENTROIDS {
+            let r = residual(c * n / pq4::CENTROIDS % n);
+            found.push(
+                r[s * sub..(s + 1) * sub]
+                    .iter()
+                    .map(|&r| r as f32)
+                    .collect(),
+            );
+        }
+        for (c, v) in found.iter().enumerate() {
+            books[(s * pq4::CENTROIDS + c) * sub..][..sub].copy_from_slice(v);
+        }
+    }
+    let (mut ids, mut codes, mut err) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut offsets, mut sizes) = (vec![0i64], Vec::new());
+    for list in lists {
+        let blocks = list.len().div_ceil(pq4::BLOCK);
+        sizes.push(list.len() as i64);
+        offsets.push(offsets.last().copied().unwrap_or(0) + blocks as i64);
+        for chunk in 0..blocks {
+            let mut block: [Vec<u8>; pq4::BLOCK] = std::array::from_fn(|_| vec![0u8; m]);
+            for (i, item_codes) in block.iter_mut().enumerate() {
+                let Some(&id) = list.get(chunk * pq4::BLOCK + i) else {
+                    ids.push(u32::MAX);
+                    err.push(0.0);
+                    continue;
+                };
+                let r = residual(id as usize);
+                let mut left = 0.0f64;
+                for s in 0..m {
+                    let dist = |c: usize| -> f64 {
+                        (0..sub)
+                            .map(|j| {
+                                let d = r[s * sub + j]
+                                    - f64::from(books[(s * pq4::CENTROIDS + c) * sub + j]);
+                                d * d
+                            })
+                            .sum()
+                    };
+                    let best = (0..pq4::CENTROIDS)
+                        .min_by(|&a, &b| dist(a).total_cmp(&dist(b)))
+                        .unwrap_or(0);
+                    item_codes[s] = best as u8;
+                    left += dist(best);
+                }
+                let row = &x[id as usize * dim..(id as usize + 1) * dim];
+                let range = exact_range(spec, table, id as usize, row);
+                let e = (left.sqrt() + 2.0 * gamma(dim + 2) * (dim as f64).sqrt() * range)
+                    * (1.0 + 1.0 / 1024.0);
+                ids.push(id);
+                err.push(round_up(e));
+            }
+            pq4::pack_block(&block, m, &mut codes);
+        }
+    }
+    (ids, codes, err, books, offsets, sizes)
+}
+
+/// Builds an index file for `table` (layout of `spec.storage`) coded as `coding`: centroids are `nlist` evenly
+/// spaced items, each item goes to the list whose centroid scores it highest, codes and bounds as documented.
+/// `metadata` overrides metadata fields.
+fn build_as(
+    coding: Coding,
+    spec: &TableSpec,
+    table: &[u8],
+    nlist: usize,
+    metadata: &[(&str, &str)],
+) -> Vec<u8> {
     let (n, dim) = (spec.rows as usize, spec.dim);
     let row_bytes = spec.storage.row_bytes(dim);
     let mut x = vec![0.0f32; n * dim];
@@ -67,56 +196,7 @@ fn build(spec: &TableSpec, table: &[u8], nlist: usize, metadata: &[(&str, &str)]
             .unwrap_or(0);
         lists[best].push(i as u32);
     }
-    let (mut offsets, mut sizes) = (vec![0i64], Vec::new());
-    let (mut ids, mut codes, mut scale, mut bias, mut err) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for list in &lists {
-        let panels = list.len().div_ceil(LANES);
-        sizes.push(list.len() as i64);
-        offsets.push(offsets.last().copied().unwrap_or(0) + panels as i64);
-        let mut panel_codes = vec![0u8; panels * dim * LANES];
-        for slot in 0..panels * LANES {
-            let Some(&id) = list.get(slot) else {
-                ids.push(u32::MAX);
-                scale.push(0.0f32);
-                bias.push(0.0f32);
-                err.push(0.0f32);
-                continue;
-            };
-            let row = &x[id as usize * dim..(id as usize + 1) * dim];
-            let min = row.iter().copied().fold(f32::INFINITY, f32::min);
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            // The table quantizer's rule: a constant row has scale 1.0 (models/recserve_models/quantize.py).
-            let s = if max > min { (max - min) / 255.0 } else { 1.0 };
-            let (mut diff, mut big) = (0.0f64, 0.0f64);
-            let (p, l) = (slot / LANES, slot % LANES);
-            for (j, &v) in row.iter().enumerate() {
-                let c = ((v - min) / s).round().clamp(0.0, 255.0);
-                panel_codes[(p * dim + j) * LANES + l] = c as u8;
-                let decoded = f64::from(c) * f64::from(s) + f64::from(min);
-                diff = diff.max((f64::from(v) - decoded).abs());
-                big = big.max(f64::from(v).abs());
-            }
-            let exact_range = match spec.storage {
-                Storage::Int8 => {
-                    let params = &table[id as usize * row_bytes + dim..];
-                    let ts = f32::from_le_bytes([params[0], params[1], params[2], params[3]]);
-                    let tb = f32::from_le_bytes([params[4], params[5], params[6], params[7]]);
-                    f64::from(tb.abs()) + 255.0 * f64::from(ts.abs())
-                }
-                Storage::Fp32 | Storage::Fp16 => big,
-            };
-            let approx_range = f64::from(min.abs()) + 255.0 * f64::from(s.abs());
-            let e =
-                (diff + 2.0 * gamma(dim + 2) * (exact_range + approx_range)) * (1.0 + 1.0 / 1024.0);
-            ids.push(id);
-            scale.push(s);
-            bias.push(min);
-            err.push(e as f32);
-        }
-        codes.extend(panel_codes);
-    }
-    let panels = *offsets.last().unwrap_or(&0) as usize;
+    let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     let mut meta: HashMap<String, String> = [
         ("format", FORMAT.to_owned()),
         ("format_version", FORMAT_VERSION.to_owned()),
@@ -131,12 +211,81 @@ fn build(spec: &TableSpec, table: &[u8], nlist: usize, metadata: &[(&str, &str)]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    let mut tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> =
+        vec![("centroids", Dtype::F32, vec![nlist, dim], le(&centroids))];
+    let (ids, offsets, sizes, group) = if let Coding::Pq4(m) = coding {
+        let (ids, codes, err, books, offsets, sizes) =
+            pq4_tensors(spec, table, &x, &centroids, &lists, m);
+        let blocks = ids.len() / pq4::BLOCK;
+        meta.insert("codes".to_owned(), "pq4".to_owned());
+        meta.insert("pq_m".to_owned(), m.to_string());
+        tensors.extend([
+            ("codes", Dtype::U8, vec![blocks, m / 2, pq4::BLOCK], codes),
+            ("err", Dtype::F32, vec![blocks, pq4::BLOCK], le(&err)),
+            (
+                "codebooks",
+                Dtype::F32,
+                vec![m, pq4::CENTROIDS, dim / m],
+                le(&books),
+            ),
+        ]);
+        (ids, offsets, sizes, pq4::BLOCK)
+    } else {
+        let (mut offsets, mut sizes) = (vec![0i64], Vec::new());
+        let (mut ids, mut codes, mut scale, mut bias, mut err) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for list in &lists {
+            let panels = list.len().div_ceil(LANES);
+            sizes.push(list.len() as i64);
+            offsets.push(offsets.last().copied().unwrap_or(0) + panels as i64);
+            let mut panel_codes = vec![0u8; panels * dim * LANES];
+            for slot in 0..panels * LANES {
+                let Some(&id) = list.get(slot) else {
+                    ids.push(u32::MAX);
+                    scale.push(0.0f32);
+                    bias.push(0.0f32);
+                    err.push(0.0f32);
+                    continue;
+                };
+                let row = &x[id as usize * dim..(id as usize + 1) * dim];
+                let min = row.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                // The table quantizer's rule: a constant row has scale 1.0 (models/recserve_models/quantize.py).
+                let s = if max > min { (max - min) / 255.0 } else { 1.0 };
+                let mut diff = 0.0f64;
+                let (p, l) = (slot / LANES, slot % LANES);
+                for (j, &v) in row.iter().enumerate() {
+                    let c = ((v - min) / s).round().clamp(0.0, 255.0);
+                    panel_codes[(p * dim + j) * LANES + l] = c as u8;
+                    let decoded = f64::from(c) * f64::from(s) + f64::from(min);
+                    diff = diff.max((f64::from(v) - decoded).abs());
+                }
+                let exact_range = exact_range(spec, table, id as usize, row);
+                let approx_range = f64::from(min.abs()) + 255.0 * f64::from(s.abs());
+                let e = (diff + 2.0 * gamma(dim + 2) * (exact_range + approx_range))
+                    * (1.0 + 1.0 / 1024.0);
+                ids.push(id);
+                scale.push(s);
+                bias.push(min);
+                err.push(e as f32);
+            }
+            codes.extend(panel_codes);
+        }
+        let panels = *offsets.last().unwrap_or(&0) as usize;
+        tensors.extend([
+            ("codes", Dtype::U8, vec![panels, dim, LANES], codes),
+            ("scale", Dtype::F32, vec![panels, LANES], le(&scale)),
+            ("bias", Dtype::F32, vec![panels, LANES], le(&bias)),
+            ("err", Dtype::F32, vec![panels, LANES], le(&err)),
+        ]);
+        (ids, offsets, sizes, LANES)
+    };
     for (k, v) in metadata {
         meta.insert((*k).to_owned(), (*v).to_owned());
     }
-    let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = vec![
-        ("centroids", Dtype::F32, vec![nlist, dim], le(&centroids)),
+    let lanes = ids.len();
+    debug_assert_eq!(lanes % group, 0);
+    tensors.extend([
         (
             "list_offsets",
             Dtype::I64,
@@ -152,14 +301,10 @@ fn build(spec: &TableSpec, table: &[u8], nlist: usize, metadata: &[(&str, &str)]
         (
             "ids",
             Dtype::U32,
-            vec![panels * LANES],
+            vec![lanes],
             ids.iter().flat_map(|v| v.to_le_bytes()).collect(),
         ),
-        ("codes", Dtype::U8, vec![panels, dim, LANES], codes),
-        ("scale", Dtype::F32, vec![panels, LANES], le(&scale)),
-        ("bias", Dtype::F32, vec![panels, LANES], le(&bias)),
-        ("err", Dtype::F32, vec![panels, LANES], le(&err)),
-    ];
+    ]);
     let views: Vec<(&str, TensorView<'_>)> = tensors
         .iter()
         .map(|(name, dtype, shape, data)| {
@@ -194,8 +339,36 @@ fn clustered(
 }
 
 fn open(spec: &TableSpec, table: &[u8], nlist: usize) -> IvfIndex {
-    IvfIndex::open(bytes(&build(spec, table, nlist, &[])), spec, bytes(table))
-        .expect("a valid index")
+    open_as(Coding::Int8, spec, table, nlist)
+}
+
+fn open_as(coding: Coding, spec: &TableSpec, table: &[u8], nlist: usize) -> IvfIndex {
+    let index = IvfIndex::open(
+        bytes(&build_as(coding, spec, table, nlist, &[])),
+        spec,
+        bytes(table),
+    )
+    .expect("a valid index");
+    let name = if coding == Coding::Int8 {
+        "int8"
+    } else {
+        "pq4"
+    };
+    assert_eq!(index.codes_name(), name);
+    index
+}
+
+/// The codings a test of `dim` runs with: int8, and PQ4 with 2 values per sub-quantizer and with one
+/// sub-quantizer pair (where `dim` allows).
+fn codings(dim: usize) -> Vec<Coding> {
+    let mut out = vec![Coding::Int8];
+    if dim.is_multiple_of(4) && dim / 2 <= pq4::MAX_M {
+        out.push(Coding::Pq4(dim / 2));
+    }
+    if dim.is_multiple_of(2) && dim > 4 {
+        out.push(Coding::Pq4(2));
+    }
+    out
 }
 
 fn query(rng: &mut Rng, dim: usize) -> Vec<f32> {
@@ -219,60 +392,67 @@ fn with_every_list_probed_the_answer_is_the_exact_answer() {
     for storage in [Storage::Fp32, Storage::Fp16, Storage::Int8] {
         for (items, dim, nlist) in [
             (1, 1, 1),
+            (1, 4, 1),
             (40, 3, 4),
+            (40, 4, 4),
             (300, 16, 7),
             (1000, 24, 16),
             (2049, 64, 32),
         ] {
             let (spec, table) = clustered(&mut rng, items, dim, 5, storage);
-            let index = open(&spec, &table, nlist);
-            let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..6)
-                .map(|i| {
-                    let k = [
-                        1,
-                        10,
-                        items,
-                        (items / 3).max(1),
-                        100.min(items),
-                        1 + rng.below(items),
-                    ][i];
-                    let exclude: Vec<u32> = {
-                        let mut e: Vec<u32> = (0..i * items / 12)
-                            .map(|_| rng.below(items) as u32)
-                            .collect();
-                        e.sort_unstable();
-                        e.dedup();
-                        e
+            for coding in codings(dim) {
+                let index = open_as(coding, &spec, &table, nlist);
+                let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..6)
+                    .map(|i| {
+                        let k = [
+                            1,
+                            10,
+                            items,
+                            (items / 3).max(1),
+                            100.min(items),
+                            1 + rng.below(items),
+                        ][i];
+                        let exclude: Vec<u32> = {
+                            let mut e: Vec<u32> = (0..i * items / 12)
+                                .map(|_| rng.below(items) as u32)
+                                .collect();
+                            e.sort_unstable();
+                            e.dedup();
+                            e
+                        };
+                        (query(&mut rng, dim), k, exclude)
+                    })
+                    .collect();
+                let search = search_queries(&queries);
+                for isa in Isa::available() {
+                    let probe = Probe {
+                        nprobe: nlist,
+                        max_candidates: ALL,
                     };
-                    (query(&mut rng, dim), k, exclude)
-                })
-                .collect();
-            let search = search_queries(&queries);
-            for isa in Isa::available() {
-                let probe = Probe {
-                    nprobe: nlist,
-                    max_candidates: ALL,
-                };
-                let (got, stats) =
-                    index.search_with(isa, &search, probe, &mut IvfScratch::default());
-                assert_eq!(stats.capped, 0);
-                assert_eq!(stats.codes, (queries.len() * items) as u64);
-                for (i, ((vector, k, exclude), got)) in queries.iter().zip(&got).enumerate() {
-                    let want =
-                        reference::top_k(&reference::scores(&spec, &table, vector), *k, exclude);
-                    assert!(
-                        same(got, &want),
-                        "{storage:?} {items}×{dim} nlist {nlist} {} query {i} k {k}:\n got  {:?}\n want {:?}",
-                        isa.as_str(),
-                        &got[..got.len().min(6)],
-                        &want[..want.len().min(6)]
-                    );
-                    checked += 1;
+                    let (got, stats) =
+                        index.search_with(isa, &search, probe, &mut IvfScratch::default());
+                    assert_eq!(stats.capped, 0);
+                    assert_eq!(stats.codes, (queries.len() * items) as u64);
+                    for (i, ((vector, k, exclude), got)) in queries.iter().zip(&got).enumerate() {
+                        let want = reference::top_k(
+                            &reference::scores(&spec, &table, vector),
+                            *k,
+                            exclude,
+                        );
+                        assert!(
+                            same(got, &want),
+                            "{storage:?} {coding:?} {items}×{dim} nlist {nlist} {} query {i} k {k}:\n got  {:?}\n want {:?}",
+                            isa.as_str(),
+                            &got[..got.len().min(6)],
+                            &want[..want.len().min(6)]
+                        );
+                        checked += 1;
+                    }
                 }
             }
         }
     }
-    assert!(checked >= 90, "{checked}");
+    assert!(checked >= 90 * 2, "{checked}");
 }
 
 /// The naive top `k` of the items of `lists`, as the index promises.
@@ -301,10 +481,16 @@ fn top_of_lists(
 #[test]
 fn with_fewer_lists_the_answer_is_the_exact_top_k_of_the_probed_lists_and_recall_never_falls() {
     let mut rng = Rng(0x1F_0002);
-    for storage in [Storage::Fp32, Storage::Int8] {
+    for (storage, coding) in [
+        (Storage::Fp32, Coding::Int8),
+        (Storage::Int8, Coding::Int8),
+        (Storage::Fp32, Coding::Pq4(16)),
+        (Storage::Fp16, Coding::Pq4(8)),
+        (Storage::Int8, Coding::Pq4(16)),
+    ] {
         let (items, dim, nlist) = (3000, 32, 24);
         let (spec, table) = clustered(&mut rng, items, dim, 12, storage);
-        let index = open(&spec, &table, nlist);
+        let index = open_as(coding, &spec, &table, nlist);
         let mut scratch = IvfScratch::default();
         let (mut recall_one, mut recall_all) = (0.0f64, 0.0f64);
         for qi in 0..20 {
@@ -335,7 +521,7 @@ fn with_fewer_lists_the_answer_is_the_exact_top_k_of_the_probed_lists_and_recall
                 let want = top_of_lists(&index, &lists, &scores, k, &exclude);
                 assert!(
                     same(&got, &want),
-                    "{storage:?} query {qi} nprobe {nprobe}: {got:?}\n{want:?}"
+                    "{storage:?} {coding:?} query {qi} nprobe {nprobe}: {got:?}\n{want:?}"
                 );
                 assert_eq!(got.len(), exact.len(), "as many items as the exact answer");
                 let hits = got
@@ -367,7 +553,7 @@ fn with_fewer_lists_the_answer_is_the_exact_top_k_of_the_probed_lists_and_recall
 #[test]
 fn ties_and_the_zero_query_are_broken_by_lower_id() {
     // Rows repeat every 5 items, so every score appears items / 5 times; a zero query ties every item at 0.
-    let (items, dim) = (203, 9);
+    let (items, dim) = (203, 10);
     let mut rng = Rng(0x1F_0003);
     let base: Vec<f32> = (0..5 * dim).map(|_| rng.unit()).collect();
     let values: Vec<f32> = (0..items)
@@ -375,31 +561,33 @@ fn ties_and_the_zero_query_are_broken_by_lower_id() {
         .collect();
     for storage in [Storage::Fp32, Storage::Int8] {
         let (spec, table) = (spec(items, dim, storage), encode(&values, dim, storage));
-        let index = open(&spec, &table, 6);
-        let zero = vec![0.0f32; dim];
-        let q = query(&mut rng, dim);
-        for (vector, k, exclude) in [
-            (&zero, 10, vec![]),
-            (&zero, items, vec![0, 1, 2]),
-            (&q, 7, vec![]),
-            (&q, 41, vec![3, 8]),
-        ] {
-            let search = SearchQuery {
-                vector,
-                k,
-                exclude: &exclude,
-            };
-            let probe = Probe {
-                nprobe: 6,
-                max_candidates: ALL,
-            };
-            let (got, _) = index.search(&[search], probe, &mut IvfScratch::default());
-            let want = reference::top_k(&reference::scores(&spec, &table, vector), k, &exclude);
-            assert!(
-                same(&got[0], &want),
-                "{storage:?} k {k}: {:?}\n{want:?}",
-                got[0]
-            );
+        for coding in [Coding::Int8, Coding::Pq4(2)] {
+            let index = open_as(coding, &spec, &table, 6);
+            let zero = vec![0.0f32; dim];
+            let q = query(&mut rng, dim);
+            for (vector, k, exclude) in [
+                (&zero, 10, vec![]),
+                (&zero, items, vec![0, 1, 2]),
+                (&q, 7, vec![]),
+                (&q, 41, vec![3, 8]),
+            ] {
+                let search = SearchQuery {
+                    vector,
+                    k,
+                    exclude: &exclude,
+                };
+                let probe = Probe {
+                    nprobe: 6,
+                    max_candidates: ALL,
+                };
+                let (got, _) = index.search(&[search], probe, &mut IvfScratch::default());
+                let want = reference::top_k(&reference::scores(&spec, &table, vector), k, &exclude);
+                assert!(
+                    same(&got[0], &want),
+                    "{storage:?} {coding:?} k {k}: {:?}\n{want:?}",
+                    got[0]
+                );
+            }
         }
     }
 }
@@ -409,34 +597,36 @@ fn batches_answer_as_single_queries_and_as_the_exact_path_in_every_shard_layout(
     let mut rng = Rng(0x1F_0004);
     let (items, dim) = (1500, 16);
     let (spec, table) = clustered(&mut rng, items, dim, 6, Storage::Int8);
-    let index = open(&spec, &table, 12);
-    let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..9)
-        .map(|i| {
-            (
-                query(&mut rng, dim),
-                1 + 37 * i,
-                vec![i as u32, 100 + i as u32],
-            )
-        })
-        .collect();
-    let search = search_queries(&queries);
-    let all = Probe {
-        nprobe: 12,
-        max_candidates: ALL,
-    };
-    let few = Probe { nprobe: 3, ..all };
-    let mut scratch = IvfScratch::default();
-    let (batch, _) = index.search(&search, few, &mut scratch);
-    for (q, got) in search.iter().zip(&batch) {
-        let (alone, _) = index.search(std::slice::from_ref(q), few, &mut IvfScratch::default());
-        assert!(same(got, &alone[0]));
-    }
-    let (exact_index, _) = index.search(&search, all, &mut scratch);
-    for shards in [1, 2, 5] {
-        let catalogue = Catalogue::new(&spec, &table, shards).expect("valid table");
-        let (exact, _) = catalogue.search(&search, &mut SearchScratch::default());
-        for (a, b) in exact_index.iter().zip(&exact) {
-            assert!(same(a, b), "{shards} shards");
+    for coding in codings(dim) {
+        let index = open_as(coding, &spec, &table, 12);
+        let queries: Vec<(Vec<f32>, usize, Vec<u32>)> = (0..9)
+            .map(|i| {
+                (
+                    query(&mut rng, dim),
+                    1 + 37 * i,
+                    vec![i as u32, 100 + i as u32],
+                )
+            })
+            .collect();
+        let search = search_queries(&queries);
+        let all = Probe {
+            nprobe: 12,
+            max_candidates: ALL,
+        };
+        let few = Probe { nprobe: 3, ..all };
+        let mut scratch = IvfScratch::default();
+        let (batch, _) = index.search(&search, few, &mut scratch);
+        for (q, got) in search.iter().zip(&batch) {
+            let (alone, _) = index.search(std::slice::from_ref(q), few, &mut IvfScratch::default());
+            assert!(same(got, &alone[0]));
+        }
+        let (exact_index, _) = index.search(&search, all, &mut scratch);
+        for shards in [1, 2, 5] {
+            let catalogue = Catalogue::new(&spec, &table, shards).expect("valid table");
+            let (exact, _) = catalogue.search(&search, &mut SearchScratch::default());
+            for (a, b) in exact_index.iter().zip(&exact) {
+                assert!(same(a, b), "{coding:?} {shards} shards");
+            }
         }
     }
 }
@@ -535,7 +725,7 @@ fn a_stale_or_malformed_index_is_refused_naming_the_mismatch() {
     for (key, value, says) in [
         ("format", "other", "format \"other\""),
         ("format_version", "9", "format_version \"9\""),
-        ("codes", "pq4", "codes \"pq4\""),
+        ("codes", "pq8", "codes \"pq8\""),
         ("nlist", "five", "nlist = \"five\""),
     ] {
         let err = refusal(&spec, &table, build(&spec, &table, 4, &[(key, value)]));
@@ -572,12 +762,17 @@ fn an_index_holding_a_non_finite_centroid_scale_bias_or_bound_is_refused_naming_
         ("err", f32::NAN, "tensor \"err\" holds NaN"),
         ("err", -1.0, "tensor \"err\" holds -1"),
     ] {
-        let mut file = good.clone();
-        let at = find_tensor(&file, tensor);
-        file[at..at + 4].copy_from_slice(&value.to_le_bytes());
-        let err = refusal(&spec, &table, file);
-        assert!(err.contains(says), "{tensor} = {value}: {err}");
+        poke_refused(&spec, &table, &good, tensor, value, says);
     }
+}
+
+/// `good` with the first value of `tensor` set to `value` is refused, saying `says`.
+fn poke_refused(spec: &TableSpec, table: &[u8], good: &[u8], tensor: &str, value: f32, says: &str) {
+    let mut file = good.to_vec();
+    let at = find_tensor(&file, tensor);
+    file[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    let err = refusal(spec, table, file);
+    assert!(err.contains(says), "{tensor} = {value}: {err}");
 }
 
 /// Where a tensor's data starts in an index file.
@@ -640,9 +835,12 @@ fn one_at_a_time(index: &IvfIndex, q: &SearchQuery<'_>, probe: Probe) -> (Vec<Sc
     }
     let qabs = qabs * (1.0 + NORM_SLACK);
     let (ids, codes) = (index.ids(), index.codes());
+    let Codes::Int8 { scale, bias } = &index.coding else {
+        panic!("the one-at-a-time reference reads int8 codes");
+    };
     let (scale, bias, err) = (
-        index.floats(&index.ranges.scale),
-        index.floats(&index.ranges.bias),
+        index.floats(scale),
+        index.floats(bias),
         index.floats(&index.ranges.err),
     );
     let total: usize = lists.iter().map(|&l| index.sizes[l as usize]).sum();
@@ -791,7 +989,15 @@ fn a_batch_answers_each_query_as_it_is_answered_alone_and_as_brute_force_over_it
                         for (chunk, want) in search.chunks(size).zip(alone.chunks(size)) {
                             let (got, stats) = index.search_with(isa, chunk, probe, &mut scratch);
                             let mut summed = IvfStats::default();
-                            for (i, (got, (want, want_stats))) in got.iter().zip(want).enumerate() {
+                            for (i, (got, (want, _))) in got.iter().zip(want).enumerate() {
+                                // The counts of the query searched alone (the reference re-ranks every
+                                // candidate; the search stops early, with the same answer).
+                                let (_, want_stats) = index.search_with(
+                                    isa,
+                                    std::slice::from_ref(&chunk[i]),
+                                    probe,
+                                    &mut IvfScratch::default(),
+                                );
                                 assert!(
                                     same(got, want),
                                     "{storage:?} {items}×{dim} nlist {nlist} nprobe {nprobe} cap {max_candidates} \
@@ -833,4 +1039,114 @@ fn a_batch_answers_each_query_as_it_is_answered_alone_and_as_brute_force_over_it
         checked > 5000 && capped > 10 && widened > 10,
         "{checked} {capped} {widened}"
     );
+}
+
+#[test]
+fn a_malformed_pq4_index_is_refused_naming_the_field() {
+    let mut rng = Rng(0x1F_0009);
+    let (spec, table) = clustered(&mut rng, 100, 8, 3, Storage::Fp32);
+    let good = build_as(Coding::Pq4(4), &spec, &table, 4, &[]);
+    assert!(IvfIndex::open(bytes(&good), &spec, bytes(&table)).is_ok());
+    for (value, says) in [
+        ("3", "pq_m = 3"),
+        ("6", "pq_m = 6"),
+        ("0", "pq_m = 0"),
+        ("512", "pq_m = 512"),
+        ("four", "pq_m = \"four\""),
+    ] {
+        let file = build_as(Coding::Pq4(4), &spec, &table, 4, &[("pq_m", value)]);
+        let err = refusal(&spec, &table, file);
+        assert!(err.contains(says), "pq_m {value}: {err}");
+    }
+    // A file of sub-quantizer pairs other than pq_m says: the codes tensor's shape is named.
+    let file = build_as(Coding::Pq4(2), &spec, &table, 4, &[("pq_m", "4")]);
+    let err = refusal(&spec, &table, file);
+    assert!(err.contains("tensor \"codes\" is U8"), "{err}");
+    // pq4 codes without a pq_m.
+    let err = refusal(&spec, &table, build(&spec, &table, 4, &[("codes", "pq4")]));
+    assert!(err.contains("has no \"pq_m\""), "{err}");
+    for (tensor, value, says) in [
+        ("codebooks", f32::NAN, "tensor \"codebooks\" holds NaN"),
+        ("err", f32::INFINITY, "tensor \"err\" holds inf"),
+        ("err", -1.0, "tensor \"err\" holds -1"),
+    ] {
+        poke_refused(&spec, &table, &good, tensor, value, says);
+    }
+}
+
+/// A catalogue whose values are drawn from 4 levels: with one list (centred on item 0) and 2 values per
+/// sub-quantizer, every residual sub-vector is one of 16, coded without error, so the query's table quantization
+/// is all that separates the PQ4 score from the exact one.
+fn four_levels(rng: &mut Rng, items: usize, dim: usize, storage: Storage) -> (TableSpec, Vec<u8>) {
+    let levels = [-1.0f32, -0.375, 0.25, 0.875];
+    let values: Vec<f32> = (0..items * dim).map(|_| levels[rng.below(4)]).collect();
+    (spec(items, dim, storage), encode(&values, dim, storage))
+}
+
+#[test]
+fn pq4_bounds_hold_every_exact_score_and_are_tight_where_the_codes_are_exact() {
+    let mut rng = Rng(0x1F_000A);
+    for (storage, dim, nlist, levels) in [
+        (Storage::Fp32, 16, 1, true),
+        (Storage::Fp16, 8, 1, true),
+        (Storage::Fp32, 32, 6, false),
+        (Storage::Int8, 24, 4, false),
+    ] {
+        let (spec, table) = if levels {
+            four_levels(&mut rng, 700, dim, storage)
+        } else {
+            clustered(&mut rng, 700, dim, 5, storage)
+        };
+        let index = open_as(Coding::Pq4(dim / 2), &spec, &table, nlist);
+        let mut scratch = IvfScratch::default();
+        let mut widest = 0.0f64;
+        for qi in 0..30 {
+            let vector: Vec<f32> = query(&mut rng, dim)
+                .iter()
+                .map(|x| x * (1 + qi) as f32)
+                .collect();
+            let exact = reference::scores(&spec, &table, &vector);
+            let bounds = index.item_bounds(Isa::detect(), &vector, &mut scratch);
+            assert_eq!(bounds.len(), spec.rows as usize);
+            let spread = exact.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+                - exact.iter().fold(f32::INFINITY, |m, &x| m.min(x));
+            for (id, lo, up) in bounds {
+                let e = exact[id as usize];
+                assert!(
+                    lo <= e && e <= up,
+                    "{storage:?} query {qi} item {id}: {e} outside [{lo}, {up}]"
+                );
+                widest = widest.max(f64::from(up - lo) / f64::from(spread));
+            }
+        }
+        if levels {
+            // Exact codes: the width is the table quantization (M · Δ / 2 each way), a small share of the scores'
+            // spread.
+            assert!(
+                widest < 0.2,
+                "{storage:?}: bounds {widest} of the spread wide"
+            );
+            let (items, k) = (700, 50);
+            for isa in Isa::available() {
+                let vector = query(&mut rng, dim);
+                let q = SearchQuery {
+                    vector: &vector,
+                    k,
+                    exclude: &[3, 9],
+                };
+                let probe = Probe {
+                    nprobe: 1,
+                    max_candidates: ALL,
+                };
+                let (got, stats) = index.search_with(isa, &[q], probe, &mut scratch);
+                let want = reference::top_k(&reference::scores(&spec, &table, &vector), k, &[3, 9]);
+                assert!(same(&got[0], &want), "{isa:?}");
+                assert!(
+                    stats.reranked < items as u64 / 2,
+                    "tight bounds prune: {}",
+                    stats.reranked
+                );
+            }
+        }
+    }
 }

@@ -256,6 +256,19 @@ pub fn open_index(
     let file: ivf::Bytes = Arc::new(map);
     let index = IvfIndex::open(file, item, Arc::new(table.clone()))
         .map_err(|problem| LoadError::new(&path, format!("recall.index: {problem}")))?;
+    if spec.codes != index.codes_name() {
+        return Err(LoadError::new(
+            &path,
+            format!(
+                "recall.index.codes = {:?}, but the index file holds {:?} codes: rebuild it with `python -m \
+                 recserve_models index --codes {}` or set codes = {:?}",
+                spec.codes,
+                index.codes_name(),
+                spec.codes,
+                index.codes_name()
+            ),
+        ));
+    }
     if spec.nprobe > index.nlist() {
         return Err(LoadError::new(
             &path,

@@ -23,6 +23,7 @@ mod executor;
 mod ivf;
 mod kernel;
 mod load;
+mod pq4;
 #[cfg(test)]
 mod reference;
 mod select;

@@ -12,17 +12,17 @@ use crate::registry::RequestLimits;
 use crate::repository::{OovPolicy, Storage, TableSpec};
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
-pub(super) struct Rng(pub(super) u64);
+pub(crate) struct Rng(pub(super) u64);
 
 impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     /// Uniform in [-1, 1).
-    pub(super) fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
     pub(super) fn below(&mut self, n: usize) -> usize {

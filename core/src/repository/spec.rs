@@ -155,7 +155,13 @@ pub struct IndexSpec {
     pub(crate) nprobe: usize,
     /// The most candidates a query re-ranks with the exact score.
     pub(crate) max_candidates: usize,
+    /// How the file codes its items: `"int8"` (the default) or `"pq4"`; the file must say the same (checked at
+    /// load).
+    pub(crate) codes: String,
 }
+
+/// The values `[recall.index] codes` may take.
+pub const INDEX_CODES: [&str; 2] = ["int8", "pq4"];
 
 /// `[recall.index] max_candidates` unless the file says otherwise.
 pub const DEFAULT_MAX_CANDIDATES: usize = 10_000;
@@ -399,6 +405,7 @@ struct RawIndex {
     file: String,
     nprobe: usize,
     max_candidates: Option<usize>,
+    codes: Option<String>,
 }
 
 /// A file name inside the version directory: relative, no `..`, not empty.
@@ -787,10 +794,17 @@ impl RawModel {
                         if max_candidates == 0 {
                             return Err("recall.index.max_candidates must be at least 1".to_owned());
                         }
+                        let codes = raw.codes.unwrap_or_else(|| INDEX_CODES[0].to_owned());
+                        if !INDEX_CODES.contains(&codes.as_str()) {
+                            return Err(format!(
+                                "recall.index.codes = {codes:?} must be \"int8\" or \"pq4\""
+                            ));
+                        }
                         Some(IndexSpec {
                             file: raw.file,
                             nprobe: raw.nprobe,
                             max_candidates,
+                            codes,
                         })
                     }
                 };
@@ -1186,8 +1200,17 @@ storage = "fp32"
             Some(IndexSpec {
                 file: "ivf.safetensors".to_owned(),
                 nprobe: 8,
-                max_candidates: DEFAULT_MAX_CANDIDATES
+                max_candidates: DEFAULT_MAX_CANDIDATES,
+                codes: "int8".to_owned(),
             })
+        );
+        let pq = ModelSpec::parse(&with_index(
+            "file = \"ivf.safetensors\"\nnprobe = 8\ncodes = \"pq4\"",
+        ))
+        .expect("valid");
+        assert_eq!(
+            pq.recall.expect("recall").index.expect("index").codes,
+            "pq4"
         );
         for (index, says) in [
             (
@@ -1203,6 +1226,10 @@ storage = "fp32"
                 "recall.index.file = \"../ivf\" must be a relative path",
             ),
             ("file = \"ivf.safetensors\"", "missing field `nprobe`"),
+            (
+                "file = \"ivf\"\nnprobe = 2\ncodes = \"pq8\"",
+                "recall.index.codes = \"pq8\" must be \"int8\" or \"pq4\"",
+            ),
             (
                 "file = \"ivf\"\nnprobe = 2\nrerank = 3",
                 "unknown field `rerank`",
