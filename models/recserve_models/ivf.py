@@ -28,7 +28,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from . import files
+from . import files, pq4
 from .model_toml import LightGCNToml, TableSpec
 from .progress import Progress
 from .quantize import INT8_TRAILER, quantize_rowwise_int8
@@ -39,6 +39,8 @@ INDEX_FILE = "ivf.safetensors"
 LANES = 16  # items per panel (src/recall/catalogue.rs)
 PADDING = np.uint32(2**32 - 1)  # the id of a lane past a list's last item
 TENSORS = ("centroids", "list_offsets", "list_sizes", "ids", "codes", "scale", "bias", "err")
+PQ4_TENSORS = ("centroids", "list_offsets", "list_sizes", "ids", "codes", "codebooks", "err")
+CODES = ("int8", "pq4")
 _U = 2.0**-24
 
 
@@ -164,6 +166,18 @@ def encode(values: np.ndarray, spec: TableSpec, stored: np.ndarray, block: int =
     return out
 
 
+def exact_ranges(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> np.ndarray:
+    """Per row, float64: what its exact f32 score ranges over, `max_j |x_j|`, or `|bias| + 255·|scale|` of an int8
+    row (`stored` holds the rows' fused codes and trailer)."""
+    rows, dim = values.shape
+    if spec.storage == "int8":
+        t = np.ascontiguousarray(stored[:, dim : dim + INT8_TRAILER])
+        t_scale = t[:, :4].copy().view("<f4").reshape(rows).astype(np.float64)
+        t_bias = t[:, 4:].copy().view("<f4").reshape(rows).astype(np.float64)
+        return np.abs(t_bias) + 255.0 * np.abs(t_scale)
+    return np.abs(values.astype(np.float64)).max(axis=1)
+
+
 def _encode_block(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Codes:
     rows, dim = values.shape
     fused = quantize_rowwise_int8(spec.name, values)
@@ -173,13 +187,7 @@ def _encode_block(values: np.ndarray, spec: TableSpec, stored: np.ndarray) -> Co
     bias = trailer[:, 4:].copy().view("<f4").reshape(rows)
     decoded = codes.astype(np.float64) * scale.astype(np.float64)[:, None] + bias.astype(np.float64)[:, None]
     diff = np.abs(values.astype(np.float64) - decoded).max(axis=1)
-    if spec.storage == "int8":
-        t = np.ascontiguousarray(stored[:, dim : dim + INT8_TRAILER])
-        t_scale = t[:, :4].copy().view("<f4").reshape(rows).astype(np.float64)
-        t_bias = t[:, 4:].copy().view("<f4").reshape(rows).astype(np.float64)
-        exact_range = np.abs(t_bias) + 255.0 * np.abs(t_scale)
-    else:
-        exact_range = np.abs(values.astype(np.float64)).max(axis=1)
+    exact_range = exact_ranges(values, spec, stored)
     approx_range = np.abs(bias.astype(np.float64)) + 255.0 * np.abs(scale.astype(np.float64))
     err64 = (diff + 2.0 * gamma(dim + 2) * (exact_range + approx_range)) * (1.0 + 2.0**-10)
     err = err64.astype(np.float32)
@@ -191,19 +199,8 @@ def layout(assign: np.ndarray, nlist: int, codes: Codes, block: int = 1 << 20) -
     """The index tensors (all but `centroids`) for items assigned to lists by `assign` (int64 [items]); codes are
     placed `block` items at a time."""
     items, dim = codes.codes.shape
-    sizes = np.bincount(assign, minlength=nlist).astype(np.int64)
-    panels = (sizes + LANES - 1) // LANES
-    offsets = np.zeros(nlist + 1, dtype=np.int64)
-    np.cumsum(panels, out=offsets[1:])
-    order = np.argsort(assign, kind="stable")  # by list, ascending id within a list
-    list_start = np.zeros(nlist, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=list_start[1:])
-    sorted_list = assign[order]
-    rank = np.arange(items, dtype=np.int64) - list_start[sorted_list]
-    lane = offsets[sorted_list] * LANES + rank  # the lane of each item, in `order`
-    total = int(offsets[-1]) * LANES
-    ids = np.full(total, PADDING, dtype=np.uint32)
-    ids[lane] = order.astype(np.uint32)
+    sizes, offsets, order, lane, ids = _lanes(assign, nlist, LANES)
+    total = ids.size
     per_lane = {}
     for name in ("scale", "bias", "err"):
         column = np.zeros(total, dtype=np.float32)
@@ -221,6 +218,62 @@ def layout(assign: np.ndarray, nlist: int, codes: Codes, block: int = 1 << 20) -
         "ids": ids,
         "codes": panel_codes,
         **per_lane,
+    }
+
+
+def _lanes(assign: np.ndarray, nlist: int, group: int) -> tuple[np.ndarray, ...]:
+    """Where the items assigned to lists by `assign` go, in groups of `group` lanes: list sizes, list offsets (in
+    groups), the items by list (ascending id within a list), the lane of each of those, and the id of each lane."""
+    items = assign.size
+    sizes = np.bincount(assign, minlength=nlist).astype(np.int64)
+    offsets = np.zeros(nlist + 1, dtype=np.int64)
+    np.cumsum((sizes + group - 1) // group, out=offsets[1:])
+    order = np.argsort(assign, kind="stable")
+    list_start = np.zeros(nlist, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=list_start[1:])
+    sorted_list = assign[order]
+    rank = np.arange(items, dtype=np.int64) - list_start[sorted_list]
+    lane = offsets[sorted_list] * group + rank
+    ids = np.full(int(offsets[-1]) * group, PADDING, dtype=np.uint32)
+    ids[lane] = order.astype(np.uint32)
+    return sizes, offsets, order, lane, ids
+
+
+def layout_pq4(
+    assign: np.ndarray,
+    nlist: int,
+    values: np.ndarray,
+    spec: TableSpec,
+    stored: np.ndarray,
+    centroids: np.ndarray,
+    books: np.ndarray,
+    block: int = 1 << 18,
+) -> dict[str, np.ndarray]:
+    """The PQ4 index tensors (all but `centroids`): each item's residual to its centroid coded with `books`, in
+    blocks of 32 lanes, and its bound (`pq4` module docs); `block` items at a time."""
+    items, dim = values.shape
+    m = books.shape[0]
+    sizes, offsets, order, lane, ids = _lanes(assign, nlist, pq4.BLOCK)
+    lane_of = np.empty(items, dtype=np.int64)
+    lane_of[order] = lane
+    lane_codes = np.zeros((ids.size, m), dtype=np.uint8)
+    err = np.zeros(ids.size, dtype=np.float32)
+    for a in range(0, items, block):
+        b = min(items, a + block)
+        x = np.asarray(values[a:b], dtype=np.float32)
+        codes = pq4.encode(x - centroids[assign[a:b]], books)
+        # What the codes leave, measured in float64 against the float32 centroid the server adds back.
+        exact = x.astype(np.float64) - centroids[assign[a:b]].astype(np.float64)
+        left = np.sqrt(((exact - pq4.decode(codes, books)) ** 2).sum(axis=1))
+        lane_codes[lane_of[a:b]] = codes
+        err[lane_of[a:b]] = pq4.bound(left, exact_ranges(x, spec, np.asarray(stored[a:b])), dim)
+    return {
+        "list_offsets": offsets,
+        "list_sizes": sizes,
+        "ids": ids,
+        "codes": pq4.pack(lane_codes),
+        "codebooks": books,
+        "err": err.reshape(-1, pq4.BLOCK),
     }
 
 
@@ -247,12 +300,20 @@ def build_file(
     iterations: int = 10,
     seed: int = 0,
     report: Callable[[str], None] | None = None,
+    codes: str = "int8",
+    pq_m: int | None = None,
 ) -> Built:
-    """Writes the index of the item table `spec` (its tensor `stored`, decoded `values`) to `path`."""
+    """Writes the index of the item table `spec` (its tensor `stored`, decoded `values`) to `path`, its items
+    coded as `codes` ("int8", or "pq4" with `pq_m` sub-quantizers, default `pq4.default_m`)."""
     started = time.monotonic()
     items, dim = values.shape
     if not 1 <= nlist <= items:
         raise IndexError_(f"--nlist must be from 1 to the {items} items of item table {spec.name!r}, not {nlist}")
+    if codes not in CODES:
+        raise IndexError_(f"--codes must be one of {', '.join(CODES)}, not {codes!r}")
+    if codes == "pq4":
+        pq_m = pq4.default_m(dim) if pq_m is None else pq_m
+        pq4.check_m(pq_m, dim)
     rng = np.random.default_rng(seed)
     trained_on = min(items, max(sample, nlist))
     train = values if trained_on == items else values[np.sort(rng.choice(items, size=trained_on, replace=False))]
@@ -263,9 +324,18 @@ def build_file(
         report(f"assigning {items} items to their nearest centroid")
     progress = Progress("items assigned", total=items, report=report) if report else None
     assign = nearest(values, centroids, progress=progress)
-    if report:
-        report(f"coding {items} items as int8 and laying out {nlist} lists")
-    tensors = layout(assign, nlist, encode(values, spec, stored))
+    if codes == "pq4":
+        assert pq_m is not None
+        sample = np.sort(rng.choice(items, size=min(items, max(sample, 256 * pq4.CENTROIDS)), replace=False))
+        residuals = np.asarray(values[sample], dtype=np.float32) - centroids[assign[sample]]
+        books = pq4.train(residuals, pq_m, iterations, seed, report)
+        if report:
+            report(f"coding {items} items as pq4 ({pq_m} sub-quantizers) and laying out {nlist} lists")
+        tensors = layout_pq4(assign, nlist, values, spec, stored, centroids, books)
+    else:
+        if report:
+            report(f"coding {items} items as int8 and laying out {nlist} lists")
+        tensors = layout(assign, nlist, encode(values, spec, stored))
     del assign
     if report:
         report(f"checksum of the item table and writing {path}")
@@ -273,7 +343,8 @@ def build_file(
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "codes": "int8",
+        "codes": codes,
+        **({"pq_m": str(pq_m)} if codes == "pq4" else {}),
         "items": str(items),
         "dim": str(dim),
         "nlist": str(nlist),
@@ -306,9 +377,12 @@ def verify(path: Path, spec: TableSpec, stored: np.ndarray, values: np.ndarray) 
     except (OSError, Exception) as e:  # safetensors raises its own error types
         raise fail(f"is not a readable safetensors file: {e}") from e
     stale = "the index is stale or for another table: rebuild it with `python -m recserve_models index`"
-    for key, want in (("format", FORMAT), ("format_version", FORMAT_VERSION), ("codes", "int8")):
+    for key, want in (("format", FORMAT), ("format_version", FORMAT_VERSION)):
         if meta.get(key) != want:
             raise fail(f"has {key} {meta.get(key)!r} in its metadata, not {want!r}")
+    codes_kind = meta.get("codes")
+    if codes_kind not in CODES:
+        raise fail(f"has codes {codes_kind!r} in its metadata, not one of {', '.join(CODES)}")
     rows, dim = values.shape
     for key, want in (("items", str(rows)), ("dim", str(dim)), ("item_storage", spec.storage)):
         if meta.get(key) != want:
@@ -323,14 +397,18 @@ def verify(path: Path, spec: TableSpec, stored: np.ndarray, values: np.ndarray) 
         nlist = int(meta.get("nlist", ""))
     except ValueError as e:
         raise fail(f"has nlist {meta.get('nlist')!r} in its metadata, not a count") from e
-    missing = [t for t in TENSORS if t not in tensors]
+    missing = [t for t in (PQ4_TENSORS if codes_kind == "pq4" else TENSORS) if t not in tensors]
     if missing:
         raise fail(f"has no tensor {missing[0]!r}")
+    group = pq4.BLOCK if codes_kind == "pq4" else LANES
     sizes, offsets, ids = tensors["list_sizes"], tensors["list_offsets"], tensors["ids"]
     if sizes.shape != (nlist,) or offsets.shape != (nlist + 1,) or offsets[0] != 0:
         raise fail(f"list_sizes / list_offsets do not describe {nlist} lists")
-    if not np.array_equal(np.diff(offsets), (sizes + LANES - 1) // LANES) or sizes.sum() != rows:
+    if not np.array_equal(np.diff(offsets), (sizes + group - 1) // group) or sizes.sum() != rows:
         raise fail("list_offsets do not match list_sizes, or the lists do not hold every item once")
+    if codes_kind == "pq4":
+        _verify_pq4(fail, meta, tensors, nlist, values, spec, stored)
+        return nlist
     panels = int(offsets[-1])
     shapes = {
         "centroids": (nlist, dim),
@@ -360,6 +438,50 @@ def verify(path: Path, spec: TableSpec, stored: np.ndarray, values: np.ndarray) 
     return nlist
 
 
+def _verify_pq4(
+    fail: Callable[[str], IndexError_],
+    meta: dict[str, str],
+    tensors: dict[str, np.ndarray],
+    nlist: int,
+    values: np.ndarray,
+    spec: TableSpec,
+    stored: np.ndarray,
+) -> None:
+    """`verify` of a PQ4 file: `pq_m`, the shapes, the ids, and that every `err` bounds its item's code error."""
+    rows, dim = values.shape
+    try:
+        m = int(meta.get("pq_m", ""))
+        pq4.check_m(m, dim)
+    except (ValueError, IndexError_) as e:
+        raise fail(f"has pq_m {meta.get('pq_m')!r} in its metadata: it must be even, from 2 to 256, and divide dim") from e
+    offsets, sizes, ids = tensors["list_offsets"], tensors["list_sizes"], tensors["ids"]
+    blocks = int(offsets[-1])
+    shapes = {
+        "centroids": (nlist, dim),
+        "ids": (blocks * pq4.BLOCK,),
+        "codes": (blocks, m // 2, pq4.BLOCK),
+        "codebooks": (m, pq4.CENTROIDS, dim // m),
+        "err": (blocks, pq4.BLOCK),
+    }
+    for name, shape in shapes.items():
+        if tensors[name].shape != shape:
+            raise fail(f"tensor {name!r} has shape {list(tensors[name].shape)}, expected {list(shape)}")
+    spans = (offsets[1:] - offsets[:-1]) * pq4.BLOCK
+    lane_in_list = np.arange(blocks * pq4.BLOCK) - np.repeat(offsets[:-1] * pq4.BLOCK, spans)
+    used = lane_in_list < np.repeat(sizes, spans)
+    if np.any(ids[~used] != PADDING) or not np.array_equal(np.sort(ids[used]), np.arange(rows, dtype=np.uint32)):
+        raise fail("tensor 'ids' does not hold every item exactly once, with padding lanes marked")
+    item = ids[used].astype(np.int64)
+    list_of = np.repeat(np.arange(nlist), spans)[used]
+    codes = pq4.unpack(tensors["codes"])[used]
+    decoded = tensors["centroids"][list_of].astype(np.float64) + pq4.decode(codes, tensors["codebooks"])
+    left = np.sqrt(((values[item].astype(np.float64) - decoded) ** 2).sum(axis=1))
+    err = tensors["err"].reshape(-1)[used].astype(np.float64)
+    bad = np.flatnonzero(~(err >= left))
+    if bad.size:
+        raise fail(f"item {int(item[bad[0]])}'s err {err[bad[0]]} does not bound its code error {left[bad[0]]}")
+
+
 def build_index(
     directory: Path,
     model: LightGCNToml,
@@ -371,7 +493,9 @@ def build_index(
     seed: int,
     report: Callable[[str], None] | None = None,
     file: str = INDEX_FILE,
+    codes: str = "int8",
+    pq_m: int | None = None,
 ) -> Built:
     """Writes `file` into the version `directory` for its item table (see `build_file`)."""
     spec = model.table(model.recall.item_table)
-    return build_file(directory / file, spec, stored, values, nlist, sample, iterations, seed, report)
+    return build_file(directory / file, spec, stored, values, nlist, sample, iterations, seed, report, codes, pq_m)

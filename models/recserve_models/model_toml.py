@@ -170,6 +170,8 @@ class IndexSpec:
     nprobe: int
     # The most candidates a query re-ranks; None: the server's default (src/repository/spec.rs).
     max_candidates: int | None = None
+    # How the file codes its items: "int8" or "pq4" (the file must say the same).
+    codes: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,8 @@ def to_toml(model: ModelToml) -> str:
             pairs: list[tuple[str, object]] = [("file", index.file), ("nprobe", index.nprobe)]
             if index.max_candidates is not None:
                 pairs.append(("max_candidates", index.max_candidates))
+            if index.codes != "int8":
+                pairs.append(("codes", index.codes))
             sections.append(_section("[recall.index]", pairs))
         sections += [_table_section(t) for t in model.tables]
         return "\n".join(sections)
@@ -410,8 +414,13 @@ def read(path: Path) -> ModelToml:
         index = None
         if "index" in r.table:
             ix = _Reader(path, "recall.index", r.get("index", dict))
-            ix.only("file", "nprobe", "max_candidates")
-            index = IndexSpec(ix.relative_file("file"), ix.get("nprobe", int), ix.get("max_candidates", int, None))
+            ix.only("file", "nprobe", "max_candidates", "codes")
+            index = IndexSpec(
+                ix.relative_file("file"),
+                ix.get("nprobe", int),
+                ix.get("max_candidates", int, None),
+                ix.get("codes", str, "int8", choices=("int8", "pq4")),
+            )
             for key in ("nprobe", "max_candidates"):
                 value = getattr(index, key)
                 if value is not None and value < 1:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
-from recserve_models import check, ivf, model_toml
+from recserve_models import check, ivf, model_toml, pq4
 from recserve_models.commands import main
 from recserve_models.model_toml import LightGCNToml, RecallSpec, TableSpec
 from recserve_models.repository import Table, encode_table, load_tables, values, write_lightgcn_version
@@ -220,3 +221,70 @@ def test_recall_through_the_built_index_finds_most_of_the_exact_top_k(tmp_path: 
             probed |= set(ids[ids != 2**32 - 1].tolist())
         hits += len(exact_top(x, q, 20) & probed)
     assert hits / (20 * 20) > 0.6, hits
+
+
+def test_pq4_pack_is_the_documented_layout_and_unpack_inverts_it(rng) -> None:
+    for m in (2, 4, 6, 32):
+        codes = rng.integers(0, 16, size=(3 * pq4.BLOCK, m), dtype=np.uint8)
+        packed = pq4.pack(codes)
+        assert packed.shape == (3, m // 2, 32)
+        for lane in range(codes.shape[0]):
+            b, item = divmod(lane, 32)
+            for s in range(m):
+                byte = int(packed[b, s // 2, (s % 2) * 16 + item % 16])
+                assert (byte & 15 if item < 16 else byte >> 4) == codes[lane, s]
+        assert np.array_equal(pq4.unpack(packed), codes)
+
+
+def test_pq4_default_m_and_its_checks() -> None:
+    assert [pq4.default_m(d) for d in (2, 6, 8, 10, 64, 100)] == [2, 2, 4, 2, 32, 50]
+    with pytest.raises(ivf.IndexError_, match="even number of sub-quantizers dividing dim 9"):
+        pq4.default_m(9)
+    for m in (0, 3, 5, 512):
+        with pytest.raises(ivf.IndexError_, match=f"--pq-m must be even.*not {m}"):
+            pq4.check_m(m, 10 if m != 512 else 1024)
+
+
+@pytest.mark.parametrize("storage", ["fp32", "int8"])
+def test_the_index_command_writes_pq4_codes_that_bound_every_items_score(tmp_path: Path, rng, storage) -> None:
+    """A pq4 index: model.toml says so, check accepts it, every item's err bounds its code error, and for random
+    queries every exact score lies within err·‖q‖₂ of the centroid's plus the decoded residual's score."""
+    directory = version(tmp_path, rng, storage)
+    main(["index", str(directory), "--nlist", "8", "--nprobe", "2", "--codes", "pq4"])
+    model = model_toml.read(directory / "model.toml")
+    assert model.recall.index == model_toml.IndexSpec("ivf.safetensors", 2, None, "pq4")
+    assert 'codes = "pq4"' in (directory / "model.toml").read_text()
+    assert check.validate(tmp_path / "repo").errors == []
+    item = load_tables(directory, model)["item"]
+    assert ivf.verify(directory / "ivf.safetensors", item.spec, item.stored, values(item)) == 8
+    t = load_file(str(directory / "ivf.safetensors"))
+    assert t["codes"].shape[1:] == (2, 32) and t["codebooks"].shape == (4, 16, 2)
+    x = values(item).astype(np.float64)
+    used = t["ids"] != 2**32 - 1
+    ids = t["ids"][used].astype(np.int64)
+    spans = np.diff(t["list_offsets"]) * 32
+    lists = np.repeat(np.arange(8), spans)[used]
+    decoded = t["centroids"][lists].astype(np.float64) + pq4.decode(pq4.unpack(t["codes"])[used], t["codebooks"])
+    err = t["err"].reshape(-1)[used].astype(np.float64)
+    for q in rng.normal(size=(20, 8)):
+        gap = np.abs(x[ids] @ q - decoded @ q)
+        assert np.all(gap <= err * np.linalg.norm(q)), gap.max()
+    # A loose err is accepted by neither check nor verify when it no longer bounds the code error.
+    t["err"][:] = 0.0
+    save_file(t, str(directory / "ivf.safetensors"), metadata=safe_metadata(directory / "ivf.safetensors"))
+    with pytest.raises(ivf.IndexError_, match="does not bound its code error"):
+        ivf.verify(directory / "ivf.safetensors", item.spec, item.stored, values(item))
+
+
+def safe_metadata(path: Path) -> dict[str, str]:
+    with safe_open(str(path), framework="numpy") as f:
+        return f.metadata()
+
+
+def test_model_toml_refuses_an_unknown_index_codes(tmp_path: Path, rng) -> None:
+    directory = version(tmp_path, rng)
+    main(["index", str(directory), "--nlist", "4"])
+    toml = directory / "model.toml"
+    toml.write_text(toml.read_text().replace("nprobe = 1", 'nprobe = 1\ncodes = "pq8"'))
+    with pytest.raises(model_toml.ModelTomlError, match="recall.index.codes must be one of 'int8', 'pq4', not 'pq8'"):
+        model_toml.read(toml)

@@ -17,7 +17,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `index` command's options."""
     parser.add_argument("version", type=Path, help="a LightGCN version directory (holds model.toml)")
     parser.add_argument("--nlist", type=int, required=True, help="lists (k-means centroids), e.g. 4 x sqrt(items)")
-    parser.add_argument("--codes", choices=("int8",), default="int8", help="how items are coded in the lists (int8)")
+    parser.add_argument(
+        "--codes",
+        choices=ivf.CODES,
+        default="int8",
+        help="how items are coded in the lists: int8 (row-wise, 1 byte a value) or pq4 (4-bit product quantization "
+        "of the residual to the list's centroid, fast scan; 4 bits per sub-quantizer) (int8)",
+    )
+    parser.add_argument(
+        "--pq-m", type=int, help="pq4: sub-quantizers, even and dividing dim (default: dim / 2 when that is even)"
+    )
     parser.add_argument(
         "--nprobe", type=int, help="lists a query scans unless it asks otherwise (default: nlist / 64, at least 1)"
     )
@@ -65,13 +74,15 @@ def run(args: argparse.Namespace) -> None:
             args.seed,
             report,
             args.file,
+            args.codes,
+            args.pq_m,
         )
     except ivf.IndexError_ as e:
         raise SystemExit(f"index: {e}") from e
-    index = IndexSpec(args.file, nprobe, args.max_candidates)
+    index = IndexSpec(args.file, nprobe, args.max_candidates, args.codes)
     updated = dataclasses.replace(model, recall=dataclasses.replace(model.recall, index=index))
     files.write_text(path, model_toml.to_toml(updated), encoding="utf-8")
     print(
         f"wrote {built.path}: {built.items} items in {built.nlist} lists (largest {built.largest_list}), k-means on "
-        f"{built.trained_on} items, {built.bytes} bytes, {built.seconds:.1f} s; [recall.index] nprobe = {nprobe}"
+        f"{built.trained_on} items, {args.codes} codes, {built.bytes} bytes, {built.seconds:.1f} s; [recall.index] nprobe = {nprobe}"
     )
