@@ -353,6 +353,7 @@ fn run(o: &Options) -> Result<(), String> {
         "dim": dim,
         "item_storage": item.spec.storage.as_str(),
         "nlist": index.nlist(),
+        "codes": index.codes_name(),
         "default_nprobe": default.nprobe,
         "k": o.k,
         "batch": o.batch,

@@ -21,7 +21,8 @@
 # Environment: CORE (the core to pin to, default the last one), QUERIES (1000), NPROBES (recserve's sweep),
 # ROUNDS (3), PEERS (a comma list of scripts/ivf-peers.py's peers; default Faiss's two and the two graphs on inner
 # product, e.g. PEERS=faiss-sq8,faiss-pq4fs), SKIP_PEERS=1 (recserve only), SEED (11), HARD_SPREAD (the hard
-# catalogue's spread, 0.45).
+# catalogue's spread, 0.45), CODES (int8 or pq4, recserve's index codes; pq4 goes to target/ivf[-hard]-ITEMS-pq4 and
+# target/ivf-bench/[hard-]ITEMS-pq4, the same catalogue generated again from the same seed), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh >/dev/null
@@ -63,12 +64,15 @@ fi
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs," \
   "$(grep -o -w -E 'avx2|avx512f|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 
+codes=${CODES:-int8}
+suffix=$([[ $codes == int8 ]] || echo "-$codes")
 for cat in "${catalogues[@]}"; do
   if [[ $cat == easy ]]; then
-    version=target/ivf-${items}; out=target/ivf-bench/${items}; spread=0.3; plot=docs/ivf-vs-faiss.svg
+    version=target/ivf-${items}${suffix}; out=target/ivf-bench/${items}${suffix}; spread=0.3
+    plot=docs/ivf-vs-faiss.svg
   else
-    version=target/ivf-hard-${items}; out=target/ivf-bench/hard-${items}; spread=${HARD_SPREAD:-0.45}
-    plot=docs/ivf-vs-faiss-hard.svg
+    version=target/ivf-hard-${items}${suffix}; out=target/ivf-bench/hard-${items}${suffix}
+    spread=${HARD_SPREAD:-0.45}; plot=docs/ivf-vs-faiss-hard.svg
   fi
   mkdir -p "$out"
   rm -f "$out"/round-*.json "$out/phases.txt"
@@ -84,7 +88,7 @@ for cat in "${catalogues[@]}"; do
   fi
   phase "recserve index build"
   if ! grep -q '^\[recall.index\]' "$version/model.toml"; then
-    nice -n 19 /usr/bin/time -v python -m recserve_models index "$version" --nlist "$nlist" \
+    nice -n 19 /usr/bin/time -v python -m recserve_models index "$version" --nlist "$nlist" --codes "$codes" \
       2> >(tee "$out/build.log" >&2)
   fi
   grep -E 'Elapsed|Maximum resident|User time|System time' "$out/build.log" 2>/dev/null || true
