@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # int8 against pq4 codes of the IVF index on one catalogue, in interleaved rounds: builds both indexes (through
 # scripts/ivf-bench.sh, build time and peak RSS in target/ivf-bench/ITEMS[-pq4]/build.log), then ROUNDS times runs
-# scripts/ivf-bench.sh (one round of the easy catalogue, SKIP_PEERS=1, pinned to one core) for int8 then pq4, recording the load average and the
+# scripts/ivf-bench.sh (one round of the easy catalogue, SKIP_PEERS=1, pinned to one core) for int8 then pq4,
+# recording the load average and the
 # steal time of each run beside it, and prints QPS at recall@100 0.90 / 0.95 / 0.99 (median and worst of the
 # rounds; in each round the QPS of the smallest swept nprobe that reaches the recall), index size and build time
 # (scripts/ivf-codes-summary.py).
@@ -22,7 +23,9 @@ for round in $(seq 1 "$rounds"); do
     for codes in int8 pq4; do
         before=$(steal)
         load=$(cut -d' ' -f1-3 /proc/loadavg)
-X
+        CODES=$codes SKIP_PEERS=1 ROUNDS=1 scripts/ivf-bench.sh "$items" "$nlist" easy >"$out/$codes-$round.log" 2>&1
+        suffix=$([[ $codes == int8 ]] || echo "-$codes")
+        cp "target/ivf-bench/${items}${suffix}/round-1-recserve.json" "$out/$codes-$round.json"
         echo "round $round $codes: load average $load, steal $(($(steal) - before)) ticks over the run" | tee -a "$out/load.txt"
     done
 done
