@@ -469,6 +469,7 @@ mod tests {
                 path: "/".to_owned(),
                 candidates: Some(1),
                 k: None,
+                users_per_request: None,
                 ids: "zipf(1.05)".to_owned(),
                 pool: 1,
                 seed: 0,

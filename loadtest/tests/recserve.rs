@@ -246,6 +246,17 @@ async fn recall_and_recommend_workloads_are_answered_by_the_demo_repository() {
             "--k",
             "20",
         ],
+        // 32 users a call, through the KServe v2 endpoint.
+        vec![
+            "--workload",
+            "recall",
+            "--model",
+            "lightgcn",
+            "--users",
+            "29858",
+            "--users-per-request",
+            "32",
+        ],
         vec![
             "--workload",
             "recall",

@@ -135,6 +135,10 @@ pub struct WorkloadArgs {
     /// ranking model with the `cooccurrence` candidate feature reads.
     #[arg(long, env = "RECLOAD_SEND_HISTORY")]
     pub send_history: bool,
+    /// Recall by user: users per request. Above 1, each request is a KServe v2 infer call
+    /// (`/v2/models/{model}/infer`) with a `user_id` tensor of that many users, searched together by the server.
+    #[arg(long, env = "RECLOAD_USERS_PER_REQUEST", default_value_t = 1)]
+    pub users_per_request: usize,
     /// Without --dataset: user ids are drawn from 0..N.
     #[arg(long, env = "RECLOAD_USERS")]
     pub users: Option<u64>,

@@ -47,6 +47,11 @@ async fn workload_from(
         ids: args.ids,
         zipf_exponent: args.zipf_exponent,
     };
+    if args.users_per_request != 1 && args.workload != WorkloadKind::Recall {
+        return Err(CliError::Usage(
+            "--users-per-request applies to --workload recall".to_owned(),
+        ));
+    }
     let workload = match args.workload {
         WorkloadKind::Rank => {
             let model = model()?;
@@ -86,6 +91,7 @@ async fn workload_from(
                 history_len: args.history_len,
                 exclude_known: args.exclude_known,
                 extra,
+                users_per_request: args.users_per_request,
             },
             population,
         )?),

@@ -65,6 +65,9 @@ pub struct WorkloadInfo {
     /// `k` of recall and recommend requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<usize>,
+    /// Users per recall request, when more than one (`--users-per-request`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users_per_request: Option<usize>,
     /// How ids are drawn: `zipf(1.05)`, `uniform`, or `dataset <file>` (plus the distribution of the ids the
     /// file does not provide).
     pub ids: String,
@@ -132,6 +135,12 @@ impl Workload {
             path: self.path(),
             candidates,
             k,
+            users_per_request: match self {
+                Workload::Recall(w) if w.options.users_per_request > 1 => {
+                    Some(w.options.users_per_request)
+                }
+                _ => None,
+            },
             ids,
             pool: pool.len(),
             seed,

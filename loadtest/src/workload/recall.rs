@@ -5,6 +5,11 @@
 //! (`--exclude-known`) and as `history` (`--send-history`, for a ranker that takes the co-occurrence feature). Users and items come from a dataset file (e.g. Gowalla's
 //! `test.txt`) or are drawn from `0..--users` / `0..--items`. `--body-extra` adds fixed keys to every body (for
 //! options these APIs grow, and the ranking model's other user fields, which are merged with F).
+//!
+//! Recall by user with `--users-per-request N` (N > 1) asks for N users in one call, the way a caller batches its
+//! users: `POST /v2/models/{model}/infer` with `{"inputs": [{"name": "user_id", "datatype": "INT64", "shape":
+//! [N], "data": [...]}], "parameters": {"k": k}}` (the `/v1` recall API takes one user), the N users drawn
+//! independently.
 
 use std::sync::Arc;
 
@@ -95,6 +100,8 @@ pub struct RecallOptions {
     /// With `input = user` and a dataset: send the user's dataset items as `exclude`.
     pub exclude_known: bool,
     pub extra: Map<String, Value>,
+    /// Users per request; more than 1 (recall by user only) sends a KServe v2 infer call of that many users.
+    pub users_per_request: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -134,6 +141,22 @@ impl RecallWorkload {
             ));
         }
         check_extra(&options.extra, &["user_id", "history", "k", "exclude"])?;
+        if options.users_per_request == 0 {
+            return Err(WorkloadError::Invalid(
+                "--users-per-request must be at least 1".to_owned(),
+            ));
+        }
+        if options.users_per_request > 1
+            && (options.input != RecallInput::User
+                || options.exclude_known
+                || !options.extra.is_empty())
+        {
+            return Err(WorkloadError::Invalid(
+                "--users-per-request above 1 sends a KServe v2 recall of user ids: it takes --recall-input user, \
+                 without --exclude-known or --body-extra"
+                    .to_owned(),
+            ));
+        }
         let items = population
             .items
             .map(|n| IdSampler::new(population.ids, n, population.zipf_exponent))
@@ -167,10 +190,22 @@ impl RecallWorkload {
     }
 
     pub fn path(&self) -> String {
-        format!("/v1/models/{}/recall", self.model)
+        if self.options.users_per_request > 1 {
+            format!("/v2/models/{}/infer", self.model)
+        } else {
+            format!("/v1/models/{}/recall", self.model)
+        }
     }
 
     pub fn body(&self, rng: &mut StdRng) -> Vec<u8> {
+        if let (n @ 2.., Query::User(users)) = (self.options.users_per_request, &self.query) {
+            let ids: Vec<i64> = (0..n).map(|_| users.draw(rng).0).collect();
+            let body = json!({
+                "inputs": [{"name": "user_id", "datatype": "INT64", "shape": [n], "data": ids}],
+                "parameters": {"k": self.options.k},
+            });
+            return serde_json::to_vec(&body).expect("JSON values serialize");
+        }
         let mut body = Map::new();
         match &self.query {
             Query::User(users) => {
@@ -377,11 +412,89 @@ mod tests {
             history_len: 3,
             exclude_known,
             extra: Map::new(),
+            users_per_request: 1,
         }
     }
 
     fn decode(body: &[u8]) -> Value {
         serde_json::from_slice(body).expect("JSON")
+    }
+
+    #[test]
+    fn users_per_request_sends_a_kserve_call_of_that_many_drawn_users() {
+        let options = RecallOptions {
+            users_per_request: 32,
+            ..recall(RecallInput::User, false)
+        };
+        let w = RecallWorkload::new(
+            "lightgcn".to_owned(),
+            options,
+            population(None, Some(50), None),
+        )
+        .expect("valid");
+        assert_eq!(w.path(), "/v2/models/lightgcn/infer");
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut distinct = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let v = decode(&w.body(&mut rng));
+            assert_eq!(v["parameters"], json!({"k": 100}));
+            let input = &v["inputs"][0];
+            assert_eq!(
+                (&input["name"], &input["datatype"], &input["shape"]),
+                (&json!("user_id"), &json!("INT64"), &json!([32]))
+            );
+            let ids = input["data"].as_array().expect("data");
+            assert_eq!(ids.len(), 32);
+            for id in ids {
+                let id = id.as_i64().expect("an id");
+                assert!((0..50).contains(&id), "{id} not below --users 50");
+                distinct.insert(id);
+            }
+        }
+        assert!(
+            distinct.len() > 10,
+            "users are drawn, not repeated: {distinct:?}"
+        );
+    }
+
+    #[test]
+    fn users_per_request_is_refused_where_it_cannot_apply() {
+        let make = |options: RecallOptions, data: Option<Arc<Dataset>>| {
+            RecallWorkload::new(
+                "m".to_owned(),
+                options,
+                population(data, Some(50), Some(50)),
+            )
+            .expect_err("refused")
+            .to_string()
+        };
+        let zero = make(
+            RecallOptions {
+                users_per_request: 0,
+                ..recall(RecallInput::User, false)
+            },
+            None,
+        );
+        assert!(
+            zero.contains("--users-per-request must be at least 1"),
+            "{zero}"
+        );
+        let history = make(
+            RecallOptions {
+                users_per_request: 2,
+                ..recall(RecallInput::History, false)
+            },
+            None,
+        );
+        assert!(history.contains("--recall-input user"), "{history}");
+        let exclude = make(
+            RecallOptions {
+                users_per_request: 2,
+                ..recall(RecallInput::User, true)
+            },
+            Some(gowalla_like()),
+        );
+        assert!(exclude.contains("without --exclude-known"), "{exclude}");
     }
 
     #[test]
