@@ -56,13 +56,15 @@ def server_figures(prefix: Path, model: str) -> dict:
     rows = total(d, "recserve_batch_rows_sum", model=model)
     count = total(d, "recserve_batch_rows_count", model=model)
     request_rows = total(d, "recserve_request_rows_sum", model=model) / max(1.0, total(d, "recserve_request_rows_count", model=model))
+    # A recall model records no request rows: each of its requests (of one user or several) is one batch entry.
+    per_batch = (rows / count / request_rows if request_rows else n / count) if count else None
     out = {
         "requests": n,
         "io_cpu_ms": per_request("recserve_thread_cpu_seconds_total", "io"),
         "exec_cpu_ms": per_request("recserve_thread_cpu_seconds_total", "executor"),
         "io_wait_ms": per_request("recserve_thread_run_queue_wait_seconds_total", "io"),
         "exec_wait_ms": per_request("recserve_thread_run_queue_wait_seconds_total", "executor"),
-        "batch_requests": rows / count / request_rows if count else None,
+        "batch_requests": per_batch,
         "batches": batches,
     }
     slow = Path(f"{prefix}.slow.json")
@@ -135,6 +137,23 @@ def machine() -> str:
             f"{', '.join(simd) or 'no AVX2'}; {platform.system()} {platform.release()}")
 
 
+def workload(results: Path) -> str:
+    """What each request asked, from the first saturation run's recload report."""
+    w = json.loads((results / "closed-1.json").read_text()).get("workload", {})
+    if w.get("kind") == "recall":
+        users = w.get("users_per_request") or 1
+        return f"recall of {users} user{'s' if users > 1 else ''} a call, top {w.get('k')}"
+    return f"{w.get('candidates', 100)} candidates a request"
+
+
+def closed_failures(results: Path) -> str:
+    """The saturation runs' failed requests, when there were any: the saturation counts answers only."""
+    runs = [json.loads((results / f"closed-{i}.json").read_text()) for i in (1, 2, 3)]
+    failed = sum(r.get("requests", {}).get("errors", 0) for r in runs)
+    sent = sum(r.get("requests", {}).get("sent", 0) for r in runs)
+    return f" ({failed:,} of {sent:,} requests of those runs failed: not the server's saturation)" if failed else ""
+
+
 def render(results: Path) -> str:
     env = os.environ
     model, shares, rounds = env["MODEL"], env["SHARES"].split(), int(env["ROUNDS"])
@@ -145,13 +164,14 @@ def render(results: Path) -> str:
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     lines = [
         f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {machine()}; recserve {git}; "
-        f"{model}, 100 candidates a request; recserve on CPU 1 (`--executors 1 --intra-op-threads 1`), recload on "
+        f"{model}, {workload(results)}; recserve on CPU 1 (`--executors 1 --intra-op-threads 1`), recload on "
         f"CPU 0; {rounds} rounds, the variants alternating within each; every open-loop run {env['DURATION']} after "
         "2 s of warm-up, Poisson arrivals on 256 connections.",
         "",
         f"`{env['COMMAND_LINE']}`",
         "",
-        f"Closed-loop saturation of the first variant (64 in flight, the median of 3 runs): **{saturation:,.0f}/s**. "
+        f"Closed-loop saturation of the first variant ({env.get('CLOSED_CONCURRENCY', '64')} in flight, the median of 3 runs): **{saturation:,.0f}/s**"
+        f"{closed_failures(results)}. "
         f"Its costs per request, from the server's own thread accounts at saturation: executor {b['exec_ms']:.3f} ms, "
         f"I/O threads {b['decode_ms'] + b['encode_ms']:.3f} ms ({b['decode_ms']:.3f} before the queue, "
         f"{b['encode_ms']:.3f} after it, split as those stages' times). The one-core bound (`{b['command']}`: "

@@ -88,6 +88,16 @@ def test_costs_per_request_come_from_the_thread_accounts_over_answered_requests(
     assert 0 < p50 <= p99
 
 
+def test_a_recall_model_counts_requests_per_batch_without_request_rows(tmp_path: Path) -> None:
+    # A recall model records no recserve_request_rows: 1000 requests of 32 users each in 250 batches of 128 rows
+    # are 4 requests a batch.
+    recall = "\n".join(line for line in prom(1000, 0.2, 0.5, {}, {}).splitlines()
+                       if "request_rows" not in line and "batch_rows" not in line)
+    recall += f'\nrecserve_batch_rows_sum{{model="{MODEL}"}} 32000\nrecserve_batch_rows_count{{model="{MODEL}"}} 250\n'
+    write_step(tmp_path / "run", prom(0, 0, 0, {}, {}), recall)
+    assert report.server_figures(tmp_path / "run", MODEL)["batch_requests"] == pytest.approx(4.0)
+
+
 def test_the_report_gives_median_and_worst_and_the_slowest_one_percent(results: Path) -> None:
     text = report.render(results)
     row = next(line for line in text.splitlines() if line.startswith("| now | defaults | 700/s"))
