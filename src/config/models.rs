@@ -38,16 +38,13 @@ impl Eq for ShadowSettings {}
 impl Eq for ModelSettings {}
 
 impl ModelSettings {
-    /// The traffic split and shadow it sets, if any (checked by [`check`]).
+    /// The traffic split and shadow it sets, if any (checked by [`check`], which parsed them the same way: `None`
+    /// for settings it would have refused).
     pub(crate) fn traffic(&self) -> Option<Traffic> {
         if self.traffic.is_empty() && self.shadow.is_none() {
             return None;
         }
-        let split = self
-            .traffic
-            .iter()
-            .filter_map(|(v, w)| Some((v.parse().ok()?, *w)))
-            .collect();
+        let split = split_of(&self.traffic).ok()?;
         Traffic::new(
             split,
             self.shadow.map(|s| Shadow {

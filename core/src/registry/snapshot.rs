@@ -118,8 +118,7 @@ impl<M> Snapshot<M> {
             });
         };
         let versions = &self.models[name];
-        let loaded: Vec<u64> = versions.keys().copied().collect();
-        let Route { version, shadow } = traffic.route(&loaded, key);
+        let Route { version, shadow } = traffic.route(versions, key);
         Ok(Routed {
             primary: Arc::clone(&versions[&version]),
             shadow: shadow.map(|v| Arc::clone(&versions[&v])),

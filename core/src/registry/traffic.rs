@@ -50,6 +50,46 @@ impl PartialEq for Traffic {
     }
 }
 
+/// The versions of a model that are loaded, as routing asks about them: the registry's own map of them (so that a
+/// request routes without collecting them), or a sorted list.
+pub trait Loaded {
+    /// The highest loaded version.
+    fn highest(&self) -> Option<u64>;
+    /// Whether `version` is loaded.
+    fn has(&self, version: u64) -> bool;
+}
+
+impl<V> Loaded for BTreeMap<u64, V> {
+    fn highest(&self) -> Option<u64> {
+        self.keys().next_back().copied()
+    }
+
+    fn has(&self, version: u64) -> bool {
+        self.contains_key(&version)
+    }
+}
+
+/// Ascending.
+impl Loaded for [u64] {
+    fn highest(&self) -> Option<u64> {
+        self.last().copied()
+    }
+
+    fn has(&self, version: u64) -> bool {
+        self.binary_search(&version).is_ok()
+    }
+}
+
+impl<const N: usize> Loaded for [u64; N] {
+    fn highest(&self) -> Option<u64> {
+        self.as_slice().highest()
+    }
+
+    fn has(&self, version: u64) -> bool {
+        self.as_slice().has(version)
+    }
+}
+
 /// Where one request goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
@@ -104,9 +144,9 @@ impl Traffic {
         Ok(())
     }
 
-    /// Where a request with `key` goes, among the `loaded` versions (ascending, not empty).
-    pub fn route(&self, loaded: &[u64], key: Option<&[u8]>) -> Route {
-        let highest = *loaded.last().expect("a served model has a version");
+    /// Where a request with `key` goes, among the `loaded` versions (not empty).
+    pub fn route<L: Loaded + ?Sized>(&self, loaded: &L, key: Option<&[u8]>) -> Route {
+        let highest = loaded.highest().expect("a served model has a version");
         let point = match key {
             Some(key) => hash(key),
             None => mix(self.counter.fetch_add(1, Ordering::Relaxed)),
@@ -115,19 +155,15 @@ impl Traffic {
         let shadow = self.shadow.and_then(|s| {
             // The shadow's draw uses the hash's other half, so it is independent of the version's.
             let draw = (point >> 32) as f64 / (1u64 << 32) as f64;
-            (loaded.contains(&s.version) && s.version != version && draw * 100.0 < s.percent)
+            (loaded.has(s.version) && s.version != version && draw * 100.0 < s.percent)
                 .then_some(s.version)
         });
         Route { version, shadow }
     }
 
     /// The version whose range holds `point`, among the loaded ones with weight; `None` when none is loaded.
-    fn pick(&self, loaded: &[u64], point: u64) -> Option<u64> {
-        let live = || {
-            self.split
-                .iter()
-                .filter(|(v, w)| **w > 0 && loaded.binary_search(v).is_ok())
-        };
+    fn pick<L: Loaded + ?Sized>(&self, loaded: &L, point: u64) -> Option<u64> {
+        let live = || self.split.iter().filter(|&(&v, &w)| w > 0 && loaded.has(v));
         let total: u64 = live().map(|(_, &w)| u64::from(w)).sum();
         if total == 0 {
             return None;
