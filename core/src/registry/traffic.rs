@@ -50,46 +50,6 @@ impl PartialEq for Traffic {
     }
 }
 
-/// The versions of a model that are loaded, as routing asks about them: the registry's own map of them (so that a
-/// request routes without collecting them), or a sorted list.
-pub trait Loaded {
-    /// The highest loaded version.
-    fn highest(&self) -> Option<u64>;
-    /// Whether `version` is loaded.
-    fn has(&self, version: u64) -> bool;
-}
-
-impl<V> Loaded for BTreeMap<u64, V> {
-    fn highest(&self) -> Option<u64> {
-        self.keys().next_back().copied()
-    }
-
-    fn has(&self, version: u64) -> bool {
-        self.contains_key(&version)
-    }
-}
-
-/// Ascending.
-impl Loaded for [u64] {
-    fn highest(&self) -> Option<u64> {
-        self.last().copied()
-    }
-
-    fn has(&self, version: u64) -> bool {
-        self.binary_search(&version).is_ok()
-    }
-}
-
-impl<const N: usize> Loaded for [u64; N] {
-    fn highest(&self) -> Option<u64> {
-        self.as_slice().highest()
-    }
-
-    fn has(&self, version: u64) -> bool {
-        self.as_slice().has(version)
-    }
-}
-
 /// Where one request goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
@@ -144,9 +104,12 @@ impl Traffic {
         Ok(())
     }
 
-    /// Where a request with `key` goes, among the `loaded` versions (not empty).
-    pub fn route<L: Loaded + ?Sized>(&self, loaded: &L, key: Option<&[u8]>) -> Route {
-        let highest = loaded.highest().expect("a served model has a version");
+    /// Where a request with `key` goes, among the `loaded` versions (the registry's map of them, not empty).
+    pub fn route<V>(&self, loaded: &BTreeMap<u64, V>, key: Option<&[u8]>) -> Route {
+        let highest = *loaded
+            .keys()
+            .next_back()
+            .expect("a served model has a version");
         let point = match key {
             Some(key) => hash(key),
             None => mix(self.counter.fetch_add(1, Ordering::Relaxed)),
@@ -155,15 +118,19 @@ impl Traffic {
         let shadow = self.shadow.and_then(|s| {
             // The shadow's draw uses the hash's other half, so it is independent of the version's.
             let draw = (point >> 32) as f64 / (1u64 << 32) as f64;
-            (loaded.has(s.version) && s.version != version && draw * 100.0 < s.percent)
+            (loaded.contains_key(&s.version) && s.version != version && draw * 100.0 < s.percent)
                 .then_some(s.version)
         });
         Route { version, shadow }
     }
 
     /// The version whose range holds `point`, among the loaded ones with weight; `None` when none is loaded.
-    fn pick<L: Loaded + ?Sized>(&self, loaded: &L, point: u64) -> Option<u64> {
-        let live = || self.split.iter().filter(|&(&v, &w)| w > 0 && loaded.has(v));
+    fn pick<V>(&self, loaded: &BTreeMap<u64, V>, point: u64) -> Option<u64> {
+        let live = || {
+            self.split
+                .iter()
+                .filter(|&(v, &w)| w > 0 && loaded.contains_key(v))
+        };
         let total: u64 = live().map(|(_, &w)| u64::from(w)).sum();
         if total == 0 {
             return None;
@@ -203,6 +170,11 @@ fn mix(mut z: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// The registry's map of loaded versions, for `versions`.
+    fn loaded(versions: &[u64]) -> BTreeMap<u64, ()> {
+        versions.iter().map(|&v| (v, ())).collect()
+    }
+
     fn split(pairs: &[(u64, u32)]) -> Traffic {
         Traffic::new(pairs.iter().copied().collect(), None).expect("valid")
     }
@@ -212,9 +184,9 @@ mod tests {
         let t = Traffic::default();
         for i in 0..100 {
             let key = i.to_string();
-            assert_eq!(t.route(&[3, 7], Some(key.as_bytes())).version, 7);
+            assert_eq!(t.route(&loaded(&[3, 7]), Some(key.as_bytes())).version, 7);
         }
-        assert_eq!(t.route(&[3, 7], None).version, 7);
+        assert_eq!(t.route(&loaded(&[3, 7]), None).version, 7);
     }
 
     #[test]
@@ -224,12 +196,12 @@ mod tests {
         let mut on_8 = 0;
         for user in 0..n {
             let key = user.to_string();
-            let route = t.route(&[7, 8], Some(key.as_bytes()));
+            let route = t.route(&loaded(&[7, 8]), Some(key.as_bytes()));
             if route.version == 8 {
                 on_8 += 1;
             }
             assert_eq!(
-                t.route(&[7, 8], Some(key.as_bytes())),
+                t.route(&loaded(&[7, 8]), Some(key.as_bytes())),
                 route,
                 "user {user} is sticky"
             );
@@ -240,7 +212,7 @@ mod tests {
             "{on_8} of {n} on version 8"
         );
         let keyless = (0..n)
-            .filter(|_| t.route(&[7, 8], None).version == 8)
+            .filter(|_| t.route(&loaded(&[7, 8]), None).version == 8)
             .count();
         assert!(
             (9_000..=11_000).contains(&keyless),
@@ -257,8 +229,8 @@ mod tests {
         for user in 0..20_000 {
             let key = user.to_string();
             let (b, a) = (
-                before.route(&[7, 8], Some(key.as_bytes())).version,
-                after.route(&[7, 8], Some(key.as_bytes())).version,
+                before.route(&loaded(&[7, 8]), Some(key.as_bytes())).version,
+                after.route(&loaded(&[7, 8]), Some(key.as_bytes())).version,
             );
             if b == 8 && a == 7 {
                 moved_back += 1;
@@ -276,10 +248,10 @@ mod tests {
         let t = split(&[(7, 50), (8, 50)]);
         for user in 0..1000 {
             let key = user.to_string();
-            assert_eq!(t.route(&[8, 9], Some(key.as_bytes())).version, 8);
+            assert_eq!(t.route(&loaded(&[8, 9]), Some(key.as_bytes())).version, 8);
         }
         let t = split(&[(5, 100)]);
-        assert_eq!(t.route(&[8, 9], Some(b"u")).version, 9);
+        assert_eq!(t.route(&loaded(&[8, 9]), Some(b"u")).version, 9);
     }
 
     #[test]
@@ -295,14 +267,18 @@ mod tests {
         let shadowed = (0..40_000)
             .filter(|user: &i32| {
                 let key = user.to_string();
-                let route = t.route(&[7, 9], Some(key.as_bytes()));
+                let route = t.route(&loaded(&[7, 9]), Some(key.as_bytes()));
                 assert_eq!(route.version, 7);
-                assert_eq!(t.route(&[7, 9], Some(key.as_bytes())), route);
+                assert_eq!(t.route(&loaded(&[7, 9]), Some(key.as_bytes())), route);
                 route.shadow == Some(9)
             })
             .count();
         assert!((9_000..=11_000).contains(&shadowed), "{shadowed} of 40000");
-        assert_eq!(t.route(&[7], Some(b"u")).shadow, None, "9 is not loaded");
+        assert_eq!(
+            t.route(&loaded(&[7]), Some(b"u")).shadow,
+            None,
+            "9 is not loaded"
+        );
     }
 
     #[test]
