@@ -4,10 +4,18 @@
 //! ([`IvfIndex::scan_list`], whose kernel converts each code row once for up to 4 queries). Then each query
 //! selects and re-ranks its own candidates.
 //!
-//! Every query's answer is bit for bit the answer it gets searched alone: its lists are chosen by its own centroid
-//! scores (whose bits and ties do not depend on the batch), it visits them in ascending list order as a single
-//! query does, and its bounds are the same arithmetic on the same code dot products (the kernel's sums do not
-//! depend on the tile shape). Its selection, exclusions, candidate cap and counts are its own.
+//! The lists are read best first: the groups in the order of their best centroid rank in any query that probes
+//! them (for one query, its own centroid order). A query's best lists hold most of its best items, so its `k`-th
+//! best lower bound rises early and most of the items after them are refused by one comparison, instead of
+//! entering its selection and its second pass.
+//!
+//! Every query's answer is bit for bit the answer it gets searched alone, whatever order the batch visits its
+//! lists in: its lists are chosen by its own centroid scores (whose bits and ties do not depend on the batch), its
+//! bounds are the same arithmetic on the same code dot products (the kernel's sums do not depend on the tile
+//! shape), and nothing after the scan depends on the order: the floor is the `k`-th best lower bound's score (the
+//! same value whichever items reach the selection first), the candidates are every lane whose upper bound reaches
+//! it (a panel left out earlier was below a threshold the floor is at least), sorted by a total order (upper
+//! bound, then position). Its selection, exclusions, candidate cap and counts are its own.
 //!
 //! **The scan seam.** [`IvfIndex::scan_list`] is the only step that reads codes: one list's codes and per-item
 //! parameters and the group's [`Prepared`] queries in, per query and panel of the list the lower and upper bounds
@@ -118,10 +126,13 @@ pub struct IvfScratch {
     prepared: Vec<Prepared>,
     /// pq4: every query's look-up tables.
     luts: Vec<Lut>,
-    /// Every query's probed lists, ascending within each query.
+    /// Every query's probed lists, in its centroid order (best first).
     lists: Vec<u32>,
-    /// `(list << 32) | query` for every probed pair, sorted: the pairs grouped by list.
-    pairs: Vec<u64>,
+    /// `(list, query, rank of the list in the query's centroid order)` for every probed pair, sorted: the pairs
+    /// grouped by list.
+    pairs: Vec<(u32, u32, u32)>,
+    /// The groups of `pairs`: `(best rank, list, range of pairs)`, in the order they are scanned.
+    groups: Vec<(u32, u32, Range<usize>)>,
     /// The queries of the list being scanned.
     group: Vec<u32>,
     bounds: ListBounds,
@@ -175,21 +186,37 @@ impl IvfIndex {
             scan.lower.reset(q.k, scan.total);
             scan.upper.clear();
             scan.panels.clear();
-            s.pairs
-                .extend(lists.iter().map(|&l| (u64::from(l) << 32) | qi as u64));
+            // A query's lists are in its centroid order, best first: the rank is the position.
+            s.pairs.extend(
+                lists
+                    .iter()
+                    .zip(0u32..)
+                    .map(|(&list, rank)| (list, qi as u32, rank)),
+            );
         }
         s.pairs.sort_unstable();
+        // The groups of pairs (one a list), best first: by the list's best rank in any of its queries.
+        s.groups.clear();
+        let mut at = 0;
+        while at < s.pairs.len() {
+            let (list, start) = (s.pairs[at].0, at);
+            let mut rank = u32::MAX;
+            while let Some(&(_, _, r)) = s.pairs.get(at).filter(|p| p.0 == list) {
+                rank = rank.min(r);
+                at += 1;
+            }
+            s.groups.push((rank, list, start..at));
+        }
+        s.groups
+            .sort_unstable_by_key(|&(rank, list, _)| (rank, list));
         let vectors: Vec<&[f32]> = queries.iter().map(|q| q.vector).collect();
         // First pass, one list at a time for every query that probes it: every probed item's bounds, and each
         // query's k-th best lower bound of its non-excluded items.
-        let mut at = 0;
-        while at < s.pairs.len() {
-            let list = (s.pairs[at] >> 32) as usize;
+        for (_, list, pairs) in &s.groups {
+            let list = *list as usize;
             s.group.clear();
-            while let Some(&pair) = s.pairs.get(at).filter(|&&p| (p >> 32) as usize == list) {
-                s.group.push(pair as u32);
-                at += 1;
-            }
+            s.group
+                .extend(s.pairs[pairs.clone()].iter().map(|&(_, query, _)| query));
             match &self.coding {
                 Codes::Int8 { scale, bias } => self.scan_list(
                     isa,
@@ -394,12 +421,7 @@ impl IvfIndex {
         stats: &mut IvfStats,
     ) -> Vec<Scored> {
         let ids = self.ids();
-        let lows = scan.lower.finish();
-        let floor = if lows.len() >= q.k {
-            lows[q.k - 1].score
-        } else {
-            f32::NEG_INFINITY
-        };
+        let floor = scan.lower.kth_score().unwrap_or(f32::NEG_INFINITY);
         candidates.clear();
         for (up, &p) in scan.upper.iter().zip(&scan.panels) {
             if up.iter().all(|&u| u < floor) {
@@ -545,7 +567,7 @@ impl IvfIndex {
         out
     }
 
-    /// Fills every query's range of `s.lists` (ascending) with its best `nprobe` lists by centroid score, and more
+    /// Fills every query's range of `s.lists` (best first) with its best `nprobe` lists by centroid score, and more
     /// in centroid order while they hold fewer than `k + |exclude|` items. The centroids are scored for all the
     /// queries in one pass, and once more, over every centroid, for the queries whose lists held too few.
     fn probe_all(&self, isa: Isa, queries: &[SearchQuery<'_>], nprobe: usize, s: &mut IvfScratch) {
@@ -592,13 +614,12 @@ impl IvfIndex {
                 s.lists.push(c.id);
                 held += self.sizes[c.id as usize];
             }
-            s.lists[start..].sort_unstable();
             scan.lists = start..s.lists.len();
         }
     }
 
     #[cfg(test)]
-    /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, ascending.
+    /// The lists a query of `k` items excluding `excluded` ids would scan with `nprobe`, best first.
     pub(crate) fn probed_lists(
         &self,
         query: &[f32],

@@ -7,8 +7,10 @@
 //! a candidate enters only with a score strictly above the threshold: because ids ascend, a later candidate with
 //! an equal score has a higher id and so ranks below every kept one. Most candidates are refused by that one
 //! comparison (the kernels even compare a whole tile's maximum first), so selection costs O(n) plus O(k log k)
-//! per query, for any `k` up to the whole catalogue. [`merge`] then combines the sorted per-shard lists with a
-//! heap, in O(k log shards).
+//! per query, for any `k` up to the whole catalogue. Out of id order (the IVF index's lower bounds, read best list
+//! first) an item equal to the threshold may be refused where a lower id would have won the tie, so the kept ids
+//! may differ at ties, but the `k`-th best score, all the IVF search reads, does not. [`merge`] then combines the
+//! sorted per-shard lists with a heap, in O(k log shards).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -87,7 +89,8 @@ impl TopK {
         !self.primed || score >= self.threshold
     }
 
-    /// Adds a candidate that [`TopK::wants`] accepted; its id must be higher than every id offered before.
+    /// Adds a candidate that [`TopK::wants`] accepted; its id must be higher than every id offered before for the
+    /// kept ids to be the answer's at ties (see the module docs).
     #[inline]
     pub(crate) fn push(&mut self, id: u32, score: f32) {
         self.buf.push(Scored { id, score });
@@ -106,6 +109,18 @@ impl TopK {
         self.buf.truncate(k);
         self.threshold = key(self.buf[k - 1].score);
         self.primed = true;
+    }
+
+    /// The `k`-th best score offered (`None`: fewer than `k` were offered), without sorting the rest. The
+    /// selection is empty afterwards.
+    pub(crate) fn kth_score(&mut self) -> Option<f32> {
+        let k = self.k;
+        let kth = (self.buf.len() >= k).then(|| {
+            let (_, kth, _) = self.buf.select_nth_unstable_by(k - 1, answer_order);
+            kth.score
+        });
+        self.buf.clear();
+        kth
     }
 
     /// The best `min(k, offered)` candidates, in answer order. The selection is empty afterwards.
@@ -236,6 +251,38 @@ mod tests {
                     by_sorting(&s, k),
                     "n {n} distinct {distinct} k {k}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_kth_score_is_the_same_in_any_order_offered() {
+        for (n, distinct) in [(1usize, 3u64), (100, 5), (1000, 7), (5000, 1000), (300, 1)] {
+            let s = scores(n, distinct, n as u64);
+            // In id order, reversed, and evens before odds: out of id order, as the IVF index's lower bounds
+            // arrive (best list first).
+            let orders: [Vec<usize>; 3] = [
+                (0..n).collect(),
+                (0..n).rev().collect(),
+                (0..n).step_by(2).chain((1..n).step_by(2)).collect(),
+            ];
+            for k in [1, 2, 64, 65, n / 2 + 1, n, n + 5] {
+                let want = by_sorting(&s, k).get(k - 1).map(|x| x.score);
+                for order in &orders {
+                    let mut top = TopK::default();
+                    top.reset(k, n);
+                    for &id in order {
+                        if top.wants(s[id]) {
+                            top.push(id as u32, s[id]);
+                        }
+                    }
+                    assert_eq!(
+                        top.kth_score(),
+                        want,
+                        "n {n} distinct {distinct} k {k} order starting {:?}",
+                        &order[..n.min(3)]
+                    );
+                }
             }
         }
     }
