@@ -38,6 +38,10 @@ use crate::recall::select::{Scored, TopK, answer_order};
 /// Candidates re-ranked between two checks of the stopping rule.
 const RERANK_CHUNK: usize = 32;
 
+/// How many times more lists a query whose best `nprobe` lists hold fewer than `k + |exclude|` items has ranked
+/// next ([`IvfIndex::probe_all`]).
+pub(super) const SHORT_GROWTH: usize = 4;
+
 /// What a list scan reads of one query besides its vector, computed once per search.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Prepared {
@@ -569,37 +573,36 @@ impl IvfIndex {
 
     /// Fills every query's range of `s.lists` (best first) with its best `nprobe` lists by centroid score, and more
     /// in centroid order while they hold fewer than `k + |exclude|` items. The centroids are scored for all the
-    /// queries in one pass, and once more, over every centroid, for the queries whose lists held too few.
+    /// queries in one pass; the queries whose lists held too few are scored again for [`SHORT_GROWTH`] times as
+    /// many lists, until theirs hold enough or every list is ranked. A query's best `m` lists are the first `m` of
+    /// its best `m'` for any `m' > m` (the same scores, ties to the lower list), so the lists are those of ranking
+    /// every centroid, without sorting all of them for a query whose first lists fall a few items short.
     fn probe_all(&self, isa: Isa, queries: &[SearchQuery<'_>], nprobe: usize, s: &mut IvfScratch) {
         let nlist = self.nlist();
-        let want = nprobe.clamp(1, nlist);
+        let mut ranked = nprobe.clamp(1, nlist);
         let need = |q: &SearchQuery<'_>| (q.k + q.exclude.len()).min(self.items);
         let (mut best, _) = self.centroids.search_with(
             isa,
-            &centroid_queries(queries.iter(), want),
+            &centroid_queries(queries.iter(), ranked),
             &mut s.centroids,
         );
-        if want < nlist {
-            let short: Vec<usize> = queries
+        let holds = |found: &[Scored]| {
+            found
                 .iter()
-                .zip(&best)
-                .enumerate()
-                .filter(|(_, (q, found))| {
-                    found
-                        .iter()
-                        .map(|c| self.sizes[c.id as usize])
-                        .sum::<usize>()
-                        < need(q)
-                })
-                .map(|(qi, _)| qi)
-                .collect();
-            if !short.is_empty() {
-                let again = centroid_queries(short.iter().map(|&qi| &queries[qi]), nlist);
-                let (all, _) = self.centroids.search_with(isa, &again, &mut s.centroids);
-                for (qi, found) in short.into_iter().zip(all) {
-                    best[qi] = found;
-                }
+                .map(|c| self.sizes[c.id as usize])
+                .sum::<usize>()
+        };
+        let mut short: Vec<usize> = (0..queries.len())
+            .filter(|&qi| holds(&best[qi]) < need(&queries[qi]))
+            .collect();
+        while !short.is_empty() && ranked < nlist {
+            ranked = ranked.saturating_mul(SHORT_GROWTH).min(nlist);
+            let again = centroid_queries(short.iter().map(|&qi| &queries[qi]), ranked);
+            let (more, _) = self.centroids.search_with(isa, &again, &mut s.centroids);
+            for (&qi, found) in short.iter().zip(more) {
+                best[qi] = found;
             }
+            short.retain(|&qi| holds(&best[qi]) < need(&queries[qi]));
         }
         s.lists.clear();
         s.queries

@@ -680,6 +680,49 @@ fn with_few_items_per_list_more_lists_are_probed_until_k_items_can_be_answered()
     assert!(got[0].iter().all(|s| s.id >= 50));
 }
 
+#[test]
+fn the_lists_probed_past_nprobe_are_the_next_in_the_order_of_every_centroid() {
+    // 40 lists of about 10 items: a query asking for more than its first lists hold is ranked again for more of
+    // them, maybe several times; its lists must be those of ranking all 40 (the search before ranked all at once).
+    let mut rng = Rng(0x1F_0011);
+    let (spec, table) = clustered(&mut rng, 400, 8, 20, Storage::Fp32);
+    let index = open(&spec, &table, 40);
+    let mut scratch = IvfScratch::default();
+    let mut centroid_scratch = SearchScratch::default();
+    let mut grown = 0;
+    for _ in 0..20 {
+        let vector = query(&mut rng, 8);
+        let all = SearchQuery {
+            vector: &vector,
+            k: index.nlist(),
+            exclude: &[],
+        };
+        let (order, _) = index
+            .centroids
+            .search_with(index.isa, &[all], &mut centroid_scratch);
+        for k in [1, 5, 12, 30, 45, 90, 200, 399] {
+            for excluded in [0, 7] {
+                for nprobe in [1, 2, 3, 5, 40] {
+                    let need = (k + excluded).min(400);
+                    let mut want = Vec::new();
+                    let mut held = 0;
+                    for c in &order[0] {
+                        if want.len() >= nprobe && held >= need {
+                            break;
+                        }
+                        want.push(c.id);
+                        held += index.sizes[c.id as usize];
+                    }
+                    let got = index.probed_lists(&vector, k, excluded, nprobe, &mut scratch);
+                    assert_eq!(got, want, "k {k}, {excluded} excluded, nprobe {nprobe}");
+                    grown += usize::from(want.len() > nprobe * super::search::SHORT_GROWTH);
+                }
+            }
+        }
+    }
+    assert!(grown > 0, "no query needed its lists ranked twice over");
+}
+
 fn refusal(spec: &TableSpec, table: &[u8], file: Vec<u8>) -> String {
     IvfIndex::open(bytes(&file), spec, bytes(table)).expect_err("refused")
 }
