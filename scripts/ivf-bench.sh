@@ -10,7 +10,8 @@
 # peer on the same vectors, queries and exact answers. Prints QPS at recall@100 0.90 / 0.95 / 0.99 as the median and
 # the worst of the rounds, with build time and memory, the load average and steal time of every round and how
 # long each phase took, and writes the plot (docs/ivf-vs-faiss.svg for the easy catalogue,
-# docs/ivf-vs-faiss-hard.svg for the hard one). Figures go to stdout and target/ivf-bench/.
+# docs/ivf-vs-faiss-hard.svg for the hard one, at 1M items; docs/ivf-vs-faiss[-hard]-ITEMS.svg at other sizes).
+# Figures go to stdout and target/ivf-bench/.
 #
 #   scripts/ivf-bench.sh [ITEMS] [NLIST] [CATALOGUE]    (defaults 10000000 8192 easy; e.g. 1000000 2048 both)
 #
@@ -18,7 +19,8 @@
 # anisotropic clusters with heavy-tailed norms; target/ivf-hard-ITEMS), or `both` (easy, then hard). See
 # scripts/ivf-synthetic.py for how each is drawn; both are deterministic from the seed.
 #
-# Environment: CORE (the core to pin to, default the last one), QUERIES (1000), NPROBES (recserve's sweep),
+# Environment: CORE (the core to pin to, default the last one), QUERIES (1000), NPROBES (recserve's sweep; default the
+# peers', 1 to 1024 by powers of 2, up to NLIST),
 # ROUNDS (3), PEERS (a comma list of scripts/ivf-peers.py's peers; default Faiss's two and the two graphs on inner
 # product, e.g. PEERS=faiss-sq8,faiss-pq4fs), SKIP_PEERS=1 (recserve only), SEED (11), HARD_SPREAD (the hard
 # catalogue's spread, 0.45), CODES (int8 or pq4, recserve's index codes; pq4 goes to target/ivf[-hard]-ITEMS-pq4 and
@@ -34,7 +36,8 @@ nlist=${2:-8192}
 catalogue=${3:-easy}
 core=${CORE:-$(($(nproc) - 1))}
 queries=${QUERIES:-1000}
-nprobes=${NPROBES:-1,2,4,8,16,32,64,128,256,512}
+# The peers' sweep (scripts/ivf-peers.py), up to the index's lists.
+nprobes=${NPROBES:-$(for p in 1 2 4 8 16 32 64 128 256 512 1024; do if ((p <= nlist)); then echo "$p"; fi; done | paste -sd,)}
 rounds=${ROUNDS:-3}
 seed=${SEED:-11}
 target_dir=${CARGO_TARGET_DIR:-target}
@@ -65,14 +68,16 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) C
   "$(grep -o -w -E 'avx2|avx512f|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 
 codes=${CODES:-int8}
+# The 1M plots keep their names; other sizes get their own (docs/ivf-vs-faiss-hard-10000000.svg).
+plot_items=$([[ $items == 1000000 ]] || echo "-$items")
 suffix=$([[ $codes == int8 ]] || echo "-$codes")
 for cat in "${catalogues[@]}"; do
   if [[ $cat == easy ]]; then
     version=target/ivf-${items}${suffix}; out=target/ivf-bench/${items}${suffix}; spread=0.3
-    plot=docs/ivf-vs-faiss.svg
+    plot=docs/ivf-vs-faiss${plot_items}.svg
   else
     version=target/ivf-hard-${items}${suffix}; out=target/ivf-bench/hard-${items}${suffix}
-    spread=${HARD_SPREAD:-0.45}; plot=docs/ivf-vs-faiss-hard.svg
+    spread=${HARD_SPREAD:-0.45}; plot=docs/ivf-vs-faiss-hard${plot_items}.svg
   fi
   mkdir -p "$out"
   rm -f "$out"/round-*.json "$out/phases.txt"
