@@ -10,7 +10,8 @@
 # peer on the same vectors, queries and exact answers. Prints QPS at recall@100 0.90 / 0.95 / 0.99 as the median and
 # the worst of the rounds, with build time and memory, the load average and steal time of every round and how
 # long each phase took, and writes the plot (docs/ivf-vs-faiss.svg for the easy catalogue,
-# docs/ivf-vs-faiss-hard.svg for the hard one, at 1M items; docs/ivf-vs-faiss[-hard]-ITEMS.svg at other sizes).
+# docs/ivf-vs-faiss-hard.svg for the hard one, at 1M items; docs/ivf-vs-faiss[-hard]-ITEMS.svg at other sizes;
+# -pq4 added with CODES=pq4).
 # Figures go to stdout and target/ivf-bench/.
 #
 #   scripts/ivf-bench.sh [ITEMS] [NLIST] [CATALOGUE]    (defaults 10000000 8192 easy; e.g. 1000000 2048 both)
@@ -74,10 +75,10 @@ suffix=$([[ $codes == int8 ]] || echo "-$codes")
 for cat in "${catalogues[@]}"; do
   if [[ $cat == easy ]]; then
     version=target/ivf-${items}${suffix}; out=target/ivf-bench/${items}${suffix}; spread=0.3
-    plot=docs/ivf-vs-faiss${plot_items}.svg
+    plot=docs/ivf-vs-faiss${plot_items}${suffix}.svg
   else
     version=target/ivf-hard-${items}${suffix}; out=target/ivf-bench/hard-${items}${suffix}
-    spread=${HARD_SPREAD:-0.45}; plot=docs/ivf-vs-faiss-hard${plot_items}.svg
+    spread=${HARD_SPREAD:-0.45}; plot=docs/ivf-vs-faiss-hard${plot_items}${suffix}.svg
   fi
   mkdir -p "$out"
   rm -f "$out"/round-*.json "$out/phases.txt"

@@ -683,7 +683,7 @@ fn with_few_items_per_list_more_lists_are_probed_until_k_items_can_be_answered()
 #[test]
 fn the_lists_probed_past_nprobe_are_the_next_in_the_order_of_every_centroid() {
     // 40 lists of about 10 items: a query asking for more than its first lists hold is ranked again for more of
-    // them, maybe several times; its lists must be those of ranking all 40 (the search before ranked all at once).
+    // them, maybe several times; its lists must be those of ranking all 40 at once.
     let mut rng = Rng(0x1F_0011);
     let (spec, table) = clustered(&mut rng, 400, 8, 20, Storage::Fp32);
     let index = open(&spec, &table, 40);
